@@ -1,0 +1,27 @@
+# The two commands a new user needs: `make serve` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## serve: set up the virtualenv and run the broker on ppmq.example.yaml (data under ./var/)
+serve: $(STAMP)
+	mkdir -p var/sub
+	$(BIN)/ppmq serve -c ppmq.example.yaml
+
+## test: set up the virtualenv and run the whole test suite
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .hypothesis
