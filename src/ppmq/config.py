@@ -1,0 +1,247 @@
+"""YAML configuration -> typed, validated Config (PROTOCOL §6).
+
+ppMQ's keys are read unchanged; our extensions are documented in
+ppmq.example.yaml. Every error names the file, the line and the key, because the
+person reading it is an operator with the file open in an editor. Relative paths
+are taken relative to the config file's directory, so that a config works
+whatever the current directory of whoever started the broker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+MiB = 1 << 20
+_UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
+
+
+class Duration(float):
+    """Seconds; written as Go durations ("90s", "1h30m", "250ms") or plain numbers."""
+
+
+class Size(int):
+    """Bytes; written as integers or with a unit ("16MiB", "4GiB", "512KB")."""
+
+
+class ConfigError(Exception):
+    """The config cannot be used; `errors` holds one line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    name: str
+    socket: str
+    batch_size: int = 50  # messages per pushed batch, as in ppMQ
+    window: int | None = None  # messages in flight per topic; default batch_size
+
+
+class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    name: str
+    subscribers: list[str] = msgspec.field(default_factory=list)
+    ack_required: bool = True
+    ack_retry: Duration = Duration(0)  # redeliver after this long unacked; 0 = never
+    dedupe: bool = False
+    priorities: int = 1
+    expire: bool = False
+
+
+class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    server_socket: str
+    data_path: str
+    subscribers: list[SubscriberConfig] = msgspec.field(default_factory=list)
+    topics: list[TopicConfig] = msgspec.field(default_factory=list)
+    sync: bool = True  # fsync at every commit; false leaves flushing to the OS
+    max_frame_bytes: Size = Size(16 * MiB)
+    max_message_bytes: Size = Size(1 * MiB)  # per payload
+    max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
+    retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
+
+    def subscriber(self, name: str) -> SubscriberConfig | None:
+        return next((s for s in self.subscribers if s.name == name), None)
+
+    def topic(self, name: str) -> TopicConfig | None:
+        return next((t for t in self.topics if t.name == name), None)
+
+    def window(self, sub: SubscriberConfig) -> int:
+        return sub.window if sub.window is not None else sub.batch_size
+
+    @property
+    def in_memory(self) -> bool:
+        return self.data_path == "mem"
+
+
+# --- loading ------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, validate and resolve a config file; raise ConfigError naming every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read: {exc}"]) from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: Path) -> Config:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError([f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: the top level must be a mapping of keys such as ServerSocket"])
+    try:
+        config = msgspec.convert(data, Config, dec_hook=_decode_unit)
+    except msgspec.ValidationError as exc:
+        msg, _, where = str(exc).partition(" - at `$")
+        raise ConfigError([_locate(path, root, where.rstrip("`"), msg)]) from None
+    errors = [_locate(path, root, where, msg) for where, msg in _check(config)]
+    if errors:
+        raise ConfigError(errors)
+    return _resolved(config, path.parent)
+
+
+def _decode_unit(tp: type, obj: Any) -> Any:
+    if tp is Duration:
+        return Duration(parse_duration(obj))
+    if tp is Size:
+        return Size(parse_size(obj))
+    raise NotImplementedError
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Go's time.ParseDuration for non-negative values, or a number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a duration such as \"90s\" or a number of seconds, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "0":
+            return 0.0
+        parts = _DURATION_PART.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"invalid duration {value!r} (use e.g. \"90s\", \"5m\", \"1h30m\", \"250ms\")")
+        value = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if value < 0:
+        raise ValueError(f"duration {value!r} must not be negative")
+    return float(value)
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMGT]i?B?|B)?", re.I)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes as an integer or "16MiB"/"4GB"/"512K" (KiB-style units are powers of 1024)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected a size such as 16777216 or \"16MiB\", got {value!r}")
+    if isinstance(value, str):
+        m = _SIZE.fullmatch(value.strip())
+        if not m:
+            raise ValueError(f"invalid size {value!r} (use e.g. 16777216, \"16MiB\", \"4GB\")")
+        unit = (m[2] or "").upper()
+        base = 1024 if "I" in unit else 1000
+        value = int(m[1]) * (base ** "BKMGT".index(unit[0]) if unit else 1)
+    if value <= 0:
+        raise ValueError(f"size {value!r} must be positive")
+    return value
+
+
+def _check(config: Config) -> list[tuple[str, str]]:
+    """Checks across fields: (path, message) pairs, paths as msgspec writes them."""
+    errors: list[tuple[str, str]] = []
+    for kind, items in (("Subscribers", config.subscribers), ("Topics", config.topics)):
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if not item.name:
+                errors.append((f".{kind}[{i}].Name", "must not be empty"))
+            elif item.name in seen:
+                errors.append((f".{kind}[{i}].Name", f"duplicate name {item.name!r}"))
+            seen.add(item.name)
+    names = {s.name for s in config.subscribers}
+    for i, sub in enumerate(config.subscribers):
+        if sub.batch_size < 1:
+            errors.append((f".Subscribers[{i}].BatchSize", f"must be at least 1, got {sub.batch_size}"))
+        if sub.window is not None and sub.window < 1:
+            errors.append((f".Subscribers[{i}].Window", f"must be at least 1, got {sub.window}"))
+        if len(sub.socket.encode()) > _UNIX_PATH_MAX:
+            errors.append((f".Subscribers[{i}].Socket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    for i, topic in enumerate(config.topics):
+        if not 1 <= topic.priorities <= 256:
+            errors.append((f".Topics[{i}].Priorities", f"must be 1..256, got {topic.priorities}"))
+        for j, name in enumerate(topic.subscribers):
+            if name not in names:
+                errors.append((f".Topics[{i}].Subscribers[{j}]", f"unknown subscriber {name!r}"))
+        if len(set(topic.subscribers)) != len(topic.subscribers):
+            errors.append((f".Topics[{i}].Subscribers", "lists a subscriber twice"))
+    if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
+        errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    if not config.data_path:
+        errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
+    return errors
+
+
+def _locate(path: Path, root: yaml.Node | None, where: str, msg: str) -> str:
+    """`file:line: Key.Path: message`, with the line of the deepest node that exists."""
+    steps = re.findall(r"\.([^.\[]+)|\[(\d+)\]", where)
+    node, line, names = root, 1, []
+    for key, index in steps:
+        names.append(key if key else f"[{index}]")
+        node = _child(node, key, index)
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    unknown = re.search(r"unknown field `([^`]+)`", msg)
+    if unknown and node is not None:
+        child = _child(node, unknown[1], "")
+        names.append(unknown[1])
+        line = child.start_mark.line + 1 if child is not None else line
+        msg = "unknown key"
+    label = ".".join(names).replace(".[", "[")
+    return f"{path}:{line}: {label}: {msg}" if label else f"{path}:{line}: {msg}"
+
+
+def _child(node: yaml.Node | None, key: str, index: str) -> yaml.Node | None:
+    if key and isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if k.value == key:
+                return v
+        return None
+    if index and isinstance(node, yaml.SequenceNode):
+        i = int(index)
+        return node.value[i] if i < len(node.value) else None
+    return None
+
+
+def _resolved(config: Config, base: Path) -> Config:
+    """Make relative paths relative to the config file's directory."""
+
+    def absolute(p: str) -> str:
+        return p if os.path.isabs(p) else os.path.normpath(base.resolve() / p)
+
+    config.server_socket = absolute(config.server_socket)
+    if not config.in_memory:
+        config.data_path = absolute(config.data_path)
+    for sub in config.subscribers:
+        sub.socket = absolute(sub.socket)
+    return config
+
+
+def default_config_path() -> str:
+    """`-c` defaults to $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml (PROTOCOL §7)."""
+    return os.environ.get("PPMQ_CONFIG") or "/etc/ppmq/ppmq.yaml"

@@ -1,0 +1,125 @@
+"""Bytes from a socket -> JSON frames (PROTOCOL §1).
+
+The fast path is newline-delimited JSON: a line that starts with `{`, ends with
+`}` and has no `}{` seam is taken as one frame without looking inside it. Anything
+else (pretty-printed objects spanning lines, several objects on one line, what
+Go's `json.Decoder` accepts) goes through a small scanner that follows strings and
+brackets to find where each value ends; such frames are put on one line with
+`msgspec.json.format`, so payloads from them arrive compacted. Garbage that is
+not an object is cut at the next newline and handed on as a frame of its own,
+so that the decoder rejects it and the stream resynchronises.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from .protocol import TooLarge
+
+_SEAM = re.compile(rb"}\s*{")
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|"|[{}\[\]]', re.S)
+_SPACE = b" \t\r\n"
+
+
+class Framer:
+    """Splits a byte stream into frames of at most `max_frame_bytes` each."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> bool:
+        """True while a partial frame is buffered (the peer is mid-frame)."""
+        return bool(self._buf.strip(_SPACE))
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return the complete frames they finish, in order.
+
+        Raises TooLarge when a frame grows past the limit: the stream cannot be
+        resynchronised then, so the caller answers 413 and closes.
+        """
+        self._buf += data
+        frames: list[bytes] = []
+        while True:
+            frame = self._next_frame()
+            if frame is None:
+                break
+            if frame:
+                frames.append(frame)
+        if len(self._buf) > self.max_frame_bytes:
+            raise TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
+        return frames
+
+    def _next_frame(self) -> bytes | None:
+        buf = self._buf
+        start = 0
+        while start < len(buf) and buf[start] in _SPACE:
+            start += 1
+        if start == len(buf):
+            buf.clear()
+            return None
+        nl = buf.find(b"\n", start)
+        if nl >= 0:
+            line = bytes(buf[start:nl]).rstrip(_SPACE)
+            if line[:1] == b"{" and line[-1:] == b"}" and not _SEAM.search(line):
+                self._take(nl + 1)
+                return self._checked(line)
+        if buf[start] not in b"{[":
+            if nl < 0:
+                return None
+            garbage = bytes(buf[start:nl]).rstrip(_SPACE)
+            self._take(nl + 1)
+            return self._checked(garbage)
+        if nl < 0 and not _may_hold_whole_value(buf):
+            return None  # the usual NDJSON line still arriving: don't scan it
+        end = _value_end(buf, start)
+        if end is None:
+            return None
+        frame = bytes(buf[start:end])
+        self._take(end)
+        return self._checked(_one_line(frame))
+
+    def _take(self, n: int) -> None:
+        del self._buf[:n]
+
+    def _checked(self, frame: bytes) -> bytes:
+        if len(frame) > self.max_frame_bytes:
+            raise TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
+        return frame
+
+
+def _may_hold_whole_value(buf: bytearray) -> bool:
+    """Cheap test before scanning a buffer that has no newline yet."""
+    i = len(buf) - 1
+    while i >= 0 and buf[i] in _SPACE:
+        i -= 1
+    return buf[i : i + 1] in (b"}", b"]") or _SEAM.search(buf) is not None
+
+
+def _value_end(buf: bytearray, start: int) -> int | None:
+    """Index just past the object or array that starts at `start`, or None if incomplete."""
+    depth = 0
+    for m in _TOKEN.finditer(buf, start):
+        tok = m.group()
+        if tok == b'"':
+            return None  # a string that is not closed yet
+        if tok in (b"{", b"["):
+            depth += 1
+        elif tok in (b"}", b"]"):
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return None
+
+
+def _one_line(frame: bytes) -> bytes:
+    """Put a multi-line frame on one line; leave invalid JSON for the decoder to name."""
+    if b"\n" not in frame and b"\r" not in frame:
+        return frame
+    try:
+        return msgspec.json.format(frame, indent=0)
+    except msgspec.DecodeError:
+        return frame

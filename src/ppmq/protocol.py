@@ -1,0 +1,238 @@
+"""Wire types of PROTOCOL.md sections 2, 4 and 5, and the errors that become replies.
+
+Frames are decoded straight into msgspec Structs spelt the way ppmq writes them
+(`Topic`, `Messages`, ...). ppMQ's Go producers write lower-case keys and Go's
+decoder matches keys case-insensitively (PROTOCOL §1), so a frame that names a
+key in another case takes a slower path: its keys are folded to our spelling and
+the frame is decoded again. Payloads stay `msgspec.Raw` from socket to disk to
+subscriber: the broker never builds Python objects out of them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+# --- errors: one class per reply status (PROTOCOL §4) -------------------------
+
+
+class RequestError(Exception):
+    """A request failed; `status` and the message become its reply."""
+
+    status = 500
+
+
+class BadRequest(RequestError):
+    status = 400
+
+
+class Forbidden(RequestError):
+    status = 403
+
+
+class NotFound(RequestError):
+    status = 404
+
+
+class TooLarge(RequestError):
+    status = 413
+
+
+class ShuttingDown(RequestError):
+    status = 503
+
+
+class StoreFull(RequestError):
+    status = 507
+
+
+# --- client -> broker -----------------------------------------------------------
+
+
+class Message(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """One message of a publish (PROTOCOL §2)."""
+
+    payload: Raw
+    key: str | None = None
+    # RFC 3339 (decoded by msgspec) or Unix seconds; Go's zero time means none.
+    expires: dt.datetime | int | float | None = None
+    ttl_s: float | None = msgspec.field(default=None, name="TTL")
+    priority: int = 0
+
+
+class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """One wrapper object sent to the server socket (PROTOCOL §2)."""
+
+    topic: str | None = None
+    subscriber: str | None = None
+    messages: list[Message] | None = None
+    acks: list[str] | None = None
+    command: str | None = None
+    # Kept raw so that the reply echoes the client's Id byte for byte.
+    id: Raw | UnsetType = UNSET
+
+
+WRAPPER_KEYS = {f.lower(): f for f in ("Topic", "Subscriber", "Messages", "Acks", "Command", "Id")}
+MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority")}
+COMMANDS = ("RECONNECT", "CONNECT", "STATUS")
+
+_request_decoder = msgspec.json.Decoder(Request)
+_loose_object = msgspec.json.Decoder(dict[str, Raw])
+_loose_messages = msgspec.json.Decoder(list[dict[str, Raw]])
+_AT_PATH = re.compile(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.S)
+_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+
+
+def decode_request(frame: bytes) -> Request:
+    """Decode one frame into a Request, or raise BadRequest naming what is wrong.
+
+    The frame's `Id` is attached to the error (`err.request_id`) whenever it can be
+    found, so that even a rejected request gets its reply.
+    """
+    if not frame.isascii():
+        _check_utf8(frame)
+    try:
+        return _request_decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        if "unknown field" not in str(exc):
+            raise _bad(frame, exc) from None
+    except msgspec.DecodeError as exc:
+        raise _bad(frame, exc) from None
+    try:
+        return _request_decoder.decode(_fold_keys(frame))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _bad(frame, exc) from None
+
+
+def _check_utf8(frame: bytes) -> None:
+    try:
+        frame.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"frame is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _fold_keys(frame: bytes) -> bytes:
+    """Re-spell a wrapper's and its messages' keys as ppmq writes them.
+
+    Unknown keys are dropped, as Go's decoder ignores them.
+    """
+    wrapper = _fold(_loose_object.decode(frame), WRAPPER_KEYS)
+    raw_messages = wrapper.get("Messages")
+    if raw_messages is not None:
+        try:
+            messages = _loose_messages.decode(raw_messages)
+        except msgspec.ValidationError:
+            pass  # not a list of objects: the strict decoder names the problem
+        else:
+            wrapper["Messages"] = [_fold(m, MESSAGE_KEYS) for m in messages]
+    return msgspec.json.encode(wrapper)
+
+
+def _fold(obj: dict[str, Raw], names: dict[str, str]) -> dict[str, Any]:
+    return {names[k.lower()]: v for k, v in obj.items() if k.lower() in names}
+
+
+def _bad(frame: bytes, exc: Exception) -> BadRequest:
+    """Turn a msgspec error into `Messages[2].Priority: Expected int, got str`."""
+    text = str(exc)
+    m = _AT_PATH.match(text)
+    msg, path = (m["msg"], m["path"]) if m else (text, None)
+    missing = _MISSING.match(msg)
+    if missing:
+        path = f"{path}.{missing['field']}" if path else missing["field"]
+        msg = "required field is missing"
+    if isinstance(exc, msgspec.DecodeError):
+        msg = f"invalid JSON: {msg.removeprefix('JSON is malformed: ')}"
+    err = BadRequest(f"{path}: {msg}" if path else msg)
+    err.request_id = find_request_id(frame)
+    return err
+
+
+def find_request_id(frame: bytes) -> Raw | UnsetType:
+    """The `Id` of a frame that failed to decode as a Request, if it has one."""
+    try:
+        obj = _loose_object.decode(frame)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return UNSET
+    for key, value in obj.items():
+        if key.lower() == "id" and value[:1] in b'"-0123456789':
+            return value
+    return UNSET
+
+
+# --- broker -> client -------------------------------------------------------------
+
+
+class Reply(msgspec.Struct, omit_defaults=True, rename="pascal"):
+    """The one reply to a request that carried an `Id` (PROTOCOL §4)."""
+
+    status: int
+    id: Raw | UnsetType = UNSET
+    accepted: int | None = None
+    error: str | None = None
+    body: Any = None
+
+
+_reply_encoder = msgspec.json.Encoder()
+
+
+def encode_reply(reply: Reply) -> bytes:
+    return _reply_encoder.encode(reply) + b"\n"
+
+
+def error_reply(exc: RequestError, request_id: Raw | UnsetType = UNSET) -> Reply:
+    return Reply(status=exc.status, id=request_id, error=str(exc))
+
+
+# --- broker -> subscriber (PROTOCOL §5) --------------------------------------------
+
+_GO_ZERO_TIME = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+_MAX_EXPIRES_S = 2**63 // 10**9 - 1
+
+
+def expires_ns(value: dt.datetime | int | float | None) -> int:
+    """`Expires` as Unix nanoseconds; 0 means the message never expires.
+
+    Go's zero time is what every ppMQ producer sends for "no expiry". A time
+    without an offset is read as UTC.
+    """
+    if value is None:
+        return 0
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        if value == _GO_ZERO_TIME:
+            return 0
+        value = value.timestamp()
+    if not 0 < value < _MAX_EXPIRES_S:
+        raise ValueError(f"{value} is outside the range of Unix seconds 0..{_MAX_EXPIRES_S}")
+    return max(1, int(value * 1e9))
+
+
+def format_expires(ns: int) -> str:
+    """RFC 3339 in UTC with up to nanosecond precision, as Go writes it."""
+    seconds, frac = divmod(ns, 10**9)
+    base = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
+
+
+_str_encoder = msgspec.json.Encoder()
+
+
+def message_fragment(key: str, payload: bytes, priority: int, expires: int) -> bytes:
+    """A delivered message's JSON object, built once at publish and stored as is."""
+    parts = [b'{"Key":', _str_encoder.encode(key), b',"Payload":', payload, b',"Priority":%d' % priority]
+    if expires:
+        parts += [b',"Expires":"', format_expires(expires).encode(), b'"']
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def batch_frame(topic: str, subscriber: str, fragments: list[bytes]) -> bytes:
+    """The line pushed to a subscriber: `{"Topic":..,"Subscriber":..,"Messages":[..]}`."""
+    head = _str_encoder.encode({"Topic": topic, "Subscriber": subscriber})
+    return b"".join((head[:-1], b',"Messages":[', b",".join(fragments), b"]}\n"))
