@@ -28,6 +28,7 @@ class Framer:
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.too_large: TooLarge | None = None  # set once; the stream is unusable after it
         self._buf = bytearray()
 
     @property
@@ -38,19 +39,23 @@ class Framer:
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the complete frames they finish, in order.
 
-        Raises TooLarge when a frame grows past the limit: the stream cannot be
-        resynchronised then, so the caller answers 413 and closes.
+        A frame that grows past the limit sets `too_large` and ends the stream:
+        there is no telling where the next frame would start, so the caller
+        answers 413 and closes.
         """
+        if self.too_large is not None:
+            return []
         self._buf += data
         frames: list[bytes] = []
-        while True:
-            frame = self._next_frame()
-            if frame is None:
+        while (frame := self._next_frame()) is not None:
+            if len(frame) > self.max_frame_bytes:
                 break
-            if frame:
-                frames.append(frame)
-        if len(self._buf) > self.max_frame_bytes:
-            raise TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
+            frames.append(frame)
+        else:
+            if len(self._buf) <= self.max_frame_bytes:
+                return frames
+        self.too_large = TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
+        self._buf.clear()
         return frames
 
     def _next_frame(self) -> bytes | None:
@@ -66,13 +71,13 @@ class Framer:
             line = bytes(buf[start:nl]).rstrip(_SPACE)
             if line[:1] == b"{" and line[-1:] == b"}" and not _SEAM.search(line):
                 self._take(nl + 1)
-                return self._checked(line)
+                return line
         if buf[start] not in b"{[":
             if nl < 0:
                 return None
             garbage = bytes(buf[start:nl]).rstrip(_SPACE)
             self._take(nl + 1)
-            return self._checked(garbage)
+            return garbage
         if nl < 0 and not _may_hold_whole_value(buf):
             return None  # the usual NDJSON line still arriving: don't scan it
         end = _value_end(buf, start)
@@ -80,15 +85,10 @@ class Framer:
             return None
         frame = bytes(buf[start:end])
         self._take(end)
-        return self._checked(_one_line(frame))
+        return _one_line(frame)
 
     def _take(self, n: int) -> None:
         del self._buf[:n]
-
-    def _checked(self, frame: bytes) -> bytes:
-        if len(frame) > self.max_frame_bytes:
-            raise TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
-        return frame
 
 
 def _may_hold_whole_value(buf: bytearray) -> bool:

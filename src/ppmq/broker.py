@@ -1,0 +1,576 @@
+"""The broker's state machine (PROTOCOL §3), sans-IO.
+
+`Broker.step` takes every request that arrived since the last commit, the
+subscribers that can take a batch now, and the time; it applies them all in one
+LMDB write transaction (group commit) and returns the replies, the batches to
+push and when it next needs to run. It never touches a socket or reads a clock,
+and it runs on one thread: the writer thread of the server, or a test.
+
+Counters and the per-topic sequence live in `State`, a small structure (topics x
+subscribers, never proportional to the backlog) that is written into the same
+transaction as the changes it counts, so it is exactly as durable as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import lmdb
+import msgspec
+
+from . import protocol as p
+from .config import Config, TopicConfig
+from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+TICK_NS = NS  # expiry and redelivery run at least this often
+EXPIRE_PER_TICK = 10_000  # bound one transaction; the rest goes in the next tick
+MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, the dedupe index adds 4
+
+
+class TopicStats(msgspec.Struct):
+    seq: int = 0  # last message id / queue position handed out; never reused
+    stored: int = 0
+    published: int = 0
+    replaced: int = 0
+    expired: int = 0
+
+
+class SubStats(msgspec.Struct):
+    ready: list[int]  # per queue priority
+    inflight: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    expired: int = 0
+    ignored_acks: int = 0
+
+
+class State(msgspec.Struct):
+    rejected: int = 0  # requests answered with an error status
+    topic_ids: dict[str, int] = {}
+    sub_ids: dict[str, int] = {}
+    topics: dict[str, TopicStats] = {}
+    subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(State)
+
+
+class Returned(NamedTuple):
+    """A batch that could not be written to its subscriber: back to ready."""
+
+    subscriber: str
+    topic: str
+    msgs: list[int]
+
+
+class Written(NamedTuple):
+    """A batch written whole to a subscriber of an `AckRequired: false` topic."""
+
+    subscriber: str
+    topic: str
+    msgs: list[int]
+
+
+class Invalid(NamedTuple):
+    """A frame the server could not decode: counted, and answered in order."""
+
+    error: p.RequestError
+    id: msgspec.Raw | msgspec.UnsetType
+
+
+Op = p.Request | Returned | Written | Invalid
+
+
+class Delivery(NamedTuple):
+    subscriber: str
+    topic: str
+    msgs: list[int]
+    frame: bytes
+    auto_ack: bool  # AckRequired: false - complete once written
+
+
+class Step(NamedTuple):
+    replies: list[p.Reply | None]  # one per op; None for internal ops
+    deliveries: list[Delivery]
+    next_tick_ns: int
+
+
+class Broker:
+    def __init__(self, config: Config, store: Store, now_ns: int) -> None:
+        self.config = config
+        self.store = store
+        self.topics = {t.name: t for t in config.topics}
+        self.sub_configs = {s.name: s for s in config.subscribers}
+        self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+        self._deadlines: dict[tuple[str, str], int] = {}  # earliest AckRetry deadline in flight
+        with store.write() as txn:
+            raw = txn.get_meta(b"state")
+            self.state = _state_decoder.decode(raw) if raw else State()
+            self._register(config)
+            for tc in config.topics:
+                for sub in tc.subscribers:
+                    self._update_deadline(txn, tc.name, sub)
+            self._save(txn)
+        self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
+        self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
+        self._next_tick_ns = now_ns
+
+    def _register(self, config: Config) -> None:
+        st = self.state
+        for tc in config.topics:
+            if tc.name not in st.topic_ids:
+                st.topic_ids[tc.name] = max(st.topic_ids.values(), default=0) + 1
+            st.topics.setdefault(tc.name, TopicStats())
+            subs = st.subs.setdefault(tc.name, {})
+            for name in tc.subscribers:
+                stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
+                stats.ready += [0] * (tc.priorities - len(stats.ready))
+        for sc in config.subscribers:
+            if sc.name not in st.sub_ids:
+                st.sub_ids[sc.name] = max(st.sub_ids.values(), default=0) + 1
+
+    def _save(self, txn: Txn) -> None:
+        txn.put_meta(b"state", _state_encoder.encode(self.state))
+
+    @property
+    def next_tick_ns(self) -> int:
+        return self._next_tick_ns
+
+    # --- the step ---------------------------------------------------------------------
+
+    def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
+        """Whether a step with no requests would do anything now."""
+        return now_ns >= self._next_tick_ns or any(self._space(s, t) for s in open_subs for t in self.sub_topics.get(s, ()))
+
+    def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
+        """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
+        before = _state_encoder.encode(self.state)
+        try:
+            with self.store.write() as txn:
+                replies = [self._apply(txn, op, now_ns) for op in ops]
+                if now_ns >= self._next_tick_ns:
+                    self._tick(txn, now_ns)
+                deliveries = self._fill(txn, open_subs, now_ns)
+                self._save(txn)
+                next_tick = self._next_tick(txn, now_ns)
+        except (StoreFullError, lmdb.Error) as exc:
+            # The commit itself failed: nothing of this step happened.
+            self.state = _state_decoder.decode(before)
+            err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(f"store error: {exc}")
+            log.error("commit failed: %s", exc)
+            replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
+            return Step(replies, [], now_ns + TICK_NS)
+        self._next_tick_ns = next_tick
+        return Step(replies, deliveries, next_tick)
+
+    def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
+        if isinstance(op, Returned):
+            self._return(txn, op)
+            return None
+        if isinstance(op, Written):
+            self._ack_msgs(txn, op.topic, op.subscriber, op.msgs)
+            return None
+        if isinstance(op, Invalid):
+            self.state.rejected += 1
+            return p.error_reply(op.error, op.id)
+        before = _state_encoder.encode(self.state)
+        try:
+            with txn.savepoint():
+                return self._request(txn, op, now_ns)
+        except p.RequestError as exc:
+            error = exc
+        except lmdb.MapFullError:
+            error = p.StoreFull("store full: the LMDB map has no room left")
+        self.state = _state_decoder.decode(before)
+        self.state.rejected += 1
+        return p.error_reply(error, op.id)
+
+    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
+        """PROTOCOL §2: messages, then acks, then the command; all or nothing."""
+        accepted, body = 0, None
+        if req.messages is not None:
+            topic = self._topic_for(req, "Messages")
+            prepared = self._validate(topic, req.messages, now_ns)
+            if txn.used_bytes() >= self.store.max_bytes:
+                raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
+            self._publish(txn, topic, prepared, now_ns)
+            accepted += len(prepared)
+        if req.acks is not None:
+            topic = self._topic_for(req, "Acks")
+            sub = self._subscriber_of(req.subscriber, topic, "Acks")
+            accepted += self._ack_keys(txn, topic, sub, req.acks)
+        if req.command is not None:
+            command = req.command.upper()
+            if command in ("RECONNECT", "CONNECT"):
+                self._reconnect(txn, req)
+            elif command == "STATUS":
+                body = self._status(txn, now_ns)
+            else:
+                raise p.BadRequest(f"Command: unknown command {req.command!r} (expected RECONNECT, CONNECT or STATUS)")
+        return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
+
+    def _topic_for(self, req: p.Request, field: str) -> TopicConfig:
+        if req.topic is None:
+            raise p.BadRequest(f"Topic: required with {field}")
+        topic = self.topics.get(req.topic)
+        if topic is None:
+            raise p.NotFound(f"Topic: unknown topic {req.topic!r}")
+        return topic
+
+    def _subscriber_of(self, name: str | None, topic: TopicConfig, field: str) -> str:
+        if name is None:
+            raise p.BadRequest(f"Subscriber: required with {field}")
+        if name not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {name!r}")
+        if name not in topic.subscribers:
+            raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
+        return name
+
+    # --- publish (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry) -----------------------------
+
+    def _validate(self, topic: TopicConfig, messages: list[p.Message], now_ns: int) -> list[tuple[bytes | None, int, int, bytes]]:
+        """Check every message before anything is written: (key, prio, expires_ns, payload)."""
+        out = []
+        limit = self.config.max_message_bytes
+        for i, m in enumerate(messages):
+            where = f"Messages[{i}]"
+            if not 0 <= m.priority < topic.priorities:
+                raise p.BadRequest(f"{where}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
+            payload = bytes(m.payload)
+            if len(payload) > limit:
+                raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({limit})")
+            key = None
+            if topic.dedupe:
+                if not m.key:
+                    raise p.BadRequest(f"{where}.Key: required on topic {topic.name!r}, which has Dedupe")
+                key = m.key.encode()
+                if len(key) > MAX_KEY_BYTES:
+                    raise p.BadRequest(f"{where}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
+            out.append((key, m.priority, self._expires(m, where, now_ns), payload))
+        return out
+
+    @staticmethod
+    def _expires(m: p.Message, where: str, now_ns: int) -> int:
+        try:
+            expires = p.expires_ns(m.expires)
+        except ValueError as exc:
+            raise p.BadRequest(f"{where}.Expires: {exc}") from None
+        if m.ttl_s is None:
+            return expires
+        if expires:
+            raise p.BadRequest(f"{where}.TTL: give either Expires or TTL, not both")
+        if not 0 < m.ttl_s < 10**9:
+            raise p.BadRequest(f"{where}.TTL: {m.ttl_s} must be a positive number of seconds")
+        return now_ns + int(m.ttl_s * NS)
+
+    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list, now_ns: int) -> None:
+        stats = self.state.topics[topic.name]
+        t = self.state.topic_ids[topic.name]
+        for key, prio, expires, payload in prepared:
+            stats.published += 1
+            if not topic.subscribers:
+                continue  # nobody to deliver to, like a fanout exchange without queues
+            old = txn.get_dedupe(t, key) if key is not None else None
+            if old is None:
+                self._store_new(txn, topic, t, key, prio, expires, payload, now_ns)
+            else:
+                self._replace(txn, topic, t, old, key, prio, expires, payload, now_ns)
+
+    def _store_new(self, txn, topic, t, key, prio, expires, payload, now_ns) -> None:
+        stats = self.state.topics[topic.name]
+        stats.seq += 1
+        m = stats.seq
+        stats.stored += 1
+        if key is None:
+            key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
+        else:
+            txn.put_dedupe(t, key, m)
+        txn.put_body(t, m, _body(key, prio, expires, payload, now_ns))
+        if expires and topic.expire:
+            txn.add_expiry(expires, t, m)
+        holders = {}
+        for name in topic.subscribers:
+            s = self.state.sub_ids[name]
+            txn.push_ready(t, s, prio, m, m, 0)
+            self.state.subs[topic.name][name].ready[prio] += 1
+            holders[s] = (prio, m)
+        txn.put_holders(t, m, holders)
+
+    def _replace(self, txn, topic, t, m, key, prio, expires, payload, now_ns) -> None:
+        """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
+        unless it gains priority; in flight or acked ones queue again at the end."""
+        stats = self.state.topics[topic.name]
+        stats.replaced += 1
+        old = txn.get_body(t, m)
+        if old is not None and old.expires_ns and topic.expire:
+            txn.remove_expiry(old.expires_ns, t, m)
+        holders = txn.get_holders(t, m)
+        new_pos = None
+        for name in topic.subscribers:
+            s = self.state.sub_ids[name]
+            sub = self.state.subs[topic.name][name]
+            place = holders.get(s)
+            if place is not None:
+                if txn.pop_inflight(t, s, m) is not None:
+                    sub.inflight -= 1
+                    place = None
+                elif prio >= place[0]:
+                    txn.push_ready(t, s, place[0], place[1], m, 0)  # same place, new version
+                    continue
+                else:
+                    txn.remove_ready(t, s, *place)
+                    sub.ready[place[0]] -= 1
+            if new_pos is None:
+                stats.seq += 1
+                new_pos = stats.seq
+            txn.push_ready(t, s, prio, new_pos, m, 0)
+            sub.ready[prio] += 1
+            holders[s] = (prio, new_pos)
+        txn.put_holders(t, m, holders)
+        txn.put_body(t, m, _body(key, prio, expires, payload, now_ns))
+        if expires and topic.expire:
+            txn.add_expiry(expires, t, m)
+
+    # --- acks, completion -----------------------------------------------------------------
+
+    def _ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+        t = self.state.topic_ids[topic.name]
+        msgs = []
+        for key in keys:
+            if topic.dedupe:
+                m = txn.get_dedupe(t, key.encode()) if len(key) <= MAX_KEY_BYTES else None
+            else:
+                m = int(key) if key.isascii() and key.isdigit() and len(key) < 20 else None
+            msgs.append(m)
+        return self._ack_msgs(txn, topic.name, sub, msgs)
+
+    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None]) -> int:
+        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        stats = self.state.subs[topic][sub]
+        done = 0
+        for m in msgs:
+            if m is None or txn.pop_inflight(t, s, m) is None:
+                stats.ignored_acks += 1
+                continue
+            stats.inflight -= 1
+            stats.acked += 1
+            done += 1
+            self._release(txn, topic, t, s, m)
+        return done
+
+    def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
+        """Subscriber s is done with m; the last one out deletes the message."""
+        holders = txn.get_holders(t, m)
+        holders.pop(s, None)
+        txn.put_holders(t, m, holders)
+        if not holders:
+            self._delete_message(txn, topic, t, m)
+
+    def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
+        body = txn.get_body(t, m)
+        if body is None:
+            return
+        tc = self.topics.get(topic)
+        if body.expires_ns and tc is not None and tc.expire:
+            txn.remove_expiry(body.expires_ns, t, m)
+        if tc is not None and tc.dedupe:
+            txn.delete_dedupe(t, body.key)
+        txn.delete_body(t, m)
+        self.state.topics[topic].stored -= 1
+
+    # --- RECONNECT, redelivery, returned batches ----------------------------------------
+
+    def _reconnect(self, txn: Txn, req: p.Request) -> None:
+        """PROTOCOL §3 RECONNECT: everything in flight to the subscriber goes back to its place."""
+        if req.subscriber is None:
+            raise p.BadRequest("Subscriber: required with RECONNECT")
+        if req.subscriber not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
+        if req.topic is None:
+            topics = self.sub_topics[req.subscriber]
+        else:
+            topics = [self._topic_for(req, "RECONNECT")]
+            self._subscriber_of(req.subscriber, topics[0], "RECONNECT")
+        for tc in topics:
+            self._requeue(txn, tc.name, req.subscriber, lambda f: True)
+
+    def _requeue(self, txn: Txn, topic: str, sub: str, due) -> None:
+        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        stats = self.state.subs[topic][sub]
+        for m, flight in txn.inflight_of(t, s):
+            if due(flight):
+                txn.pop_inflight(t, s, m)
+                txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
+                stats.inflight -= 1
+                stats.ready[flight.prio] += 1
+        self._update_deadline(txn, topic, sub)
+
+    def _return(self, txn: Txn, op: Returned) -> None:
+        """A batch that never reached the subscriber: as if it had not been sent."""
+        t, s = self.state.topic_ids[op.topic], self.state.sub_ids[op.subscriber]
+        stats = self.state.subs[op.topic][op.subscriber]
+        for m in op.msgs:
+            flight = txn.pop_inflight(t, s, m)
+            if flight is None:
+                continue  # acked, expired or replaced meanwhile
+            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts - 1)
+            stats.inflight -= 1
+            stats.ready[flight.prio] += 1
+            stats.delivered -= 1
+            stats.redelivered -= flight.attempts > 1
+        self._update_deadline(txn, op.topic, op.subscriber)
+
+    def _update_deadline(self, txn: Txn, topic: str, sub: str) -> None:
+        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        deadlines = [f.deadline_ns for _, f in txn.inflight_of(t, s) if f.deadline_ns]
+        if deadlines:
+            self._deadlines[(topic, sub)] = min(deadlines)
+        else:
+            self._deadlines.pop((topic, sub), None)
+
+    # --- timers: expiry and AckRetry ----------------------------------------------------------
+
+    def _tick(self, txn: Txn, now_ns: int) -> None:
+        for expires, t, m in txn.due_expiries(now_ns, EXPIRE_PER_TICK):
+            topic = self._topic_name(t)
+            if topic is None:
+                txn.remove_expiry(expires, t, m)
+            else:
+                self._expire(txn, topic, t, m)
+        for (topic, sub), deadline in list(self._deadlines.items()):
+            if deadline <= now_ns:
+                self._requeue(txn, topic, sub, lambda f: 0 < f.deadline_ns <= now_ns)
+
+    def _topic_name(self, t: int) -> str | None:
+        name = self._topic_by_id.get(t)
+        return name if name in self.topics else None
+
+    def _expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
+        """PROTOCOL §3 Expiry: gone from every queue, also from in flight."""
+        holders = txn.get_holders(t, m)
+        subs = self.state.subs[topic]
+        for s, (prio, pos) in holders.items():
+            name = self._sub_by_id.get(s)
+            if name not in subs:
+                continue
+            if txn.remove_ready(t, s, prio, pos):
+                subs[name].ready[prio] -= 1
+            elif txn.pop_inflight(t, s, m) is not None:
+                subs[name].inflight -= 1
+            subs[name].expired += 1
+        txn.put_holders(t, m, {})
+        self.state.topics[topic].expired += 1
+        self._delete_message(txn, topic, t, m)
+
+    def _next_tick(self, txn: Txn, now_ns: int) -> int:
+        candidates = [now_ns + TICK_NS, *self._deadlines.values()]
+        expiry = txn.next_expiry_ns()
+        if expiry is not None:
+            candidates.append(expiry)
+        return max(now_ns, min(candidates))
+
+    # --- delivery ---------------------------------------------------------------------------
+
+    def _space(self, sub: str, topic: TopicConfig) -> int:
+        """How many messages of topic may be pushed to sub now (Window minus in flight)."""
+        stats = self.state.subs[topic.name][sub]
+        if not any(stats.ready):
+            return 0
+        sc = self.sub_configs[sub]
+        return min(sc.batch_size, self.config.window(sc) - stats.inflight)
+
+    def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
+        out = []
+        for sub in sorted(open_subs):
+            for topic in self.sub_topics.get(sub, ()):
+                limit = self._space(sub, topic)
+                if limit > 0:
+                    delivery = self._pull(txn, sub, topic, limit, now_ns)
+                    if delivery is not None:
+                        out.append(delivery)
+        return out
+
+    def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
+        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
+        stats = self.state.subs[topic.name][sub]
+        deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        msgs: list[int] = []
+        fragments: list[bytes] = []
+        expired: list[int] = []
+
+        def take(entry: ReadyEntry) -> bool:
+            body = txn.get_body(t, entry.msg)
+            if body is None:
+                log.error("store: ready entry of %s/%s points at missing message %d", topic.name, sub, entry.msg)
+                stats.ready[entry.prio] -= 1
+                return True
+            if topic.expire and body.expires_ns and body.expires_ns <= now_ns:
+                expired.append(entry.msg)
+                return False
+            txn.put_inflight(t, s, entry.msg, Flight(entry.prio, entry.pos, deadline, entry.attempts + 1))
+            stats.ready[entry.prio] -= 1
+            stats.inflight += 1
+            stats.delivered += 1
+            stats.redelivered += entry.attempts > 0
+            msgs.append(entry.msg)
+            fragments.append(body.fragment)
+            return True
+
+        txn.pull_ready(t, s, limit, take)
+        for m in expired:
+            self._expire(txn, topic.name, t, m)
+        if deadline and msgs:
+            self._deadlines[(topic.name, sub)] = min(deadline, self._deadlines.get((topic.name, sub), deadline))
+        if not msgs:
+            return None
+        frame = p.batch_frame(topic.name, sub, fragments)
+        return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
+
+    # --- STATUS (PROTOCOL §4) -----------------------------------------------------------------
+
+    def _status(self, txn: Txn, now_ns: int) -> dict:
+        topics = {}
+        for tc in self.config.topics:
+            ts = self.state.topics[tc.name]
+            subs = {}
+            for name in tc.subscribers:
+                st = self.state.subs[tc.name][name]
+                subs[name] = {
+                    "Ready": st.ready[: tc.priorities],
+                    "InFlight": st.inflight,
+                    "OldestReadyAge": self._oldest_ready_age(txn, tc, name, now_ns),
+                    "Delivered": st.delivered,
+                    "Acked": st.acked,
+                    "Redelivered": st.redelivered,
+                    "Expired": st.expired,
+                    "IgnoredAcks": st.ignored_acks,
+                }
+            topics[tc.name] = {
+                "Stored": ts.stored,
+                "Published": ts.published,
+                "Replaced": ts.replaced,
+                "Expired": ts.expired,
+                "Subscribers": subs,
+            }
+        return {"Topics": topics, "Rejected": self.state.rejected}
+
+    def _oldest_ready_age(self, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:
+        t, s = self.state.topic_ids[tc.name], self.state.sub_ids[sub]
+        oldest = None
+        for prio in range(tc.priorities):
+            entry = txn.first_ready(t, s, prio)
+            body = txn.get_body(t, entry.msg) if entry else None
+            if body is not None and (oldest is None or body.publish_ns < oldest):
+                oldest = body.publish_ns
+        return None if oldest is None else round(max(0, now_ns - oldest) / NS, 3)
+
+
+def _body(key: bytes, prio: int, expires: int, payload: bytes, now_ns: int) -> Body:
+    fragment = p.message_fragment(key.decode(), payload, prio, expires)
+    return Body(prio, now_ns, expires, key, fragment)

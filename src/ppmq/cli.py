@@ -1,0 +1,252 @@
+"""The `ppmq` command (PROTOCOL §7). Exit status: 0 ok, 1 the request failed, 2 usage."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+import msgspec
+
+from . import daemon
+from .client import Client, ClientError
+from .config import ConfigError, default_config_path, load_config
+from .framing import Framer
+
+log = logging.getLogger("ppmq")
+STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
+
+
+class Failure(Exception):
+    """The command could not do its job: message on stderr, exit 1."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except (Failure, ConfigError, ClientError) as exc:
+        print(f"ppmq {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 1
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """Options may follow PAYLOADs (`publish T "hi" --priority 1`), so a subcommand
+    with arguments left over is parsed again with interleaving allowed."""
+    parser, subparsers = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        tail = argv[argv.index(args.command) + 1 :]
+        args = subparsers[args.command].parse_intermixed_args(tail, argparse.Namespace(command=args.command))
+    return args
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="ppmq", description="Persistent, prioritized message broker for one host.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers: dict[str, argparse.ArgumentParser] = {}
+
+    def command(name: str, func, help: str, config: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        if config:
+            sub.add_argument("-c", "--config", default=None, help="config file (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
+            sub.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
+        sub.set_defaults(func=func)
+        subparsers[name] = sub
+        return sub
+
+    command("serve", _serve, "run the broker in the foreground")
+    command("check", _check, "validate a config file")
+    pub = command("publish", _publish, "publish messages and wait for them to be stored")
+    pub.add_argument("topic")
+    pub.add_argument("payloads", nargs="*", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
+    pub.add_argument("--key", "-k")
+    pub.add_argument("--priority", "-p", type=int, default=0)
+    pub.add_argument("--ttl", type=float, help="seconds until the message expires")
+    pub.add_argument("--json", action="store_true", help="PAYLOAD is a JSON value rather than a string")
+    ack = command("ack", _ack, "acknowledge messages")
+    ack.add_argument("topic")
+    ack.add_argument("subscriber")
+    ack.add_argument("keys", nargs="+", metavar="KEY")
+    rec = command("reconnect", _reconnect, "redeliver everything in flight to a subscriber")
+    rec.add_argument("subscriber")
+    rec.add_argument("--topic", "-t")
+    st = command("status", _status, "show the broker's counters")
+    st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")
+    lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
+    lis.add_argument("path", metavar="SOCKET")
+    lis.add_argument("--ack", action="store_true", help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given")
+    return parser, subparsers
+
+
+# --- broker side ---------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = load_config(args.config or default_config_path())
+    if args.socket:
+        config.server_socket = args.socket
+    try:
+        asyncio.run(daemon.run(config))
+    except RuntimeError as exc:
+        raise Failure(str(exc)) from None
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    path = args.config or default_config_path()
+    config = load_config(path)
+    print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
+    return 0
+
+
+# --- client side -----------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    path = args.socket or load_config(args.config or default_config_path()).server_socket
+    return Client(path)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    if not args.payloads:
+        raise Failure("nothing to publish: give PAYLOAD arguments or '-' for stdin")
+    with _client(args) as client:
+        if args.payloads == ["-"]:
+            total = _publish_stdin(client, args.topic)
+        else:
+            total = client.publish(args.topic, [_message(args, payload) for payload in args.payloads])
+    print(f"published {total}")
+    return 0
+
+
+def _message(args: argparse.Namespace, payload: str) -> dict[str, Any]:
+    if args.json:
+        try:
+            msgspec.json.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise Failure(f"PAYLOAD is not JSON: {exc}") from None
+        value: Any = msgspec.Raw(payload.encode())
+    else:
+        value = payload
+    message: dict[str, Any] = {"Payload": value, "Priority": args.priority}
+    if args.key is not None:
+        message["Key"] = args.key
+    if args.ttl is not None:
+        message["TTL"] = args.ttl
+    return message
+
+
+def _publish_stdin(client: Client, topic: str) -> int:
+    total, batch = 0, []
+    for n, line in enumerate(sys.stdin.buffer, 1):
+        if not line.strip():
+            continue
+        try:
+            msgspec.json.decode(line, type=dict)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Failure(f"stdin line {n}: not a JSON object: {exc}") from None
+        batch.append(msgspec.Raw(line.strip()))
+        if len(batch) >= STDIN_BATCH:
+            total += client.publish(topic, batch)
+            batch = []
+    if batch:
+        total += client.publish(topic, batch)
+    return total
+
+
+def _ack(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        done = client.ack(args.topic, args.subscriber, args.keys)
+    print(f"acked {done}")
+    return 0
+
+
+def _reconnect(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.reconnect(args.subscriber, args.topic)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        body = client.status()
+    if args.json:
+        print(msgspec.json.encode(body).decode())
+    else:
+        print(_status_table(body))
+    return 0
+
+
+def _status_table(body: dict[str, Any]) -> str:
+    head = ("TOPIC", "SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIV", "EXPIRED")
+    rows = [head]
+    for topic, t in body["Topics"].items():
+        rows.append((topic, f"stored {t['Stored']} published {t['Published']} replaced {t['Replaced']} expired {t['Expired']}"))
+        for name, s in t["Subscribers"].items():
+            age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
+            ready = "/".join(map(str, s["Ready"]))
+            rows.append(("", name, ready, s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"]))
+    widths = [max(len(str(r[i])) for r in rows if len(r) > i and len(r) == len(head)) for i in range(len(head))]
+    lines = []
+    for r in rows:
+        if len(r) == len(head):
+            lines.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+        else:
+            lines.append(f"{r[0]}: {r[1]}")
+    lines.append(f"rejected requests: {body.get('Rejected', 0)}")
+    return "\n".join(lines)
+
+
+def _listen(args: argparse.Namespace) -> int:
+    """Bind SOCKET, accept the broker's connections, print batches; ack on the same connection."""
+    if os.path.exists(args.path):
+        os.unlink(args.path)
+    os.makedirs(os.path.dirname(os.path.abspath(args.path)), exist_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(args.path)
+    server.listen(8)
+    print(f"listening on {args.path}", file=sys.stderr)
+    via_server = _client(args) if args.ack and (args.config or args.socket) else None
+    try:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                _listen_connection(conn, args.ack, via_server)
+    finally:
+        server.close()
+        os.unlink(args.path)
+
+
+def _listen_connection(conn: socket.socket, ack: bool, via_server: Client | None) -> None:
+    framer = Framer(1 << 30)
+    out = sys.stdout
+    while data := conn.recv(1 << 16):
+        for frame in framer.feed(data):
+            batch = msgspec.json.decode(frame)
+            if "Status" in batch:
+                if batch["Status"] != 200:
+                    print(f"ack rejected: {batch.get('Error')}", file=sys.stderr)
+                continue
+            out.write(frame.decode() + "\n")
+            out.flush()
+            if not ack:
+                continue
+            keys = [m["Key"] for m in batch.get("Messages", [])]
+            if via_server is not None:
+                via_server.ack(batch["Topic"], batch["Subscriber"], keys)
+            else:
+                wrapper = {"Topic": batch["Topic"], "Subscriber": batch["Subscriber"], "Acks": keys, "Id": 1}
+                conn.sendall(msgspec.json.encode(wrapper) + b"\n")
+    print("broker closed the connection", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""The LMDB schema and the operations the broker composes into transactions.
+
+One environment under DataPath holds named databases. Keys are fixed-width
+big-endian integers, so a cursor walks them in the order the broker needs:
+
+    bodies    T M             -> Body header, key, message JSON   (stored once per topic)
+    holders   T M             -> (S, prio, pos) for every subscriber not done with M
+    ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
+    inflight  T S M           -> prio, pos, deadline_ns, attempts  (delivered, not acked)
+    expiry    expires_ns T M  -> ""                                (sweep by time)
+    dedupe    T key           -> M                                 (newest version of key)
+    meta      name            -> schema version, name ids, broker state
+
+T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
+position (u64, both taken from the topic's one sequence, so never reused), prio a
+u8. `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
+it back there (PROTOCOL §3), and dedupe may move it. Only the writer thread
+touches the environment: one Txn is one LMDB write transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import lmdb
+
+# Bump when a key or value layout changes, and teach Store.open to convert or refuse.
+SCHEMA_VERSION = 1
+_DBS = (b"bodies", b"holders", b"ready", b"inflight", b"expiry", b"dedupe", b"meta")
+
+_TM = struct.Struct(">IQ")
+_TS = struct.Struct(">IH")
+_TSPQ = struct.Struct(">IHBQ")
+_TSM = struct.Struct(">IHQ")
+_ETM = struct.Struct(">QIQ")
+_U64 = struct.Struct(">Q")
+_READY_VAL = struct.Struct(">QI")  # M, attempts
+_FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
+_HOLDER = struct.Struct(">HBQ")  # S, prio, pos
+_BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
+
+
+class Body(NamedTuple):
+    """A stored message: its delivered JSON object and what the broker needs to know."""
+
+    priority: int
+    publish_ns: int
+    expires_ns: int  # 0: never
+    key: bytes
+    fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
+
+
+class Flight(NamedTuple):
+    """An in-flight delivery and the queue place it returns to."""
+
+    prio: int
+    pos: int
+    deadline_ns: int  # 0: no AckRetry
+    attempts: int
+
+
+class ReadyEntry(NamedTuple):
+    prio: int
+    pos: int
+    msg: int
+    attempts: int
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used."""
+
+
+class StoreFullError(StoreError):
+    """LMDB's map is full: the transaction was rolled back."""
+
+
+class Store:
+    """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir."""
+
+    def __init__(self, data_path: str, *, sync: bool, max_bytes: int) -> None:
+        self._tmp = data_path == "mem"
+        self.path = tempfile.mkdtemp(prefix="ppmq-mem-") if self._tmp else data_path
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self.max_bytes = max_bytes
+        # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
+        # and deliveries, which also need fresh pages in a copy-on-write tree, go on.
+        headroom = max(32 << 20, max_bytes // 20)
+        try:
+            self.env = lmdb.open(
+                self.path,
+                map_size=max_bytes + headroom,
+                max_dbs=len(_DBS),
+                sync=sync and not self._tmp,
+                metasync=sync and not self._tmp,
+                readahead=False,  # the backlog is read in order, and RAM is scarce
+                lock=True,
+            )
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
+        self.dbs = {name.decode(): self.env.open_db(name) for name in _DBS}
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        with self.env.begin(write=True, db=self.dbs["meta"]) as txn:
+            found = txn.get(b"schema")
+            if found is None:
+                txn.put(b"schema", b"%d" % SCHEMA_VERSION)
+            elif int(found) != SCHEMA_VERSION:
+                raise StoreError(f"store {self.path} has schema {int(found)}, this ppmq reads {SCHEMA_VERSION}")
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        """One write transaction; committed when the block ends without an exception."""
+        txn = self.env.begin(write=True)
+        try:
+            yield Txn(self, txn)
+        except BaseException:
+            txn.abort()
+            raise
+        try:
+            txn.commit()
+        except lmdb.MapFullError:
+            raise StoreFullError("LMDB map is full") from None
+
+    def close(self) -> None:
+        self.env.close()
+        if self._tmp:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Txn:
+    """Typed operations inside one write transaction."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+        self.store = store
+        self.txn = txn
+        d = store.dbs
+        self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
+        self._inflight, self._expiry, self._dedupe, self._meta = d["inflight"], d["expiry"], d["dedupe"], d["meta"]
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested transaction: the block's writes vanish if it raises."""
+        outer = self.txn
+        self.txn = self.store.env.begin(write=True, parent=outer)
+        try:
+            yield
+        except BaseException:
+            self.txn.abort()
+            raise
+        else:
+            self.txn.commit()
+        finally:
+            self.txn = outer
+
+    def used_bytes(self) -> int:
+        """Pages in use by every database (freed pages are reused, so not counted)."""
+        main = self.txn.stat()
+        pages = main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]
+        for db in self.store.dbs.values():
+            s = self.txn.stat(db)
+            pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
+        return pages * main["psize"]
+
+    # --- meta ---------------------------------------------------------------------
+    def get_meta(self, name: bytes) -> bytes | None:
+        return self.txn.get(name, db=self._meta)
+
+    def put_meta(self, name: bytes, value: bytes) -> None:
+        self.txn.put(name, value, db=self._meta)
+
+    # --- bodies -------------------------------------------------------------------
+    def get_body(self, t: int, m: int) -> Body | None:
+        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
+        if raw is None:
+            return None
+        prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+        start = _BODY_HEAD.size
+        return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+
+    def put_body(self, t: int, m: int, body: Body) -> None:
+        head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
+        self.txn.put(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), db=self._bodies)
+
+    def delete_body(self, t: int, m: int) -> None:
+        self.txn.delete(_TM.pack(t, m), db=self._bodies)
+
+    # --- holders: which subscribers still have a message, and at which place -------
+    def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
+        raw = self.txn.get(_TM.pack(t, m), db=self._holders)
+        if raw is None:
+            return {}
+        return {s: (p, pos) for s, p, pos in _HOLDER.iter_unpack(raw)}
+
+    def put_holders(self, t: int, m: int, holders: dict[int, tuple[int, int]]) -> None:
+        key = _TM.pack(t, m)
+        if holders:
+            raw = b"".join(_HOLDER.pack(s, p, pos) for s, (p, pos) in holders.items())
+            self.txn.put(key, raw, db=self._holders)
+        else:
+            self.txn.delete(key, db=self._holders)
+
+    # --- ready queues ---------------------------------------------------------------
+    def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
+        self.txn.put(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, attempts), db=self._ready)
+
+    def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
+        return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+
+    def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
+        """Walk s's queue on t by priority then position, deleting each entry that
+        `take` accepts, until `limit` are taken; return how many were taken."""
+        prefix = _TS.pack(t, s)
+        taken = 0
+        with self.txn.cursor(db=self._ready) as cur:
+            positioned = cur.set_range(prefix)
+            while positioned and taken < limit:
+                key = cur.key()
+                if key[:6] != prefix:
+                    break
+                _, _, prio, pos = _TSPQ.unpack(key)
+                m, attempts = _READY_VAL.unpack(cur.value())
+                if take(ReadyEntry(prio, pos, m, attempts)):
+                    taken += 1
+                    positioned = cur.delete() and bool(cur.key())
+                else:
+                    positioned = cur.next()
+        return taken
+
+    def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
+        prefix = _TSPQ.pack(t, s, prio, 0)[:7]
+        with self.txn.cursor(db=self._ready) as cur:
+            if not cur.set_range(prefix) or cur.key()[:7] != prefix:
+                return None
+            _, _, p, pos = _TSPQ.unpack(cur.key())
+            m, attempts = _READY_VAL.unpack(cur.value())
+            return ReadyEntry(p, pos, m, attempts)
+
+    # --- in flight --------------------------------------------------------------------
+    def put_inflight(self, t: int, s: int, m: int, flight: Flight) -> None:
+        self.txn.put(_TSM.pack(t, s, m), _FLIGHT.pack(*flight), db=self._inflight)
+
+    def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
+        raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
+        return Flight._make(_FLIGHT.unpack(raw)) if raw is not None else None
+
+    def inflight_of(self, t: int, s: int) -> list[tuple[int, Flight]]:
+        """Everything in flight to s on t (at most its Window, so a short list)."""
+        prefix = _TS.pack(t, s)
+        out = []
+        with self.txn.cursor(db=self._inflight) as cur:
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if key[:6] != prefix:
+                        break
+                    out.append((_TSM.unpack(key)[2], Flight._make(_FLIGHT.unpack(raw))))
+        return out
+
+    # --- expiry index ---------------------------------------------------------------
+    def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
+        self.txn.put(_ETM.pack(expires_ns, t, m), b"", db=self._expiry)
+
+    def remove_expiry(self, expires_ns: int, t: int, m: int) -> None:
+        self.txn.delete(_ETM.pack(expires_ns, t, m), db=self._expiry)
+
+    def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        """Up to `limit` (expires_ns, t, m) with expires_ns <= now_ns, oldest first."""
+        out = []
+        with self.txn.cursor(db=self._expiry) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    entry = _ETM.unpack(key)
+                    if entry[0] > now_ns or len(out) >= limit:
+                        break
+                    out.append(entry)
+        return out
+
+    def next_expiry_ns(self) -> int | None:
+        with self.txn.cursor(db=self._expiry) as cur:
+            return _ETM.unpack(cur.key())[0] if cur.first() else None
+
+    # --- dedupe index -----------------------------------------------------------------
+    def get_dedupe(self, t: int, key: bytes) -> int | None:
+        raw = self.txn.get(_U32(t) + key, db=self._dedupe)
+        return _U64.unpack(raw)[0] if raw is not None else None
+
+    def put_dedupe(self, t: int, key: bytes, m: int) -> None:
+        self.txn.put(_U32(t) + key, _U64.pack(m), db=self._dedupe)
+
+    def delete_dedupe(self, t: int, key: bytes) -> None:
+        self.txn.delete(_U32(t) + key, db=self._dedupe)
+
+
+def _U32(t: int) -> bytes:
+    return t.to_bytes(4, "big")

@@ -1,0 +1,105 @@
+"""Group commit: the one thread that writes, fed by the event loop.
+
+Requests from every connection queue up while a transaction is being committed;
+the next step takes all of them into one transaction, so one fsync serves them
+all, and replies leave only after that commit. The broker runs on a single
+worker thread: LMDB releases the GIL while it writes and syncs, so the event
+loop keeps reading sockets while the disk works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from . import protocol as p
+from .broker import Broker, Delivery, Op, Returned
+
+log = logging.getLogger(__name__)
+
+ReplySink = Callable[[p.Reply], None]
+MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
+
+
+class Outlet(Protocol):
+    """Where a subscriber's batches go: its delivery task."""
+
+    def push(self, delivery: Delivery) -> None: ...
+
+
+class Writer:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._pending: list[tuple[Op, ReplySink | None]] = []
+        self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-writer")
+
+    def submit(self, op: Op, sink: ReplySink | None = None) -> None:
+        """Queue an op for the next transaction; `sink` receives its reply after commit."""
+        self._pending.append((op, sink))
+        self._wake.set()
+
+    def open(self, subscriber: str, outlet: Outlet) -> None:
+        """The subscriber is connected and idle: it may be given batches."""
+        self._open[subscriber] = outlet
+        self._wake.set()
+
+    def close(self, subscriber: str) -> None:
+        self._open.pop(subscriber, None)
+
+    def stop(self) -> None:
+        """Finish what is queued, then return from run()."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._pending:
+                    if self._stopping:
+                        return
+                    now_ns = time.time_ns()
+                    if not self.broker.wants_step(set(self._open), now_ns):
+                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
+                        continue
+                batch = self._pending[:MAX_OPS_PER_STEP]
+                del self._pending[:MAX_OPS_PER_STEP]
+                open_subs = set() if self._stopping else set(self._open)
+                ops = [op for op, _ in batch]
+                step = await loop.run_in_executor(self._executor, self.broker.step, ops, open_subs, time.time_ns())
+                self._answer(batch, step.replies)
+                self._dispatch(step.deliveries)
+        finally:
+            self._executor.shutdown(wait=True)
+
+    async def _sleep(self, timeout_s: float) -> None:
+        """Until something is submitted or a subscriber opens, or the next timer."""
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=min(1.0, max(0.0, timeout_s)))
+        except TimeoutError:
+            pass
+
+    @staticmethod
+    def _answer(batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
+        for (_, sink), reply in zip(batch, replies):
+            if reply is not None and sink is not None:
+                sink(reply)
+
+    def _dispatch(self, deliveries: list[Delivery]) -> None:
+        outlets: dict[str, Outlet | None] = {}
+        for delivery in deliveries:
+            if delivery.subscriber not in outlets:
+                outlets[delivery.subscriber] = self._open.pop(delivery.subscriber, None)
+            outlet = outlets[delivery.subscriber]
+            if outlet is None:  # the connection went away while the step ran
+                self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
+            else:
+                outlet.push(delivery)
