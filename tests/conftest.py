@@ -1,0 +1,222 @@
+"""Fixtures that run the real thing: a `ppmq serve` process on a tmp dir, real Unix
+sockets, real LMDB, and subscribers listening on their own sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from ppmq.client import Client
+from ppmq.framing import Framer
+
+WAIT_S = 15.0
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = WAIT_S, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Subscriber:
+    """A subscriber on a real Unix socket: records every batch; acks if told to.
+
+    `ack="connection"` acks on the delivery connection, `"server"` through the
+    broker's server socket as ppMQ subscribers do, None leaves acking to the test.
+    """
+
+    def __init__(self, path: str, ack: str | None = "connection", server_socket: str | None = None) -> None:
+        self.path = path
+        self.ack = ack
+        self.server_socket = server_socket
+        self.batches: list[dict] = []
+        self.lock = threading.Lock()
+        self.connections = 0
+        self._stop = False
+        self._conns: list[socket.socket] = []
+        if os.path.exists(path):
+            os.unlink(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.sock.settimeout(0.1)
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def messages(self) -> list[dict]:
+        with self.lock:
+            return [dict(m, Topic=b["Topic"]) for b in self.batches for m in b["Messages"]]
+
+    def payloads(self, topic: str | None = None) -> list[Any]:
+        return [m["Payload"] for m in self.messages if topic is None or m["Topic"] == topic]
+
+    def wait_messages(self, n: int, timeout_s: float = WAIT_S) -> list[dict]:
+        wait_for(lambda: len(self.messages) >= n, timeout_s, f"{n} messages at {self.path} (have {len(self.messages)})")
+        return self.messages
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.connections += 1
+            self._conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        framer = Framer(1 << 30)
+        client = Client(self.server_socket) if self.ack == "server" else None
+        try:
+            while data := conn.recv(1 << 16):
+                for frame in framer.feed(data):
+                    obj = msgspec.json.decode(frame)
+                    if "Status" in obj:
+                        assert obj["Status"] == 200, obj
+                        continue
+                    with self.lock:
+                        self.batches.append(obj)
+                    keys = [m["Key"] for m in obj["Messages"]]
+                    if self.ack == "connection":
+                        wrapper = {"Topic": obj["Topic"], "Subscriber": obj["Subscriber"], "Acks": keys, "Id": "a"}
+                        conn.sendall(msgspec.json.encode(wrapper) + b"\n")
+                    elif client is not None:
+                        client.ack(obj["Topic"], obj["Subscriber"], keys)
+        except OSError:
+            pass
+        finally:
+            if client is not None:
+                client.close()
+
+    def close(self) -> None:
+        """Stop listening and drop every connection (the broker sees the subscriber go)."""
+        self._stop = True
+        self.thread.join()
+        for conn in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self.sock.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+class BrokerProcess:
+    """`ppmq serve -c FILE` as a child process; restartable on the same DataPath."""
+
+    def __init__(self, tmp: Path, config: dict) -> None:
+        self.tmp = tmp
+        self.config = config
+        self.config_path = tmp / "ppmq.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.socket = config["ServerSocket"]
+        self.proc: subprocess.Popen | None = None
+        self.log_path = tmp / "broker.log"
+
+    def sub_socket(self, name: str) -> str:
+        return next(s["Socket"] for s in self.config["Subscribers"] if s["Name"] == name)
+
+    def start(self) -> BrokerProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ppmq.cli", "serve", "-c", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._accepting, what=f"broker socket {self.socket}; log:\n{self.log}")
+        return self
+
+    def _accepting(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"broker exited with {self.proc.returncode}; log:\n{self.log}")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout_s=WAIT_S)
+
+    def status(self) -> dict:
+        with self.client() as c:
+            return c.status()
+
+    def sub_status(self, topic: str, sub: str) -> dict:
+        return self.status()["Topics"][topic]["Subscribers"][sub]
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the clean shutdown a service manager asks for."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=WAIT_S)
+
+    def kill(self) -> None:
+        """kill -9: no chance to flush anything that was not committed."""
+        self.proc.kill()
+        self.proc.wait(timeout=WAIT_S)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def make_config(tmp: Path, topics: list[dict], subscribers: list[str] | list[dict] = (), **extra: Any) -> dict:
+    subs = []
+    for s in subscribers:
+        s = {"Name": s} if isinstance(s, str) else s
+        subs.append({"Socket": str(tmp / "sub" / f"{s['Name']}.sock"), **s})
+    return {"ServerSocket": str(tmp / "ppmq.sock"), "DataPath": str(tmp / "data"), "Subscribers": subs, "Topics": topics, "RetryMax": "200ms", **extra}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temp dir: Unix socket paths must stay under 108 bytes."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ppmq-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def broker_factory(short_tmp: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    started: list[BrokerProcess] = []
+    subs: list[Subscriber] = []
+
+    def factory(topics: list[dict], subscribers=(), start: bool = True, **extra: Any) -> BrokerProcess:
+        b = BrokerProcess(short_tmp, make_config(short_tmp, topics, subscribers, **extra))
+        started.append(b)
+        return b.start() if start else b
+
+    factory.subscriber = lambda b, name, **kw: subs.append(Subscriber(b.sub_socket(name), server_socket=b.socket, **kw)) or subs[-1]
+    yield factory
+    for s in subs:
+        s.close()
+    for b in started:
+        if b.alive():
+            b.kill()
