@@ -107,10 +107,11 @@ def parse_config(text: str, path: Path) -> Config:
     except msgspec.ValidationError as exc:
         msg, _, where = str(exc).partition(" - at `$")
         raise ConfigError([_locate(path, root, where.rstrip("`"), msg)]) from None
+    config = _resolved(config, path.parent)
     errors = [_locate(path, root, where, msg) for where, msg in _check(config)]
     if errors:
         raise ConfigError(errors)
-    return _resolved(config, path.parent)
+    return config
 
 
 def _decode_unit(tp: type, obj: Any) -> Any:
@@ -208,12 +209,18 @@ def _locate(path: Path, root: yaml.Node | None, where: str, msg: str) -> str:
         line = node.start_mark.line + 1
     unknown = re.search(r"unknown field `([^`]+)`", msg)
     if unknown and node is not None:
-        child = _child(node, unknown[1], "")
         names.append(unknown[1])
-        line = child.start_mark.line + 1 if child is not None else line
+        key_node = _key_node(node, unknown[1])
+        line = key_node.start_mark.line + 1 if key_node is not None else line
         msg = "unknown key"
     label = ".".join(names).replace(".[", "[")
     return f"{path}:{line}: {label}: {msg}" if label else f"{path}:{line}: {msg}"
+
+
+def _key_node(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        return next((k for k, _ in node.value if k.value == key), None)
+    return None
 
 
 def _child(node: yaml.Node | None, key: str, index: str) -> yaml.Node | None:

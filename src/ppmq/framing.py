@@ -1,7 +1,8 @@
 """Bytes from a socket -> JSON frames (PROTOCOL §1).
 
 The fast path is newline-delimited JSON: a line that starts with `{`, ends with
-`}` and has no `}{` seam is taken as one frame without looking inside it. Anything
+`}`, whose brackets balance and that has no `}{` seam is taken as one frame
+without parsing it. Anything
 else (pretty-printed objects spanning lines, several objects on one line, what
 Go's `json.Decoder` accepts) goes through a small scanner that follows strings and
 brackets to find where each value ends; such frames are put on one line with
@@ -60,35 +61,46 @@ class Framer:
 
     def _next_frame(self) -> bytes | None:
         buf = self._buf
-        start = 0
-        while start < len(buf) and buf[start] in _SPACE:
-            start += 1
-        if start == len(buf):
-            buf.clear()
+        blank = len(buf) - len(buf.lstrip(_SPACE))
+        if blank:
+            del buf[:blank]  # blank lines between frames count towards no frame's size
+        if not buf:
             return None
-        nl = buf.find(b"\n", start)
+        nl = buf.find(b"\n")
         if nl >= 0:
-            line = bytes(buf[start:nl]).rstrip(_SPACE)
-            if line[:1] == b"{" and line[-1:] == b"}" and not _SEAM.search(line):
+            line = bytes(buf[:nl]).rstrip(_SPACE)
+            if line[:1] == b"{" and line[-1:] == b"}" and _looks_whole(line):
                 self._take(nl + 1)
                 return line
-        if buf[start] not in b"{[":
+        if buf[0] not in b"{[":
             if nl < 0:
                 return None
-            garbage = bytes(buf[start:nl]).rstrip(_SPACE)
             self._take(nl + 1)
-            return garbage
+            return line
         if nl < 0 and not _may_hold_whole_value(buf):
             return None  # the usual NDJSON line still arriving: don't scan it
-        end = _value_end(buf, start)
+        end = _value_end(buf)
         if end is None:
             return None
-        frame = bytes(buf[start:end])
+        frame = bytes(buf[:end])
         self._take(end)
         return _one_line(frame)
 
     def _take(self, n: int) -> None:
         del self._buf[:n]
+
+
+def _looks_whole(line: bytes) -> bool:
+    """One whole object, judged without parsing: brackets balance and no `}{` seam.
+
+    Brackets inside strings can only make this say no, sending the line to the
+    scanner, which is slower but exact.
+    """
+    return (
+        line.count(b"{") == line.count(b"}")
+        and line.count(b"[") == line.count(b"]")
+        and not _SEAM.search(line)
+    )
 
 
 def _may_hold_whole_value(buf: bytearray) -> bool:
@@ -99,10 +111,10 @@ def _may_hold_whole_value(buf: bytearray) -> bool:
     return buf[i : i + 1] in (b"}", b"]") or _SEAM.search(buf) is not None
 
 
-def _value_end(buf: bytearray, start: int) -> int | None:
-    """Index just past the object or array that starts at `start`, or None if incomplete."""
+def _value_end(buf: bytearray) -> int | None:
+    """Index just past the object or array that starts the buffer, or None if incomplete."""
     depth = 0
-    for m in _TOKEN.finditer(buf, start):
+    for m in _TOKEN.finditer(buf):
         tok = m.group()
         if tok == b'"':
             return None  # a string that is not closed yet

@@ -11,6 +11,7 @@ subscriber: the broker never builds Python objects out of them.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from typing import Any
 
@@ -94,25 +95,28 @@ def decode_request(frame: bytes) -> Request:
     found, so that even a rejected request gets its reply.
     """
     if not frame.isascii():
-        _check_utf8(frame)
+        try:
+            frame.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _rejected(frame, f"frame is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return _request_decoder.decode(frame)
+        request = _request_decoder.decode(frame)
     except msgspec.ValidationError as exc:
         if "unknown field" not in str(exc):
             raise _bad(frame, exc) from None
+        try:
+            request = _request_decoder.decode(_fold_keys(frame))
+        except msgspec.DecodeError as exc:
+            raise _bad(frame, exc) from None
     except msgspec.DecodeError as exc:
         raise _bad(frame, exc) from None
-    try:
-        return _request_decoder.decode(_fold_keys(frame))
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _bad(frame, exc) from None
+    if request.id is not UNSET and not _is_id(request.id):
+        raise _rejected(frame, "Id: must be a string or a number")
+    return request
 
 
-def _check_utf8(frame: bytes) -> None:
-    try:
-        frame.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"frame is not valid UTF-8 (byte {exc.start})") from None
+def _is_id(raw: Raw) -> bool:
+    return bytes(raw)[:1] in (b'"', b"-", *(b"%d" % d for d in range(10)))
 
 
 def _fold_keys(frame: bytes) -> bytes:
@@ -145,9 +149,13 @@ def _bad(frame: bytes, exc: Exception) -> BadRequest:
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]
         msg = "required field is missing"
-    if isinstance(exc, msgspec.DecodeError):
+    if not isinstance(exc, msgspec.ValidationError):  # ValidationError subclasses DecodeError
         msg = f"invalid JSON: {msg.removeprefix('JSON is malformed: ')}"
-    err = BadRequest(f"{path}: {msg}" if path else msg)
+    return _rejected(frame, f"{path}: {msg}" if path else msg)
+
+
+def _rejected(frame: bytes, message: str) -> BadRequest:
+    err = BadRequest(message)
     err.request_id = find_request_id(frame)
     return err
 
@@ -156,10 +164,10 @@ def find_request_id(frame: bytes) -> Raw | UnsetType:
     """The `Id` of a frame that failed to decode as a Request, if it has one."""
     try:
         obj = _loose_object.decode(frame)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec checks UTF-8 in keys only
         return UNSET
     for key, value in obj.items():
-        if key.lower() == "id" and value[:1] in b'"-0123456789':
+        if key.lower() == "id" and _is_id(value):
             return value
     return UNSET
 
@@ -191,26 +199,34 @@ def error_reply(exc: RequestError, request_id: Raw | UnsetType = UNSET) -> Reply
 # --- broker -> subscriber (PROTOCOL §5) --------------------------------------------
 
 _GO_ZERO_TIME = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MAX_EXPIRES_S = 2**63 // 10**9 - 1
 
 
 def expires_ns(value: dt.datetime | int | float | None) -> int:
     """`Expires` as Unix nanoseconds; 0 means the message never expires.
 
-    Go's zero time is what every ppMQ producer sends for "no expiry". A time
-    without an offset is read as UTC.
+    Go's zero time is what every ppMQ producer sends for "no expiry", and 0
+    means the same as a number. A time without an offset is read as UTC.
     """
-    if value is None:
+    if value is None or value == 0:
         return 0
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.timezone.utc)
         if value == _GO_ZERO_TIME:
             return 0
-        value = value.timestamp()
-    if not 0 < value < _MAX_EXPIRES_S:
-        raise ValueError(f"{value} is outside the range of Unix seconds 0..{_MAX_EXPIRES_S}")
-    return max(1, int(value * 1e9))
+        delta = value - _EPOCH
+        ns = (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
+    elif isinstance(value, int):
+        ns = value * 10**9
+    elif math.isfinite(value):
+        ns = round(value * 1e9)
+    else:
+        raise ValueError(f"{value} is not a number of Unix seconds")
+    if not 0 < ns < _MAX_EXPIRES_S * 10**9:
+        raise ValueError(f"{value} is outside the range of Unix seconds 1..{_MAX_EXPIRES_S}")
+    return ns
 
 
 def format_expires(ns: int) -> str:

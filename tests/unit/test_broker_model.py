@@ -1,0 +1,302 @@
+"""The broker against a small reference model of PROTOCOL §3.
+
+Hypothesis drives the real Broker on a real LMDB store with random publishes
+(some with a bad message, some replacing a dedupe key), deliveries to open
+subscribers, acks, RECONNECTs, returned batches, confirmed writes on an
+`AckRequired: false` topic, clock steps and restarts. After every step the
+batches pushed must be exactly the ones the model predicts (topic, order,
+contents) and every STATUS counter must agree. Only the clock is fake.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import msgspec
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ppmq import protocol as p
+from ppmq.broker import NS, Broker, Returned, Written
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.store import Store
+
+SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
+TOPICS = [
+    TopicConfig(name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True),
+    TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True),
+    TopicConfig(name="auto", subscribers=["s2"], ack_required=False),
+]
+KEYS = ["a", "b", "c"]
+START_NS = 1_800_000_000 * NS
+
+
+@dataclass
+class Msg:
+    payload: int
+    prio: int
+    expires_ns: int  # 0: never
+
+
+@dataclass
+class Counters:
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    expired: int = 0
+    ignored: int = 0
+
+
+@dataclass
+class TopicModel:
+    config: TopicConfig
+    msgs: dict[object, Msg] = field(default_factory=dict)  # ident -> live message
+    ready: dict[str, dict[object, tuple[int, int, int]]] = field(default_factory=dict)  # ident -> (prio, pos, attempts)
+    inflight: dict[str, dict[object, tuple[int, int, int, int]]] = field(default_factory=dict)  # + deadline
+    counters: dict[str, Counters] = field(default_factory=dict)
+    seq: int = 0
+    published: int = 0
+    replaced: int = 0
+    expired: int = 0
+
+    def __post_init__(self) -> None:
+        for s in self.config.subscribers:
+            self.ready[s], self.inflight[s], self.counters[s] = {}, {}, Counters()
+
+    def next_pos(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def publish(self, ident: object, msg: Msg) -> None:
+        """PROTOCOL §3 Fan-out and Dedupe."""
+        self.published += 1
+        if ident not in self.msgs:
+            pos = self.next_pos()
+            for s in self.config.subscribers:
+                self.ready[s][ident] = (msg.prio, pos, 0)
+        else:
+            self.replaced += 1
+            new_pos = None
+            for s in self.config.subscribers:
+                place = self.ready[s].get(ident)
+                if place is not None and msg.prio >= place[0]:
+                    self.ready[s][ident] = (place[0], place[1], 0)
+                    continue
+                self.ready[s].pop(ident, None)
+                self.inflight[s].pop(ident, None)
+                new_pos = new_pos or self.next_pos()
+                self.ready[s][ident] = (msg.prio, new_pos, 0)
+        self.msgs[ident] = msg
+
+    def holds(self, ident: object) -> bool:
+        return any(ident in self.ready[s] or ident in self.inflight[s] for s in self.config.subscribers)
+
+    def finish(self, s: str, ident: object) -> None:
+        del self.inflight[s][ident]
+        self.counters[s].acked += 1
+        if not self.holds(ident):
+            del self.msgs[ident]
+
+    def tick(self, now_ns: int) -> None:
+        if self.config.expire:
+            for ident, msg in list(self.msgs.items()):
+                if msg.expires_ns and msg.expires_ns <= now_ns:
+                    self.expired += 1
+                    for s in self.config.subscribers:
+                        if self.ready[s].pop(ident, None) or self.inflight[s].pop(ident, None):
+                            self.counters[s].expired += 1
+                    del self.msgs[ident]
+        for s in self.config.subscribers:
+            for ident, (prio, pos, deadline, attempts) in list(self.inflight[s].items()):
+                if deadline and deadline <= now_ns:
+                    self.requeue(s, ident)
+
+    def requeue(self, s: str, ident: object) -> None:
+        prio, pos, _, attempts = self.inflight[s].pop(ident)
+        self.ready[s][ident] = (prio, pos, attempts)
+
+    def pull(self, s: str, now_ns: int) -> list[object]:
+        batch, window = SUBS[s]
+        limit = min(batch, window - len(self.inflight[s]))
+        order = sorted(self.ready[s], key=lambda i: self.ready[s][i][:2])[: max(0, limit)]
+        deadline = now_ns + int(self.config.ack_retry * NS) if self.config.ack_retry else 0
+        for ident in order:
+            prio, pos, attempts = self.ready[s].pop(ident)
+            self.inflight[s][ident] = (prio, pos, deadline, attempts + 1)
+            self.counters[s].delivered += 1
+            self.counters[s].redelivered += attempts > 0
+        return order
+
+
+class BrokerMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="ppmq-model-")
+        subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
+        self.config = Config(server_socket="/nonexistent/s", data_path=self.dir, subscribers=subs, topics=TOPICS, sync=False)
+        self.now = START_NS
+        self.model = {t.name: TopicModel(t) for t in TOPICS}
+        self.payloads = iter(range(1, 10**9))
+        self.keys: dict[tuple[str, object], str] = {}  # (topic, ident) -> key the broker delivered it with
+        self.written: list = []  # deliveries of the last step, which may still fail to be written
+        self.unconfirmed: list = []  # written to an AckRequired: false subscriber, Written not yet applied
+        self._open()
+
+    def _open(self) -> None:
+        self.store = Store(self.dir, sync=False, max_bytes=64 << 20)
+        self.broker = Broker(self.config, self.store, self.now)
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def step(self, ops: list, open_subs: set[str] = frozenset()) -> list:
+        """One broker step; the model ticks and fills the same way, and both must agree."""
+        result = self.broker.step(ops, set(open_subs), self.now)
+        for tm in self.model.values():
+            tm.tick(self.now)
+        expected = []
+        for s in sorted(open_subs):
+            for tm in self.model.values():
+                if s in tm.config.subscribers and (order := tm.pull(s, self.now)):
+                    expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], order))
+        got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"]) for d in result.deliveries]
+        self._learn_keys(expected, got)
+        assert [(s, t, [dict(m, Key=None) for m in ms]) for s, t, ms in got] == [(s, t, ms) for s, t, ms, _ in expected]
+        self.written = [(d, order) for d, (*_, order) in zip(result.deliveries, expected)]
+        return result.replies
+
+    def _expected_message(self, tm: TopicModel, ident: object) -> dict:
+        msg = tm.msgs[ident]
+        out = {"Key": None, "Payload": msg.payload, "Priority": msg.prio}
+        if msg.expires_ns:
+            out["Expires"] = p.format_expires(msg.expires_ns)
+        return out
+
+    def _learn_keys(self, expected: list, got: list) -> None:
+        """Dedupe topics deliver the client's key; others a generated one, fixed per message."""
+        for (_, topic, _, order), (_, _, messages) in zip(expected, got):
+            for ident, m in zip(order, messages):
+                known = self.keys.setdefault((topic, ident), m["Key"])
+                assert m["Key"] == known
+                if topic == "dd":
+                    assert m["Key"] == ident
+
+    # --- rules ----------------------------------------------------------------------
+
+    @rule(
+        topic=st.sampled_from(["plain", "dd", "auto"]),
+        spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=6),
+        bad_at=st.none() | st.integers(0, 5),
+    )
+    def publish(self, topic: str, spec: list, bad_at: int | None) -> None:
+        tm = self.model[topic]
+        messages, idents = [], []
+        for i, (prio, key, ttl) in enumerate(spec):
+            prio = prio % tm.config.priorities if i != bad_at else tm.config.priorities
+            payload = next(self.payloads)
+            messages.append(p.Message(payload=msgspec.Raw(b"%d" % payload), priority=prio, key=key, ttl_s=ttl))
+            idents.append((key if tm.config.dedupe else payload, Msg(payload, prio, self.now + ttl * NS if ttl else 0)))
+        req = p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"1"))
+        (reply,) = self.step([req])
+        if bad_at is not None and bad_at < len(spec):
+            assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
+            return
+        assert (reply.status, reply.accepted) == (200, len(spec))
+        for ident, msg in idents:
+            tm.publish(ident, msg)
+
+    @rule(subs=st.sets(st.sampled_from(sorted(SUBS)), min_size=1))
+    def deliver(self, subs: set[str]) -> None:
+        self.step([], subs)
+        self.unconfirmed += [(d, order) for d, order in self.written if d.auto_ack]
+
+    @precondition(lambda self: self.written)
+    @rule(data=st.data())
+    def a_write_fails(self, data) -> None:
+        d, order = data.draw(st.sampled_from(self.written))
+        self.unconfirmed = [u for u in self.unconfirmed if u[0] is not d]
+        self.step([Returned(d.subscriber, d.topic, d.msgs)])
+        tm = self.model[d.topic]
+        for ident in order:
+            if ident in tm.inflight[d.subscriber]:
+                prio, pos, _, attempts = tm.inflight[d.subscriber].pop(ident)
+                tm.ready[d.subscriber][ident] = (prio, pos, attempts - 1)
+                tm.counters[d.subscriber].delivered -= 1
+                tm.counters[d.subscriber].redelivered -= attempts > 1
+
+    @precondition(lambda self: self.unconfirmed)
+    @rule()
+    def writes_are_confirmed(self) -> None:
+        ops = [Written(d.subscriber, d.topic, d.msgs) for d, _ in self.unconfirmed]
+        self.step(ops)
+        for d, order in self.unconfirmed:
+            tm = self.model[d.topic]
+            for ident in order:
+                if ident in tm.inflight[d.subscriber]:
+                    tm.finish(d.subscriber, ident)
+        self.unconfirmed = []
+
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd"]), sub=st.sampled_from(sorted(SUBS)))
+    def ack(self, data, topic: str, sub: str) -> None:
+        """Acks of in-flight keys apply; unknown, ready-only and repeated keys are ignored."""
+        tm = self.model[topic]
+        inflight_keys = {self.keys[(topic, i)]: i for i in tm.inflight[sub]}
+        chosen = data.draw(st.lists(st.sampled_from(sorted(inflight_keys)), unique=True)) if inflight_keys else []
+        ready_keys = [self.keys[(topic, i)] for i in tm.ready[sub] if (topic, i) in self.keys]
+        strays = [k for k in ["999999", "zzz", *ready_keys, *chosen[:1]] if k not in inflight_keys or k in chosen]
+        stray = data.draw(st.sampled_from(strays))
+        (reply,) = self.step([p.Request(topic=topic, subscriber=sub, acks=[*chosen, stray], id=msgspec.Raw(b"2"))])
+        assert (reply.status, reply.accepted) == (200, len(chosen))
+        for key in chosen:
+            tm.finish(sub, inflight_keys[key])
+        tm.counters[sub].ignored += 1
+
+    @rule(sub=st.sampled_from(sorted(SUBS)), topic=st.none() | st.sampled_from(["plain", "dd"]))
+    def reconnect(self, sub: str, topic: str | None) -> None:
+        if topic is not None and sub not in self.model[topic].config.subscribers:
+            return
+        (reply,) = self.step([p.Request(subscriber=sub, topic=topic, command="RECONNECT", id=msgspec.Raw(b"3"))])
+        assert reply.status == 200
+        for tm in self.model.values():
+            if sub in tm.config.subscribers and topic in (None, tm.config.name):
+                for ident in list(tm.inflight[sub]):
+                    tm.requeue(sub, ident)
+        self.unconfirmed = [u for u in self.unconfirmed if u[0].subscriber != sub]
+
+    @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 7]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += int(seconds * NS)
+        self.step([])
+
+    @rule()
+    def restart(self) -> None:
+        self.store.close()
+        self._open()
+        self.written = []
+
+    # --- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def status_counters_agree_with_the_model(self) -> None:
+        reply = self.broker.step([p.Request(command="STATUS", id=msgspec.Raw(b"9"))], set(), self.now).replies[0]
+        topics = reply.body["Topics"]
+        for name, tm in self.model.items():
+            got = topics[name]
+            assert (got["Stored"], got["Published"], got["Replaced"], got["Expired"]) == (len(tm.msgs), tm.published, tm.replaced, tm.expired), name
+            for s in tm.config.subscribers:
+                sub = got["Subscribers"][s]
+                ready = [0] * tm.config.priorities
+                for prio, _, _ in tm.ready[s].values():
+                    ready[prio] += 1
+                c = tm.counters[s]
+                assert sub["Ready"] == ready, (name, s)
+                assert sub["InFlight"] == len(tm.inflight[s]), (name, s)
+                counts = (sub["Delivered"], sub["Acked"], sub["Redelivered"], sub["Expired"], sub["IgnoredAcks"])
+                assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored), (name, s)
+
+
+BrokerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase

@@ -1,0 +1,313 @@
+"""YAML configuration: PROTOCOL §6."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ppmq.config import ConfigError, load_config, parse_config, parse_duration, parse_size
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "ppmq.example.yaml"
+FILE = Path("/etc/ppmq/ppmq.yaml")
+MiB = 2**20
+
+# ppMQ's own sample config: it must load unchanged.
+PPMQ_SAMPLE = """\
+ServerSocket: /tmp/imunify/mq.sock
+DataPath: /tmp/imunify/store
+Subscribers:
+  - Name: rt-aibolit
+    Socket: /tmp/imunify/rt-aibolit.sock
+    BatchSize: 100
+  - Name: iptables-ips
+    Socket: /tmp/imunify/iptables-ips.sock
+Topics:
+  - Name: filescan
+    AckRetry: 0
+    Dedupe: True
+    Priorities: 2
+    Expire: True
+    Subscribers:
+      - rt-aibolit
+  - Name: ips
+    AckRetry: 5m
+    Dedupe: False
+    Priorities: 1
+    Expire: True
+    Subscribers:
+      - iptables-ips
+"""
+
+
+def config_text(top: str = "", sub: str = "", subs: str = "", topic: str = "", topics: str = "") -> str:
+    """A small valid config, with extra lines at the top level, in subscriber `a`,
+    after it in Subscribers, in topic `t`, and after it in Topics."""
+    lines = [
+        "ServerSocket: /run/ppmq/ppmq.sock",
+        "DataPath: mem",
+        top,
+        "Subscribers:",
+        "  - Name: a",
+        "    Socket: /run/ppmq/a.sock",
+        sub,
+        subs,
+        "Topics:",
+        "  - Name: t",
+        "    Subscribers: [a]",
+        topic,
+        topics,
+    ]
+    return "".join(line + "\n" for line in lines if line)
+
+
+def errors_of(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, FILE)
+    return info.value.errors
+
+
+# --- files that load ---------------------------------------------------------------------
+
+
+def test_the_example_config_loads():
+    config = load_config(EXAMPLE)
+    assert [s.name for s in config.subscribers] == ["printer", "archiver"]
+    filescan = config.topic("filescan")
+    assert (filescan.ack_retry, filescan.dedupe, filescan.priorities, filescan.expire) == (300.0, True, 2, True)
+    assert config.window(config.subscriber("printer")) == 200
+    assert config.max_store_bytes == 2**30
+
+
+def test_ppmqs_own_sample_config_loads_unchanged():
+    config = parse_config(PPMQ_SAMPLE, FILE)
+    assert (config.server_socket, config.data_path) == ("/tmp/imunify/mq.sock", "/tmp/imunify/store")
+    rt, ips = config.subscribers
+    assert (rt.name, rt.socket, rt.batch_size) == ("rt-aibolit", "/tmp/imunify/rt-aibolit.sock", 100)
+    assert (ips.name, ips.socket, ips.batch_size) == ("iptables-ips", "/tmp/imunify/iptables-ips.sock", 50)
+    filescan, ips_topic = config.topics
+    assert (filescan.name, filescan.ack_retry, filescan.dedupe, filescan.priorities, filescan.expire, filescan.subscribers) == (
+        "filescan", 0, True, 2, True, ["rt-aibolit"]
+    )
+    assert (ips_topic.name, ips_topic.ack_retry, ips_topic.dedupe, ips_topic.priorities, ips_topic.expire, ips_topic.subscribers) == (
+        "ips", 300, False, 1, True, ["iptables-ips"]
+    )
+
+
+def test_load_config_reads_the_file_it_is_given(tmp_path):
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(PPMQ_SAMPLE)
+    assert load_config(path) == parse_config(PPMQ_SAMPLE, path)
+
+
+# --- defaults ------------------------------------------------------------------------------
+
+
+def test_keys_left_out_take_their_documented_defaults():
+    config = parse_config(config_text(), FILE)
+    [sub], [topic] = config.subscribers, config.topics
+    assert (sub.batch_size, sub.window, config.window(sub)) == (50, None, 50)
+    assert (topic.ack_required, topic.ack_retry, topic.dedupe, topic.priorities, topic.expire) == (True, 0, False, 1, False)
+    assert (config.sync, config.max_frame_bytes, config.retry_max) == (True, 16 * MiB, 5.0)
+
+
+@pytest.mark.parametrize(("sub", "window"), [("    BatchSize: 100", 100), ("    BatchSize: 100\n    Window: 7", 7), ("    Window: 300", 300)])
+def test_the_window_defaults_to_the_batch_size(sub, window):
+    config = parse_config(config_text(sub=sub), FILE)
+    assert config.window(config.subscriber("a")) == window
+
+
+def test_extension_keys_are_read_with_their_units():
+    top = "Sync: false\nMaxFrameBytes: 1MiB\nMaxMessageBytes: 4096\nMaxStoreBytes: 4GB\nRetryMax: 250ms"
+    config = parse_config(config_text(top=top, topic="    AckRetry: 1h30m\n    AckRequired: false"), FILE)
+    assert (config.sync, config.max_frame_bytes, config.max_message_bytes, config.max_store_bytes) == (False, MiB, 4096, 4 * 10**9)
+    assert config.retry_max == 0.25
+    assert (config.topic("t").ack_retry, config.topic("t").ack_required) == (5400.0, False)
+
+
+@pytest.mark.parametrize("priorities", [1, 256])
+def test_priorities_at_the_ends_of_the_range_are_accepted(priorities):
+    assert parse_config(config_text(topic=f"    Priorities: {priorities}"), FILE).topic("t").priorities == priorities
+
+
+# --- durations and sizes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("90s", 90), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), ("1.5h", 5400), ("1m30s", 90), ("0", 0), ("0s", 0),
+     ("2us", 2e-6), ("3ns", 3e-9), (90, 90), (1.5, 1.5), (0, 0)],
+)
+def test_durations_are_go_style_strings_or_seconds(value, seconds):
+    assert parse_duration(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["5x", "-1s", "", "s", "5", "5 m", "1h 30m", "ms5", -1, True, None, [], "1.2.3s"])
+def test_a_bad_duration_is_rejected(value):
+    with pytest.raises(ValueError):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [("16MiB", 16 * 2**20), ("4GB", 4 * 10**9), ("4GiB", 4 * 2**30), ("512K", 512_000), ("512KiB", 512 * 1024),
+     ("1B", 1), ("100", 100), (16777216, 16777216), ("16mib", 16 * 2**20)],
+)
+def test_sizes_are_bytes_or_strings_with_a_unit(value, size):
+    assert parse_size(value) == size
+
+
+@pytest.mark.parametrize("value", ["1.5GiB", "16XB", "MiB", "", "-1", 0, -5, True, 1.5, None])
+def test_a_bad_size_is_rejected(value):
+    with pytest.raises(ValueError):
+        parse_size(value)
+
+
+# --- errors name the file, the line and the key -----------------------------------------------
+
+MARK = "# <-"  # the line an error must point at
+
+# (config_text arguments, key path named, words in the message)
+BAD_CONFIGS = {
+    "unknown top-level key": (dict(top="Bogus: 1  # <-"), "Bogus", "unknown key"),
+    "unknown subscriber key": (dict(sub="    Bogus: 1  # <-"), "Subscribers[0].Bogus", "unknown key"),
+    "unknown topic key": (dict(topic="    Expires: true  # <-"), "Topics[0].Expires", "unknown key"),
+    "wrong type, top level": (dict(top="Sync: maybe  # <-"), "Sync", "bool"),
+    "wrong type, subscriber": (dict(sub="    BatchSize: many  # <-"), "Subscribers[0].BatchSize", "int"),
+    "wrong type, topic": (dict(topic="    Priorities: [2]  # <-"), "Topics[0].Priorities", "int"),
+    "bad duration, topic": (dict(topic="    AckRetry: 5x  # <-"), "Topics[0].AckRetry", "invalid duration"),
+    "negative duration": (dict(top="RetryMax: -1s  # <-"), "RetryMax", "duration"),
+    "bad size": (dict(top="MaxFrameBytes: 1.5GiB  # <-"), "MaxFrameBytes", "size"),
+    "unknown subscriber in a topic": (
+        dict(topics="  - Name: u\n    Subscribers:\n      - a\n      - nobody  # <-"), "Topics[1].Subscribers[1]", "unknown subscriber 'nobody'"
+    ),
+    "duplicate subscriber": (dict(subs="  - Name: a  # <-\n    Socket: /run/b.sock"), "Subscribers[1].Name", "duplicate name 'a'"),
+    "duplicate topic": (dict(topics="  - Name: t  # <-"), "Topics[1].Name", "duplicate name 't'"),
+    "Priorities 0": (dict(topic="    Priorities: 0  # <-"), "Topics[0].Priorities", "1..256"),
+    "Priorities 257": (dict(topic="    Priorities: 257  # <-"), "Topics[0].Priorities", "1..256"),
+    "BatchSize 0": (dict(sub="    BatchSize: 0  # <-"), "Subscribers[0].BatchSize", "at least 1"),
+    "Window 0": (dict(sub="    Window: 0  # <-"), "Subscribers[0].Window", "at least 1"),
+    "subscriber socket too long": (
+        dict(subs=f"  - Name: b\n    Socket: /{'s' * 107}  # <-"), "Subscribers[1].Socket", "longer than 107 bytes"
+    ),
+}
+
+
+@pytest.mark.parametrize(("parts", "key", "words"), list(BAD_CONFIGS.values()), ids=list(BAD_CONFIGS))
+def test_an_error_names_the_file_the_line_and_the_key(parts, key, words):
+    # Given a config with one mistake, on the line marked "# <-"
+    text = config_text(**parts)
+    line = next(n for n, text_line in enumerate(text.splitlines(), 1) if MARK in text_line)
+    # When it is loaded
+    [error] = errors_of(text)
+    # Then the one error reads FILE:LINE: Key.Path: message
+    assert error.startswith(f"{FILE}:{line}: {key}: ")
+    assert words in error
+
+
+def test_a_server_socket_path_over_107_bytes_is_an_error():
+    text = config_text().replace("/run/ppmq/ppmq.sock", "/" + "s" * 107)
+    assert errors_of(text) == [f"{FILE}:1: ServerSocket: path longer than 107 bytes"]
+
+
+def test_a_socket_path_of_107_bytes_is_accepted():
+    path = "/" + "s" * 106
+    assert parse_config(config_text().replace("/run/ppmq/a.sock", path), FILE).subscriber("a").socket == path
+
+
+def test_every_problem_found_after_decoding_is_reported_at_once():
+    errors = errors_of(config_text(sub="    BatchSize: 0", topic="    Priorities: 0", topics="  - Name: t"))
+    assert [e.split(": ")[1] for e in errors] == ["Topics[1].Name", "Subscribers[0].BatchSize", "Topics[0].Priorities"]
+
+
+def test_a_missing_required_key_is_named():
+    [error] = errors_of("DataPath: mem\n")
+    assert error.startswith(f"{FILE}:1: ") and "ServerSocket" in error
+
+
+def test_an_unknown_key_with_a_block_value_is_reported_at_the_key():
+    # The typo `Subscriber:` for `Subscribers:` is a likely one
+    text = config_text(top="Subscriber:  # <-\n  - Name: x\n    Socket: /run/x.sock")
+    assert errors_of(text) == [f"{FILE}:3: Subscriber: unknown key"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("ServerSocket: a\n  DataPath: b\n", 2),
+        ("ServerSocket: /s\nDataPath: mem\nTopics:\n  - Name: [t\n", 5),
+        ("ServerSocket: /s\n\tDataPath: mem\n", 2),
+    ],
+)
+def test_invalid_yaml_is_an_error_with_its_line(text, line):
+    [error] = errors_of(text)
+    assert error.startswith(f"{FILE}:{line}: invalid YAML")
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "- a\n- b\n", "just a string\n", "42\n"])
+def test_a_top_level_that_is_not_a_mapping_is_an_error(text):
+    assert errors_of(text) == [f"{FILE}:1: the top level must be a mapping of keys such as ServerSocket"]
+
+
+@pytest.mark.parametrize("make", ["missing", "directory", "not utf-8"])
+def test_an_unreadable_file_is_an_error_naming_it(tmp_path, make):
+    path = tmp_path / "ppmq.yaml"
+    if make == "directory":
+        path.mkdir()
+    elif make == "not utf-8":
+        path.write_bytes(b"ServerSocket: /s\xff\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    [error] = info.value.errors
+    assert error.startswith(f"{path}: cannot read")
+
+
+def test_errors_from_a_loaded_file_name_that_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(config_text(sub="    BatchSize: 0"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [f"{path}:6: Subscribers[0].BatchSize: must be at least 1, got 0"]
+    assert str(info.value) == info.value.errors[0]
+
+
+# --- paths ----------------------------------------------------------------------------------------
+
+
+def test_relative_paths_are_relative_to_the_config_files_directory_whatever_the_cwd(tmp_path, monkeypatch):
+    # Given a config with relative paths in tmp/etc, and the process in another directory
+    (tmp_path / "etc").mkdir()
+    path = tmp_path / "etc" / "ppmq.yaml"
+    path.write_text(
+        "ServerSocket: ppmq.sock\nDataPath: ./data\n"
+        "Subscribers:\n  - Name: a\n    Socket: ../run/a.sock\n  - Name: b\n    Socket: /abs/b.sock\n"
+    )
+    monkeypatch.chdir("/")
+    # When it is loaded through a relative path
+    config = load_config(os.path.relpath(path))
+    # Then every relative path is absolute, under the config's directory
+    etc = tmp_path.resolve() / "etc"
+    assert config.server_socket == str(etc / "ppmq.sock")
+    assert config.data_path == str(etc / "data")
+    assert [s.socket for s in config.subscribers] == [str(tmp_path.resolve() / "run" / "a.sock"), "/abs/b.sock"]
+
+
+def test_datapath_mem_stays_mem(tmp_path):
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(config_text())
+    config = load_config(path)
+    assert (config.data_path, config.in_memory) == ("mem", True)
+
+
+def test_a_relative_socket_path_that_resolves_past_107_bytes_is_an_error(tmp_path):
+    # Given a config in a deep directory, with a short relative socket path
+    deep = tmp_path / ("d" * max(1, 110 - len(str(tmp_path.resolve()))))
+    deep.mkdir()
+    path = deep / "ppmq.yaml"
+    path.write_text(config_text().replace("/run/ppmq/a.sock", "a.sock"))
+    assert len(str(deep.resolve() / "a.sock")) > 107
+    # Then loading it names the socket, as an absolute path that long would be named
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [f"{path}:5: Subscribers[0].Socket: path longer than 107 bytes"]
