@@ -125,12 +125,13 @@ class Subscriber:
 class BrokerProcess:
     """`ppmq serve -c FILE` as a child process; restartable on the same DataPath."""
 
-    def __init__(self, tmp: Path, config: dict) -> None:
+    def __init__(self, tmp: Path, config: dict | str) -> None:
+        """`config` as a dict, or as YAML text written to the file verbatim."""
         self.tmp = tmp
-        self.config = config
         self.config_path = tmp / "ppmq.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.socket = config["ServerSocket"]
+        self.config_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+        self.config = yaml.safe_load(config) if isinstance(config, str) else config
+        self.socket = self.config["ServerSocket"]
         self.proc: subprocess.Popen | None = None
         self.log_path = tmp / "broker.log"
 

@@ -402,7 +402,7 @@ def test_a_client_stalled_in_the_middle_of_a_frame_does_not_delay_other_clients(
 
 BUG_RESCANS_FRAME = pytest.mark.xfail(
     reason="BUG: framing.Framer rescans a partial multi-line frame from its start on every read "
-    "(_value_end), so each newline a client adds to a ~10 MB partial frame blocks the event loop for ~1.5 s "
+    "(_value_end), so each newline a client adds to a 6 MB partial frame blocks the event loop for about a second "
     "and stalls every other connection",
     strict=True,
 )

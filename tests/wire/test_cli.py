@@ -1,0 +1,296 @@
+"""The `ppmq` command (PROTOCOL §7) as a user runs it: a subprocess against a real broker.
+
+Exit status: 0 ok, 1 the request failed (the error on stderr), 2 usage error.
+`-c` defaults to $PPMQ_CONFIG.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import WAIT_S, wait_for
+
+TOPICS = [
+    {"Name": "t", "Priorities": 3, "Expire": True, "Subscribers": ["s"]},
+    {"Name": "d", "Dedupe": True, "Subscribers": ["s"]},
+    {"Name": "u", "Subscribers": ["s"]},
+]
+TOPIC_KEYS = {"Stored", "Published", "Replaced", "Expired", "Subscribers"}
+SUBSCRIBER_KEYS = {"Ready", "InFlight", "OldestReadyAge", "Delivered", "Acked", "Redelivered", "Expired"}
+# Whatever the environment running the tests says, only what a test sets counts.
+ENV = {k: v for k, v in os.environ.items() if k != "PPMQ_CONFIG"}
+PPMQ = [sys.executable, "-m", "ppmq.cli"]
+
+
+def ppmq(*args: object, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*PPMQ, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=WAIT_S, env=env or ENV
+    )
+
+
+@pytest.fixture
+def broker(broker_factory):
+    return broker_factory(TOPICS, ["s"])
+
+
+def published(b) -> dict[str, int]:
+    return {name: t["Published"] for name, t in b.status()["Topics"].items()}
+
+
+# --- check ------------------------------------------------------------------------------
+
+
+def test_check_accepts_a_good_config_and_exits_0(broker_factory):
+    b = broker_factory(TOPICS, ["s"], start=False)
+    r = ppmq("check", "-c", b.config_path)
+    assert r.returncode == 0, r.stderr
+    assert str(b.config_path) in r.stdout
+
+
+CONFIG_HEAD = """\
+ServerSocket: {d}/ppmq.sock
+DataPath: {d}/data
+Subscribers:
+  - Name: s
+    Socket: {d}/s.sock
+Topics:
+  - Name: t
+    Subscribers: [s]
+"""  # the lines a case appends start at line 9
+
+
+@pytest.mark.parametrize(
+    ("tail", "errors"),
+    [
+        ("    Bogus: 1\n", [(9, "Topics[0].Bogus: unknown key")]),
+        ("    Priorities: many\n", [(9, "Topics[0].Priorities: ")]),
+        ("    AckRetry: 5 minutes\n", [(9, "Topics[0].AckRetry: ")]),
+        ("  - Name: u\n    Subscribers: [s, ghost]\n", [(10, "Topics[1].Subscribers[1]: unknown subscriber 'ghost'")]),
+        ("  - Name: t\n    Subscribers: [ghost]\n", [(9, "Topics[1].Name: duplicate name 't'"), (10, "Topics[1].Subscribers[0]: ")]),
+    ],
+    ids=["unknown key", "wrong type", "bad duration", "unknown subscriber", "two errors at once"],
+)
+def test_check_rejects_a_bad_config_naming_file_line_and_key_and_exits_1(tmp_path, tail, errors):
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(CONFIG_HEAD.format(d=tmp_path) + tail)
+    r = ppmq("check", "-c", path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    for line, text in errors:
+        assert f"{path}:{line}: {text}" in r.stderr, r.stderr
+
+
+# --- publish ------------------------------------------------------------------------------
+
+STDIN_MESSAGES = '{"Payload": "low", "Priority": 2}\n\n{"Payload": {"n": 1}}\n{"Payload": "mid", "Priority": 1, "Key": "ignored"}\n'
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "expected"),
+    [
+        (["t", "hello", "wide world"], None, [("hello", 0, None), ("wide world", 0, None)]),
+        (["t", "--json", '{"a": [1, 2]}', "[1, 2]", "3", '"s"', "null"], None, [({"a": [1, 2]}, 0, None), ([1, 2], 0, None), (3, 0, None), ("s", 0, None), (None, 0, None)]),
+        (["t", "a", "b", "--priority", "2"], None, [("a", 2, None), ("b", 2, None)]),
+        (["t", "a", "--priority", "1", "b"], None, [("a", 1, None), ("b", 1, None)]),
+        (["d", "v1", "--key", "k1"], None, [("v1", 0, "k1")]),
+        (["d", "--json", "--key", "k2", "-p", "0", "[true]"], None, [([True], 0, "k2")]),
+        (["t", "-"], STDIN_MESSAGES, [({"n": 1}, 0, None), ("mid", 1, None), ("low", 2, None)]),
+    ],
+    ids=["strings", "json values", "priority after the payloads", "priority between payloads", "key", "json with key", "stdin"],
+)
+def test_publish_waits_for_the_broker_and_the_subscriber_receives_what_was_given(broker, broker_factory, args, stdin, expected):
+    sub = broker_factory.subscriber(broker, "s")
+    r = ppmq("publish", "-c", broker.config_path, *args, stdin=stdin)
+    assert (r.returncode, r.stdout.strip()) == (0, f"published {len(expected)}"), r.stderr
+    got = sub.wait_messages(len(expected))
+    assert [(m["Payload"], m["Priority"]) for m in got] == [(p, prio) for p, prio, _ in expected]
+    assert [m["Key"] for m, (_, _, key) in zip(got, expected) if key is not None] == [k for _, _, k in expected if k is not None]
+    assert all(m["Topic"] == args[0] for m in got)
+
+
+def test_publish_with_ttl_delivers_a_message_that_expires_that_many_seconds_later(broker, broker_factory):
+    sub = broker_factory.subscriber(broker, "s")
+    r = ppmq("publish", "-c", broker.config_path, "t", "short-lived", "--ttl", "60")
+    assert r.returncode == 0, r.stderr
+    (m,) = sub.wait_messages(1)
+    expires = dt.datetime.fromisoformat(m["Expires"].replace("Z", "+00:00")).timestamp()
+    assert abs(expires - (time.time() + 60)) < 10, m
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "error"),
+    [
+        (["nope", "x"], None, "unknown topic 'nope'"),
+        (["t", "x", "--priority", "7"], None, "Messages[0].Priority: 7 is out of range 0..2 for topic 't'"),
+        (["d", "no key"], None, "Messages[0].Key: "),
+        (["t", "-"], '{"Payload": 1}\n{"Payload": 2, "Priority": 9}\n', "Messages[1].Priority: 9 is out of range"),
+        (["t", "-"], '{"Payload": 1}\n{"Payload": 2\n', "line 2"),
+        (["t", "-"], '{"Payload": 1}\n"just a string"\n', "line 2"),
+    ],
+    ids=["unknown topic", "priority out of range", "no key on a dedupe topic", "bad message on stdin", "bad JSON on stdin", "not an object on stdin"],
+)
+def test_a_failed_publish_exits_1_with_the_error_on_stderr_and_publishes_nothing(broker, args, stdin, error):
+    r = ppmq("publish", "-c", broker.config_path, *args, stdin=stdin)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert error in r.stderr
+    assert "published" not in r.stdout
+    assert published(broker) == {"t": 0, "d": 0, "u": 0}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["frobnicate"],
+        ["publish"],
+        ["publish", "-c", "x.yaml", "t", "x", "--priority", "high"],
+        ["publish", "-c", "x.yaml", "t", "x", "--ttl"],
+        ["ack", "-c", "x.yaml", "t", "s"],
+        ["reconnect", "-c", "x.yaml"],
+        ["status", "-c", "x.yaml", "--bogus"],
+        ["listen"],
+    ],
+    ids=["no command", "unknown command", "publish without topic", "priority not a number", "ttl without value",
+         "ack without keys", "reconnect without subscriber", "unknown option", "listen without socket"],
+)
+def test_a_usage_error_exits_2_with_the_usage_on_stderr(args):
+    r = ppmq(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "usage:" in r.stderr
+
+
+# --- ack, reconnect, status -----------------------------------------------------------------
+
+
+def in_flight(b, broker_factory, counts: dict[str, int]):
+    """A subscriber that never acks, holding `counts[topic]` messages of each topic in flight."""
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        for topic, n in counts.items():
+            c.publish(topic, [{"Payload": f"{topic}{i}"} for i in range(n)])
+    sub.wait_messages(sum(counts.values()))
+    return sub
+
+
+def test_ack_acknowledges_the_keys_given_and_ignores_unknown_ones(broker, broker_factory):
+    sub = in_flight(broker, broker_factory, {"u": 3})
+    k0, k1, _ = (m["Key"] for m in sub.messages)
+    r = ppmq("ack", "-c", broker.config_path, "u", "s", k0, k1, "999999")
+    assert (r.returncode, r.stdout.strip()) == (0, "acked 2"), r.stderr
+    st = broker.status()["Topics"]["u"]
+    assert (st["Stored"], st["Subscribers"]["s"]["Acked"], st["Subscribers"]["s"]["InFlight"]) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "redelivered"),
+    [(["--topic", "t"], {"t": 2, "u": 0}), ([], {"t": 2, "u": 3})],
+    ids=["one topic", "every topic"],
+)
+def test_reconnect_redelivers_what_is_in_flight_to_the_subscriber(broker, broker_factory, args, redelivered):
+    sub = in_flight(broker, broker_factory, {"t": 2, "u": 3})
+    r = ppmq("reconnect", "-c", broker.config_path, "s", *args)
+    assert r.returncode == 0, r.stderr
+    # One transaction requeues every topic named, so when t's are back, u's would be too
+    wait_for(lambda: broker.sub_status("t", "s")["Redelivered"] == 2, what="t redelivered")
+    assert {topic: broker.sub_status(topic, "s")["Redelivered"] for topic in redelivered} == redelivered
+    sub.wait_messages(5 + sum(redelivered.values()))
+
+
+def status_json(b) -> dict:
+    r = ppmq("status", "-c", b.config_path, "--json")
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)
+    for t in body["Topics"].values():
+        assert TOPIC_KEYS <= t.keys()
+        for s in t["Subscribers"].values():
+            assert SUBSCRIBER_KEYS <= s.keys()
+    return body
+
+
+def test_status_prints_a_table_or_the_json_body_and_its_counts_follow_the_messages(broker, broker_factory):
+    # Given three messages on t waiting for a subscriber that is not there yet
+    with broker.client() as c:
+        c.publish("t", [{"Payload": "a", "Priority": 0}, {"Payload": "b", "Priority": 1}, {"Payload": "c", "Priority": 1}])
+    t = status_json(broker)["Topics"]["t"]
+    s = t["Subscribers"]["s"]
+    assert (t["Stored"], t["Published"], t["Replaced"], t["Expired"]) == (3, 3, 0, 0)
+    assert (s["Ready"], s["InFlight"], s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"]) == ([1, 2, 0], 0, 0, 0, 0, 0)
+    assert s["OldestReadyAge"] >= 0
+    table = ppmq("status", "-c", broker.config_path)
+    assert table.returncode == 0, table.stderr
+    assert all(word in table.stdout for word in ("t", "d", "u", "s", "1/2/0"))
+    # When the subscriber comes and acks everything
+    broker_factory.subscriber(broker, "s")
+    wait_for(lambda: broker.status()["Topics"]["t"]["Stored"] == 0, what="t to empty")
+    t = status_json(broker)["Topics"]["t"]
+    s = t["Subscribers"]["s"]
+    assert (t["Stored"], t["Published"]) == (0, 3)
+    assert (s["Ready"], s["InFlight"], s["OldestReadyAge"], s["Delivered"], s["Acked"]) == ([0, 0, 0], 0, None, 3, 3)
+
+
+# --- listen ---------------------------------------------------------------------------------
+
+
+def stdout_lines(proc: subprocess.Popen) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    return lines
+
+
+@pytest.mark.parametrize("config_args", [False, True], ids=["acks on the delivery connection", "acks through ServerSocket"])
+def test_listen_prints_each_batch_as_a_json_line_in_priority_order_and_acks_it(broker, config_args):
+    payloads = [("p2", 2), ("p0", 0), ("p1", 1), ("q0", 0), ("q2", 2)]
+    with broker.client() as c:
+        c.publish("t", [{"Payload": p, "Priority": prio} for p, prio in payloads])
+    args = ["-c", broker.config_path] if config_args else []
+    proc = subprocess.Popen([*PPMQ, "listen", broker.sub_socket("s"), "--ack", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        batch = json.loads(stdout_lines(proc).get(timeout=WAIT_S))
+        assert (batch["Topic"], batch["Subscriber"]) == ("t", "s")
+        assert [m["Payload"] for m in batch["Messages"]] == ["p0", "q0", "p1", "p2", "q2"]
+        wait_for(lambda: broker.sub_status("t", "s")["Acked"] == 5, what="the listener's acks")
+        assert broker.status()["Topics"]["t"]["Stored"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(WAIT_S)
+
+
+# --- configuration from the environment, and no broker ---------------------------------------
+
+
+def test_config_defaults_to_ppmq_config_from_the_environment(broker):
+    env = {**ENV, "PPMQ_CONFIG": str(broker.config_path)}
+    r = ppmq("publish", "t", "via the environment", env=env)
+    assert r.returncode == 0, r.stderr
+    r = ppmq("status", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["Topics"]["t"]["Published"] == 1
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["no socket file", "a stale socket file"])
+@pytest.mark.parametrize(
+    "args",
+    [["publish", "t", "x"], ["ack", "t", "s", "1"], ["reconnect", "s"], ["status"]],
+    ids=["publish", "ack", "reconnect", "status"],
+)
+def test_a_client_command_exits_1_with_a_clear_message_when_no_broker_listens(broker_factory, args, stale):
+    b = broker_factory(TOPICS, ["s"], start=False)
+    if stale:  # a broker that died without removing its socket
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(b.socket)
+        dead.close()
+    r = ppmq(args[0], "-c", b.config_path, *args[1:])
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"cannot connect to {b.socket}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert Path(b.socket).exists() == stale
