@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
 TICK_NS = NS  # expiry and redelivery run at least this often
-EXPIRE_PER_TICK = 10_000  # bound one transaction; the rest goes in the next tick
+PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, the dedupe index adds 4
 
 
@@ -108,14 +108,10 @@ class Broker:
         self.topics = {t.name: t for t in config.topics}
         self.sub_configs = {s.name: s for s in config.subscribers}
         self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
-        self._deadlines: dict[tuple[str, str], int] = {}  # earliest AckRetry deadline in flight
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = _state_decoder.decode(raw) if raw else State()
             self._register(config)
-            for tc in config.topics:
-                for sub in tc.subscribers:
-                    self._update_deadline(txn, tc.name, sub)
             self._save(txn)
         self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
         self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
@@ -398,18 +394,24 @@ class Broker:
             topics = [self._topic_for(req, "RECONNECT")]
             self._subscriber_of(req.subscriber, topics[0], "RECONNECT")
         for tc in topics:
-            self._requeue(txn, tc.name, req.subscriber, lambda f: True)
+            t, s = self.state.topic_ids[tc.name], self.state.sub_ids[req.subscriber]
+            for m, _ in txn.inflight_of(t, s):
+                self._requeue(txn, t, s, m)
 
-    def _requeue(self, txn: Txn, topic: str, sub: str, due) -> None:
-        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        stats = self.state.subs[topic][sub]
-        for m, flight in txn.inflight_of(t, s):
-            if due(flight):
-                txn.pop_inflight(t, s, m)
-                txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
-                stats.inflight -= 1
-                stats.ready[flight.prio] += 1
-        self._update_deadline(txn, topic, sub)
+    def _requeue(self, txn: Txn, t: int, s: int, m: int) -> None:
+        """Back to its place in the queue, as if it had not been delivered yet."""
+        flight = txn.pop_inflight(t, s, m)
+        if flight is None:
+            return
+        txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
+        stats = self._stats(t, s)
+        if stats is not None:
+            stats.inflight -= 1
+            stats.ready[flight.prio] += 1
+
+    def _stats(self, t: int, s: int) -> SubStats | None:
+        topic, sub = self._topic_by_id.get(t), self._sub_by_id.get(s)
+        return self.state.subs.get(topic, {}).get(sub)
 
     def _return(self, txn: Txn, op: Returned) -> None:
         """A batch that never reached the subscriber: as if it had not been sent."""
@@ -424,28 +426,18 @@ class Broker:
             stats.ready[flight.prio] += 1
             stats.delivered -= 1
             stats.redelivered -= flight.attempts > 1
-        self._update_deadline(txn, op.topic, op.subscriber)
-
-    def _update_deadline(self, txn: Txn, topic: str, sub: str) -> None:
-        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        deadlines = [f.deadline_ns for _, f in txn.inflight_of(t, s) if f.deadline_ns]
-        if deadlines:
-            self._deadlines[(topic, sub)] = min(deadlines)
-        else:
-            self._deadlines.pop((topic, sub), None)
 
     # --- timers: expiry and AckRetry ----------------------------------------------------------
 
     def _tick(self, txn: Txn, now_ns: int) -> None:
-        for expires, t, m in txn.due_expiries(now_ns, EXPIRE_PER_TICK):
+        for expires, t, m in txn.due_expiries(now_ns, PER_TICK):
             topic = self._topic_name(t)
             if topic is None:
                 txn.remove_expiry(expires, t, m)
             else:
                 self._expire(txn, topic, t, m)
-        for (topic, sub), deadline in list(self._deadlines.items()):
-            if deadline <= now_ns:
-                self._requeue(txn, topic, sub, lambda f: 0 < f.deadline_ns <= now_ns)
+        for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
+            self._requeue(txn, t, s, m)
 
     def _topic_name(self, t: int) -> str | None:
         name = self._topic_by_id.get(t)
@@ -469,11 +461,8 @@ class Broker:
         self._delete_message(txn, topic, t, m)
 
     def _next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, *self._deadlines.values()]
-        expiry = txn.next_expiry_ns()
-        if expiry is not None:
-            candidates.append(expiry)
-        return max(now_ns, min(candidates))
+        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_deadline_ns()]
+        return max(now_ns, min(c for c in candidates if c is not None))
 
     # --- delivery ---------------------------------------------------------------------------
 
@@ -525,8 +514,6 @@ class Broker:
         txn.pull_ready(t, s, limit, take)
         for m in expired:
             self._expire(txn, topic.name, t, m)
-        if deadline and msgs:
-            self._deadlines[(topic.name, sub)] = min(deadline, self._deadlines.get((topic.name, sub), deadline))
         if not msgs:
             return None
         frame = p.batch_frame(topic.name, sub, fragments)

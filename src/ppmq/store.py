@@ -7,6 +7,7 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     holders   T M             -> (S, prio, pos) for every subscriber not done with M
     ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
     inflight  T S M           -> prio, pos, deadline_ns, attempts  (delivered, not acked)
+    deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
     meta      name            -> schema version, name ids, broker state
@@ -32,13 +33,14 @@ import lmdb
 
 # Bump when a key or value layout changes, and teach Store.open to convert or refuse.
 SCHEMA_VERSION = 1
-_DBS = (b"bodies", b"holders", b"ready", b"inflight", b"expiry", b"dedupe", b"meta")
+_DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
 
 _TM = struct.Struct(">IQ")
 _TS = struct.Struct(">IH")
 _TSPQ = struct.Struct(">IHBQ")
 _TSM = struct.Struct(">IHQ")
 _ETM = struct.Struct(">QIQ")
+_DTSM = struct.Struct(">QIHQ")
 _U64 = struct.Struct(">Q")
 _READY_VAL = struct.Struct(">QI")  # M, attempts
 _FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
@@ -142,7 +144,8 @@ class Txn:
         self.txn = txn
         d = store.dbs
         self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
-        self._inflight, self._expiry, self._dedupe, self._meta = d["inflight"], d["expiry"], d["dedupe"], d["meta"]
+        self._inflight, self._deadlines = d["inflight"], d["deadlines"]
+        self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -244,11 +247,35 @@ class Txn:
 
     # --- in flight --------------------------------------------------------------------
     def put_inflight(self, t: int, s: int, m: int, flight: Flight) -> None:
+        """Record a delivery, and index its AckRetry deadline if it has one."""
         self.txn.put(_TSM.pack(t, s, m), _FLIGHT.pack(*flight), db=self._inflight)
+        if flight.deadline_ns:
+            self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
-        return Flight._make(_FLIGHT.unpack(raw)) if raw is not None else None
+        if raw is None:
+            return None
+        flight = Flight._make(_FLIGHT.unpack(raw))
+        if flight.deadline_ns:
+            self.txn.delete(_DTSM.pack(flight.deadline_ns, t, s, m), db=self._deadlines)
+        return flight
+
+    def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        """Up to `limit` in-flight (t, s, m) whose AckRetry deadline is <= now_ns."""
+        out = []
+        with self.txn.cursor(db=self._deadlines) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    deadline, t, s, m = _DTSM.unpack(key)
+                    if deadline > now_ns or len(out) >= limit:
+                        break
+                    out.append((t, s, m))
+        return out
+
+    def next_deadline_ns(self) -> int | None:
+        with self.txn.cursor(db=self._deadlines) as cur:
+            return _DTSM.unpack(cur.key())[0] if cur.first() else None
 
     def inflight_of(self, t: int, s: int) -> list[tuple[int, Flight]]:
         """Everything in flight to s on t (at most its Window, so a short list)."""
