@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from ppmq.client import Client, ClientError
 
 from ..conftest import wait_for
@@ -78,3 +80,34 @@ def test_a_kill_9_while_batches_are_in_flight_loses_nothing_and_reconnect_brings
         assert c.ack("t", "s", keys[10:20]) == 10
     sub.wait_messages(30)
     assert sub.payloads()[20:30] == list(range(10, 20))
+
+
+def test_data_path_mem_keeps_a_throwaway_store_that_is_gone_after_the_stop(broker_factory):
+    import re
+    from pathlib import Path
+
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], DataPath="mem")
+    with b.client() as c:
+        c.publish("t", [{"Payload": 1}])
+    sub = broker_factory.subscriber(b, "s")
+    sub.wait_messages(1)
+    store = Path(re.search(r"data in (\S+)", b.log)[1])
+    assert store.is_dir() and store.name.startswith("ppmq-mem-")
+    assert b.stop() == 0
+    assert not store.exists()
+
+
+def test_a_full_store_refuses_publishes_with_507_while_deliveries_and_acks_free_it(broker_factory):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], MaxStoreBytes="2MiB")
+    big = "x" * 50_000
+    with b.client() as c:
+        stored = 0
+        with pytest.raises(ClientError) as err:
+            for _ in range(200):
+                stored += c.publish("t", [{"Payload": big}] * 5)
+        assert err.value.status == 507 and "MaxStoreBytes" in err.value.error
+        assert b.status()["Topics"]["t"]["Stored"] == stored > 0
+        sub = broker_factory.subscriber(b, "s")
+        sub.wait_messages(stored)
+        wait_for(lambda: b.status()["Topics"]["t"]["Stored"] == 0, what="acks to free the store")
+        assert c.publish("t", [{"Payload": big}] * 5) == 5
