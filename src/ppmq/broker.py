@@ -51,6 +51,7 @@ class SubStats(msgspec.Struct):
 
 class State(msgspec.Struct):
     rejected: int = 0  # requests answered with an error status
+    commits: int = 0  # write transactions; requests per commit shows group commit at work
     topic_ids: dict[str, int] = {}
     sub_ids: dict[str, int] = {}
     topics: dict[str, TopicStats] = {}
@@ -153,6 +154,7 @@ class Broker:
                 if now_ns >= self._next_tick_ns:
                     self._tick(txn, now_ns)
                 deliveries = self._fill(txn, open_subs, now_ns)
+                self.state.commits += 1
                 self._save(txn)
                 next_tick = self._next_tick(txn, now_ns)
         except (StoreFullError, lmdb.Error) as exc:
@@ -545,7 +547,7 @@ class Broker:
                 "Expired": ts.expired,
                 "Subscribers": subs,
             }
-        return {"Topics": topics, "Rejected": self.state.rejected}
+        return {"Topics": topics, "Rejected": self.state.rejected, "Commits": self.state.commits}
 
     def _oldest_ready_age(self, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:
         t, s = self.state.topic_ids[tc.name], self.state.sub_ids[sub]

@@ -30,8 +30,8 @@ TOPICS = [
 STATUS = b'{"Id":"status","Command":"STATUS"}\n'
 
 BUG_NOT_UTF8 = pytest.mark.xfail(
-    reason="BUG: bytes that are not UTF-8 get no reply even with an Id (the Id is not attached to the error), "
-    "and the error names a byte offset, not Messages[i].Payload",
+    reason="BUG: the 400 for bytes that are not UTF-8 names a byte offset of the frame "
+    "('frame is not valid UTF-8 (byte 120)'), not the message index and field (Messages[2].Payload)",
     strict=True,
 )
 BUG_DEEP_NESTING = pytest.mark.xfail(

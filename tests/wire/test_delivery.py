@@ -180,3 +180,27 @@ def test_a_subscriber_that_comes_late_gets_everything_and_one_that_leaves_keeps_
         c.reconnect("s")
     second.wait_messages(2)
     assert second.payloads() == [2, 1]
+
+
+def test_requests_that_arrive_during_a_commit_share_the_next_one(broker_factory):
+    import threading
+
+    # Given 16 producers publishing at once, each waiting for its confirmation
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
+    before = b.status()["Commits"]
+
+    def produce() -> None:
+        with b.client() as c:
+            for i in range(25):
+                assert c.publish("t", [{"Payload": i}]) == 1
+
+    threads = [threading.Thread(target=produce) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then all 400 are stored, in far fewer transactions than requests
+    status = b.status()
+    assert status["Topics"]["t"]["Stored"] == 400
+    commits = status["Commits"] - before
+    assert commits < 400 / 2, f"{commits} commits for 400 requests"
