@@ -20,17 +20,32 @@ import msgspec
 from .protocol import TooLarge
 
 _SEAM = re.compile(rb"}\s*{")
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|"|[{}\[\]]', re.S)
+_STRUCTURE = re.compile(rb'["{}\[\]]')
+_STRING_STOP = re.compile(rb'["\\]')
 _SPACE = b" \t\r\n"
+# A buffer this large without a newline is scanned read by read, so that the
+# scanner's work is spread over the reads instead of landing on one of them.
+SCAN_AFTER_BYTES = 1 << 20
+_SPACE_BYTES = (b" ", b"\t", b"\r", b"\n")
+_LEADING_SPACE = re.compile(rb"[ \t\r\n]+")
 
 
 class Framer:
-    """Splits a byte stream into frames of at most `max_frame_bytes` each."""
+    """Splits a byte stream into frames of at most `max_frame_bytes` each.
+
+    Every byte is looked at a bounded number of times however the stream is cut
+    into reads, so a peer trickling a large frame costs linear time, not
+    quadratic: where the newline search and the scanner stopped is remembered.
+    """
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.too_large: TooLarge | None = None  # set once; the stream is unusable after it
         self._buf = bytearray()
+        self._no_newline_before = 0  # the buffer has no newline before this index
+        self._no_seam_before = 0  # ... and no `}{` seam starting before this index
+        self._scan = _Scanner()
+        self._scanning = False  # the frame at the start is being read by the scanner
 
     @property
     def pending(self) -> bool:
@@ -61,33 +76,105 @@ class Framer:
 
     def _next_frame(self) -> bytes | None:
         buf = self._buf
-        blank = len(buf) - len(buf.lstrip(_SPACE))
-        if blank:
-            del buf[:blank]  # blank lines between frames count towards no frame's size
+        if buf[:1] in _SPACE_BYTES:
+            self._take(_LEADING_SPACE.match(buf).end())  # blanks between frames belong to none
         if not buf:
             return None
-        nl = buf.find(b"\n")
-        if nl >= 0:
-            line = bytes(buf[:nl]).rstrip(_SPACE)
-            if line[:1] == b"{" and line[-1:] == b"}" and _looks_whole(line):
-                self._take(nl + 1)
-                return line
+        nl = buf.find(b"\n", self._no_newline_before)
+        if nl < 0:
+            self._no_newline_before = len(buf)
         if buf[0] not in b"{[":
-            if nl < 0:
-                return None
-            self._take(nl + 1)
-            return line
-        if nl < 0 and not _may_hold_whole_value(buf):
-            return None  # the usual NDJSON line still arriving: don't scan it
-        end = _value_end(buf)
+            return self._take_line(nl) if nl >= 0 else None
+        if not self._scanning:
+            if nl >= 0:
+                line = self._whole_line(nl)
+                if line is not None:
+                    return line
+                self._scanning = True  # the first line is not a frame of its own
+            elif len(buf) < SCAN_AFTER_BYTES and not _ends_like_a_value(buf) and not self._has_seam(buf):
+                return None  # the usual NDJSON line still arriving: don't scan it
+        end = self._scan.end(buf)
         if end is None:
             return None
         frame = bytes(buf[:end])
         self._take(end)
         return _one_line(frame)
 
+    def _whole_line(self, nl: int) -> bytes | None:
+        """The NDJSON fast path: the first line, if it is one whole object."""
+        end = nl
+        while end and self._buf[end - 1] in _SPACE:
+            end -= 1
+        if self._buf[end - 1 : end] != b"}":
+            return None
+        line = bytes(self._buf[:end])
+        if not _looks_whole(line):
+            return None
+        self._take(nl + 1)
+        return line
+
+    def _take_line(self, nl: int) -> bytes:
+        line = bytes(self._buf[:nl]).rstrip(_SPACE)
+        self._take(nl + 1)
+        return line
+
+    def _has_seam(self, buf: bytearray) -> bool:
+        """Whether `}{` (maybe with blanks between) appears, looking only at new bytes."""
+        if _SEAM.search(buf, self._no_seam_before):
+            return True
+        last = buf.rfind(b"}", self._no_seam_before)
+        tail_is_blank = last >= 0 and _LEADING_SPACE.fullmatch(buf, last + 1) is not None
+        self._no_seam_before = last if tail_is_blank or last == len(buf) - 1 else len(buf)
+        return False
+
     def _take(self, n: int) -> None:
         del self._buf[:n]
+        self._no_newline_before = max(0, self._no_newline_before - n)
+        self._no_seam_before = max(0, self._no_seam_before - n)
+        self._scan = _Scanner()
+        self._scanning = False
+
+
+class _Scanner:
+    """Finds where the object or array at the start of a buffer ends, resuming
+    where it stopped when called again on the same, longer buffer."""
+
+    def __init__(self) -> None:
+        self.pos = 0  # next byte to look at
+        self.depth = 0
+        self.in_string = False
+
+    def end(self, buf: bytearray) -> int | None:
+        """Index just past the value, or None while it is incomplete."""
+        while True:
+            if self.in_string:
+                m = _STRING_STOP.search(buf, self.pos)
+                if m is None:
+                    self.pos = len(buf)
+                    return None
+                if m.group() == b"\\":
+                    if m.end() >= len(buf):
+                        self.pos = m.start()  # the escaped byte has not arrived yet
+                        return None
+                    self.pos = m.end() + 1
+                    continue
+                self.in_string = False
+                self.pos = m.end()
+                continue
+            m = _STRUCTURE.search(buf, self.pos)
+            if m is None:
+                self.pos = len(buf)
+                return None
+            self.pos = m.end()
+            tok = m.group()
+            if tok == b'"':
+                self.in_string = True
+            elif tok in b"{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth == 0:
+                    return self.pos
 
 
 def _looks_whole(line: bytes) -> bool:
@@ -103,28 +190,13 @@ def _looks_whole(line: bytes) -> bool:
     )
 
 
-def _may_hold_whole_value(buf: bytearray) -> bool:
-    """Cheap test before scanning a buffer that has no newline yet."""
-    i = len(buf) - 1
-    while i >= 0 and buf[i] in _SPACE:
-        i -= 1
-    return buf[i : i + 1] in (b"}", b"]") or _SEAM.search(buf) is not None
-
-
-def _value_end(buf: bytearray) -> int | None:
-    """Index just past the object or array that starts the buffer, or None if incomplete."""
-    depth = 0
-    for m in _TOKEN.finditer(buf):
-        tok = m.group()
-        if tok == b'"':
-            return None  # a string that is not closed yet
-        if tok in (b"{", b"["):
-            depth += 1
-        elif tok in (b"}", b"]"):
-            depth -= 1
-            if depth == 0:
-                return m.end()
-    return None
+def _ends_like_a_value(buf: bytearray) -> bool:
+    """Cheap test before scanning a buffer that has no newline yet: a sender that
+    stops at the end of a value (and waits for its reply) ends on a bracket."""
+    end = len(buf)
+    while end and buf[end - 1] in _SPACE:
+        end -= 1
+    return buf[end - 1 : end] in (b"}", b"]")
 
 
 def _one_line(frame: bytes) -> bytes:

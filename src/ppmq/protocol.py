@@ -10,6 +10,7 @@ subscriber: the broker never builds Python objects out of them.
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import math
 import re
@@ -98,21 +99,72 @@ def decode_request(frame: bytes) -> Request:
         try:
             frame.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _rejected(frame, f"frame is not valid UTF-8 (byte {exc.start})") from None
+            raise _rejected(frame, _utf8_error(frame, exc)) from None
     try:
-        request = _request_decoder.decode(frame)
-    except msgspec.ValidationError as exc:
-        if "unknown field" not in str(exc):
-            raise _bad(frame, exc) from None
         try:
-            request = _request_decoder.decode(_fold_keys(frame))
+            request = _decode_any_case(frame)
         except msgspec.DecodeError as exc:
-            raise _bad(frame, exc) from None
+            if isinstance(exc, msgspec.ValidationError) or not _LONE_SURROGATE.search(frame):
+                raise
+            frame = _LONE_SURROGATE.sub(rb"\\ufffd", frame)  # what Go's decoder does with them
+            request = _decode_any_case(frame)
     except msgspec.DecodeError as exc:
         raise _bad(frame, exc) from None
+    except RecursionError:
+        raise _rejected(frame, "invalid JSON: nested too deeply") from None
     if request.id is not UNSET and not _is_id(request.id):
         raise _rejected(frame, "Id: must be a string or a number")
     return request
+
+
+def _decode_any_case(frame: bytes) -> Request:
+    try:
+        return _request_decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        if "unknown field" not in str(exc):
+            raise
+    return _request_decoder.decode(_fold_keys(frame))
+
+
+_SURROGATE_HI = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
+_SURROGATE_LO = rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+_LONE_SURROGATE = re.compile(_SURROGATE_HI + rb"(?!" + _SURROGATE_LO + rb")|(?<!" + _SURROGATE_HI + rb")" + _SURROGATE_LO)
+_NOT_UTF8 = "\ufdd0"  # a noncharacter: marks where the bad bytes were
+codecs.register_error("ppmq-mark", lambda exc: (_NOT_UTF8, exc.end))
+
+
+def _utf8_error(frame: bytes, exc: UnicodeDecodeError) -> str:
+    """Name the field that holds bytes which are not UTF-8, as for any bad field."""
+    message = "bytes that are not valid UTF-8"
+    try:
+        marked = msgspec.json.decode(frame.decode("utf-8", "ppmq-mark").encode())
+    except (msgspec.DecodeError, RecursionError):
+        return f"{message} (byte {exc.start} of the frame)"
+    path = _marked_path(marked) if isinstance(marked, dict) else None
+    return f"{path}: {message}" if path else f"{message} (byte {exc.start} of the frame)"
+
+
+def _marked_path(wrapper: dict) -> str | None:
+    for key, value in wrapper.items():
+        name = WRAPPER_KEYS.get(key.lower(), key)
+        if name == "Messages" and isinstance(value, list):
+            for i, m in enumerate(value):
+                for mkey, mvalue in m.items() if isinstance(m, dict) else ():
+                    if _has_mark(mkey) or _has_mark(mvalue):
+                        return f"Messages[{i}].{MESSAGE_KEYS.get(mkey.lower(), mkey)}"
+        if _has_mark(key) or _has_mark(value):
+            return name
+    return None
+
+
+def _has_mark(value: Any) -> bool:
+    if isinstance(value, str):
+        return _NOT_UTF8 in value
+    if isinstance(value, list):
+        return any(map(_has_mark, value))
+    if isinstance(value, dict):
+        return any(_has_mark(k) or _has_mark(v) for k, v in value.items())
+    return False
 
 
 def _is_id(raw: Raw) -> bool:
@@ -164,12 +216,16 @@ def find_request_id(frame: bytes) -> Raw | UnsetType:
     """The `Id` of a frame that failed to decode as a Request, if it has one."""
     try:
         obj = _loose_object.decode(frame)
-    except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec checks UTF-8 in keys only
-        return UNSET
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # msgspec checks UTF-8 in keys only
+        found = _ID_TEXT.findall(frame)
+        return Raw(found[0]) if len(found) == 1 else UNSET  # unambiguous, or none
     for key, value in obj.items():
         if key.lower() == "id" and _is_id(value):
             return value
     return UNSET
+
+
+_ID_TEXT = re.compile(rb'"[iI][dD]"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*)')
 
 
 # --- broker -> client -------------------------------------------------------------

@@ -240,8 +240,9 @@ def test_a_frame_with_bytes_that_are_not_utf8_in_its_payload_keeps_its_id():
     assert bytes(err.request_id) == b"7"
 
 
-def test_a_frame_that_is_not_json_has_no_id_to_recover():
-    assert rejected(b'{"Id":"r1","Topic": }').request_id is UNSET
+def test_a_frame_that_is_not_json_still_has_its_id_recovered_when_only_one_is_in_it():
+    assert bytes(rejected(b'{"Id":"r1","Topic": }').request_id) == b'"r1"'
+    assert rejected(b'{"Id":"r1","Topic": {"id": 2}').request_id is UNSET
 
 
 # --- Expires (§2, §3 Expiry) -----------------------------------------------------------------
