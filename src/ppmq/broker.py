@@ -185,6 +185,9 @@ class Broker:
             error = exc
         except lmdb.MapFullError:
             error = p.StoreFull("store full: the LMDB map has no room left")
+        except Exception as exc:  # a bug must cost one request, not the broker
+            log.exception("internal error on a request")
+            error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
         self.state = _state_decoder.decode(before)
         self.state.rejected += 1
         return p.error_reply(error, op.id)

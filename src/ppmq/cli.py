@@ -66,7 +66,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     command("check", _check, "validate a config file")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
     pub.add_argument("topic")
-    pub.add_argument("payloads", nargs="*", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
+    pub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
     pub.add_argument("--key", "-k")
     pub.add_argument("--priority", "-p", type=int, default=0)
     pub.add_argument("--ttl", type=float, help="seconds until the message expires")
@@ -116,8 +116,6 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    if not args.payloads:
-        raise Failure("nothing to publish: give PAYLOAD arguments or '-' for stdin")
     with _client(args) as client:
         if args.payloads == ["-"]:
             total = _publish_stdin(client, args.topic)

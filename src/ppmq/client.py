@@ -41,7 +41,8 @@ class _Calls:
 
     def _frame(self, wrapper: dict[str, Any]) -> tuple[bytes, bytes]:
         rid = b"%d" % next(self._ids)
-        return _encoder.encode({**wrapper, "Id": msgspec.Raw(rid)}) + b"\n", rid
+        # Id first: the broker can find it even in a frame it cannot parse
+        return _encoder.encode({"Id": msgspec.Raw(rid), **wrapper}) + b"\n", rid
 
     @staticmethod
     def _check(line: bytes) -> Reply:

@@ -98,7 +98,7 @@ class Framer:
             return None
         frame = bytes(buf[:end])
         self._take(end)
-        return _one_line(frame)
+        return _one_line(frame) if end <= self.max_frame_bytes else frame  # too large: as it came
 
     def _whole_line(self, nl: int) -> bytes | None:
         """The NDJSON fast path: the first line, if it is one whole object."""

@@ -217,15 +217,37 @@ def find_request_id(frame: bytes) -> Raw | UnsetType:
     try:
         obj = _loose_object.decode(frame)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # msgspec checks UTF-8 in keys only
-        found = _ID_TEXT.findall(frame)
-        return Raw(found[0]) if len(found) == 1 else UNSET  # unambiguous, or none
+        return _leading_id(frame)
     for key, value in obj.items():
         if key.lower() == "id" and _is_id(value):
             return value
     return UNSET
 
 
-_ID_TEXT = re.compile(rb'"[iI][dD]"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*)')
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+ID_SEARCH_BYTES = 1 << 16
+
+
+def _leading_id(frame: bytes) -> Raw | UnsetType:
+    """The top-level `Id` of a frame that is not valid JSON, if it stands in the
+    first 64 KiB (ppmq's clients write it first). Keys inside payloads are
+    skipped by following the nesting, so no reply goes to a request without Id."""
+    depth, key, after_colon = 0, None, False
+    for m in _JSON_TOKEN.finditer(frame, 0, ID_SEARCH_BYTES):
+        tok = m.group()
+        if tok in (b"{", b"["):
+            depth += 1
+        elif tok in (b"}", b"]"):
+            depth -= 1
+        elif depth == 1 and tok == b":":
+            after_colon = True
+            continue
+        elif depth == 1 and after_colon and key == b'"id"':
+            return Raw(tok) if _is_id(Raw(tok)) else UNSET
+        elif depth == 1 and tok[:1] == b'"':
+            key = tok.lower()
+        after_colon = False
+    return UNSET
 
 
 # --- broker -> client -------------------------------------------------------------

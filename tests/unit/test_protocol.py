@@ -240,9 +240,19 @@ def test_a_frame_with_bytes_that_are_not_utf8_in_its_payload_keeps_its_id():
     assert bytes(err.request_id) == b"7"
 
 
-def test_a_frame_that_is_not_json_still_has_its_id_recovered_when_only_one_is_in_it():
-    assert bytes(rejected(b'{"Id":"r1","Topic": }').request_id) == b'"r1"'
-    assert rejected(b'{"Id":"r1","Topic": {"id": 2}').request_id is UNSET
+@pytest.mark.parametrize(
+    "frame, request_id",
+    [
+        (b'{"Id":"r1","Topic": }', b'"r1"'),
+        (b'{"Id":"r1","Topic": {"id": 2}', b'"r1"'),
+        (b'{"Topic":{"id": 2},"iD":3,,}', b"3"),
+        (b'{"Topic":"t","Messages":[{"Payload":{"Id":7}},]}', None),
+        (b'{"Id":{"a":1},}', None),
+    ],
+)
+def test_a_frame_that_is_not_json_has_its_top_level_id_recovered_and_no_other(frame, request_id):
+    found = rejected(frame).request_id
+    assert (bytes(found) if found is not UNSET else None) == request_id
 
 
 # --- Expires (§2, §3 Expiry) -----------------------------------------------------------------

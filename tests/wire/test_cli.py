@@ -101,7 +101,10 @@ STDIN_GO_STYLE = '{"payload": "x", "priority": 1, "expires": "0001-01-01T00:00:0
     ("args", "stdin", "expected"),
     [
         (["t", "hello", "wide world"], None, [("hello", 0, None), ("wide world", 0, None)]),
-        (["t", "--json", '{"a": [1, 2]}', "[1, 2]", "3", '"s"', "null"], None, [({"a": [1, 2]}, 0, None), ([1, 2], 0, None), (3, 0, None), ("s", 0, None), (None, 0, None)]),
+        (
+            ["t", "--json", '{"a": [1, 2]}', "[1, 2]", "3", '"s"', "null"], None,
+            [({"a": [1, 2]}, 0, None), ([1, 2], 0, None), (3, 0, None), ("s", 0, None), (None, 0, None)],
+        ),
         (["t", "a", "b", "--priority", "2"], None, [("a", 2, None), ("b", 2, None)]),
         (["t", "a", "--priority", "1", "b"], None, [("a", 1, None), ("b", 1, None)]),
         (["d", "v1", "--key", "k1"], None, [("v1", 0, "k1")]),
@@ -262,7 +265,9 @@ def test_listen_prints_each_batch_as_a_json_line_in_priority_order_and_acks_it(b
     with broker.client() as c:
         c.publish("t", [{"Payload": p, "Priority": prio} for p, prio in payloads])
     args = ["-c", broker.config_path] if config_args else []
-    proc = subprocess.Popen([*PPMQ, "listen", broker.sub_socket("s"), "--ack", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(
+        [*PPMQ, "listen", broker.sub_socket("s"), "--ack", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV
+    )
     try:
         batch = json.loads(stdout_lines(proc).get(timeout=WAIT_S))
         assert (batch["Topic"], batch["Subscriber"]) == ("t", "s")
