@@ -171,6 +171,16 @@ class Txn:
             pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         return pages * main["psize"]
 
+    def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:
+        """Put a key that is usually the largest in its database so far.
+
+        MDB_APPEND fills pages to the brim where LMDB would otherwise split them
+        in half, which halves the disk and page cache a backlog takes; a key that
+        is not the largest is refused by it, and then put the ordinary way.
+        """
+        if not self.txn.put(key, value, db=db, append=True):
+            self.txn.put(key, value, db=db)
+
     # --- meta ---------------------------------------------------------------------
     def get_meta(self, name: bytes) -> bytes | None:
         return self.txn.get(name, db=self._meta)
@@ -189,7 +199,7 @@ class Txn:
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
-        self.txn.put(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), db=self._bodies)
+        self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
 
     def delete_body(self, t: int, m: int) -> None:
         self.txn.delete(_TM.pack(t, m), db=self._bodies)
@@ -211,7 +221,7 @@ class Txn:
 
     # --- ready queues ---------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
-        self.txn.put(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, attempts), db=self._ready)
+        self._put_in_order(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, attempts), self._ready)
 
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
         return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
