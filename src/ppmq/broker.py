@@ -5,10 +5,6 @@ subscribers that can take a batch now, and the time; it applies them all in one
 LMDB write transaction (group commit) and returns the replies, the batches to
 push and when it next needs to run. It never touches a socket or reads a clock,
 and it runs on one thread: the writer thread of the server, or a test.
-
-Counters and the per-topic sequence live in `State`, a small structure (topics x
-subscribers, never proportional to the backlog) that is written into the same
-transaction as the changes it counts, so it is exactly as durable as they are.
 """
 
 from __future__ import annotations
@@ -21,45 +17,14 @@ import msgspec
 
 from . import protocol as p
 from .config import Config, TopicConfig
+from .state import NS, State, SubStats, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
 
 log = logging.getLogger(__name__)
 
-NS = 1_000_000_000
 TICK_NS = NS  # expiry and redelivery run at least this often
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, the dedupe index adds 4
-
-
-class TopicStats(msgspec.Struct):
-    seq: int = 0  # last message id / queue position handed out; never reused
-    stored: int = 0
-    published: int = 0
-    replaced: int = 0
-    expired: int = 0
-
-
-class SubStats(msgspec.Struct):
-    ready: list[int]  # per queue priority
-    inflight: int = 0
-    delivered: int = 0
-    acked: int = 0
-    redelivered: int = 0
-    expired: int = 0
-    ignored_acks: int = 0
-
-
-class State(msgspec.Struct):
-    rejected: int = 0  # requests answered with an error status
-    commits: int = 0  # write transactions; requests per commit shows group commit at work
-    topic_ids: dict[str, int] = {}
-    sub_ids: dict[str, int] = {}
-    topics: dict[str, TopicStats] = {}
-    subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
-
-
-_state_encoder = msgspec.msgpack.Encoder()
-_state_decoder = msgspec.msgpack.Decoder(State)
 
 
 class Returned(NamedTuple):
@@ -111,29 +76,15 @@ class Broker:
         self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
         with store.write() as txn:
             raw = txn.get_meta(b"state")
-            self.state = _state_decoder.decode(raw) if raw else State()
-            self._register(config)
+            self.state = restore(raw) if raw else State()
+            self.state.register(config)
             self._save(txn)
         self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
         self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
         self._next_tick_ns = now_ns
 
-    def _register(self, config: Config) -> None:
-        st = self.state
-        for tc in config.topics:
-            if tc.name not in st.topic_ids:
-                st.topic_ids[tc.name] = max(st.topic_ids.values(), default=0) + 1
-            st.topics.setdefault(tc.name, TopicStats())
-            subs = st.subs.setdefault(tc.name, {})
-            for name in tc.subscribers:
-                stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
-                stats.ready += [0] * (tc.priorities - len(stats.ready))
-        for sc in config.subscribers:
-            if sc.name not in st.sub_ids:
-                st.sub_ids[sc.name] = max(st.sub_ids.values(), default=0) + 1
-
     def _save(self, txn: Txn) -> None:
-        txn.put_meta(b"state", _state_encoder.encode(self.state))
+        txn.put_meta(b"state", snapshot(self.state))
 
     @property
     def next_tick_ns(self) -> int:
@@ -147,7 +98,7 @@ class Broker:
 
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
-        before = _state_encoder.encode(self.state)
+        before = snapshot(self.state)
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
@@ -159,7 +110,7 @@ class Broker:
                 next_tick = self._next_tick(txn, now_ns)
         except (StoreFullError, lmdb.Error) as exc:
             # The commit itself failed: nothing of this step happened.
-            self.state = _state_decoder.decode(before)
+            self.state = restore(before)
             err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(f"store error: {exc}")
             log.error("commit failed: %s", exc)
             replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
@@ -177,7 +128,7 @@ class Broker:
         if isinstance(op, Invalid):
             self.state.rejected += 1
             return p.error_reply(op.error, op.id)
-        before = _state_encoder.encode(self.state)
+        before = snapshot(self.state)
         try:
             with txn.savepoint():
                 return self._request(txn, op, now_ns)
@@ -188,7 +139,7 @@ class Broker:
         except Exception as exc:  # a bug must cost one request, not the broker
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
-        self.state = _state_decoder.decode(before)
+        self.state = restore(before)
         self.state.rejected += 1
         return p.error_reply(error, op.id)
 
@@ -211,7 +162,7 @@ class Broker:
             if command in ("RECONNECT", "CONNECT"):
                 self._reconnect(txn, req)
             elif command == "STATUS":
-                body = self._status(txn, now_ns)
+                body = status_body(self.config, self.state, txn, now_ns)
             else:
                 raise p.BadRequest(f"Command: unknown command {req.command!r} (expected RECONNECT, CONNECT or STATUS)")
         return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
@@ -523,45 +474,6 @@ class Broker:
             return None
         frame = p.batch_frame(topic.name, sub, fragments)
         return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
-
-    # --- STATUS (PROTOCOL §4) -----------------------------------------------------------------
-
-    def _status(self, txn: Txn, now_ns: int) -> dict:
-        topics = {}
-        for tc in self.config.topics:
-            ts = self.state.topics[tc.name]
-            subs = {}
-            for name in tc.subscribers:
-                st = self.state.subs[tc.name][name]
-                subs[name] = {
-                    "Ready": st.ready[: tc.priorities],
-                    "InFlight": st.inflight,
-                    "OldestReadyAge": self._oldest_ready_age(txn, tc, name, now_ns),
-                    "Delivered": st.delivered,
-                    "Acked": st.acked,
-                    "Redelivered": st.redelivered,
-                    "Expired": st.expired,
-                    "IgnoredAcks": st.ignored_acks,
-                }
-            topics[tc.name] = {
-                "Stored": ts.stored,
-                "Published": ts.published,
-                "Replaced": ts.replaced,
-                "Expired": ts.expired,
-                "Subscribers": subs,
-            }
-        return {"Topics": topics, "Rejected": self.state.rejected, "Commits": self.state.commits}
-
-    def _oldest_ready_age(self, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:
-        t, s = self.state.topic_ids[tc.name], self.state.sub_ids[sub]
-        oldest = None
-        for prio in range(tc.priorities):
-            entry = txn.first_ready(t, s, prio)
-            body = txn.get_body(t, entry.msg) if entry else None
-            if body is not None and (oldest is None or body.publish_ns < oldest):
-                oldest = body.publish_ns
-        return None if oldest is None else round(max(0, now_ns - oldest) / NS, 3)
-
 
 def _body(key: bytes, prio: int, expires: int, payload: bytes, now_ns: int) -> Body:
     fragment = p.message_fragment(key.decode(), payload, prio, expires)

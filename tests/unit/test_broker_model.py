@@ -15,8 +15,15 @@ import tempfile
 from dataclasses import dataclass, field
 
 import msgspec
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from ppmq import protocol as p
 from ppmq.broker import NS, Broker, Returned, Written
@@ -109,7 +116,7 @@ class TopicModel:
                             self.counters[s].expired += 1
                     del self.msgs[ident]
         for s in self.config.subscribers:
-            for ident, (prio, pos, deadline, attempts) in list(self.inflight[s].items()):
+            for ident, (_prio, _pos, deadline, _attempts) in list(self.inflight[s].items()):
                 if deadline and deadline <= now_ns:
                     self.requeue(s, ident)
 

@@ -1,0 +1,110 @@
+"""The broker's persisted counters and sequences, and the STATUS view of them.
+
+`State` is small (topics x subscribers, never proportional to the backlog) and
+is written into the same transaction as the changes it counts, so it is exactly
+as durable as they are; a snapshot of it is how a failed request's counting is
+undone.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .config import Config, TopicConfig
+from .store import Txn
+
+NS = 1_000_000_000
+
+
+class TopicStats(msgspec.Struct):
+    seq: int = 0  # last message id / queue position handed out; never reused
+    stored: int = 0
+    published: int = 0
+    replaced: int = 0
+    expired: int = 0
+
+
+class SubStats(msgspec.Struct):
+    ready: list[int]  # per queue priority
+    inflight: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    expired: int = 0
+    ignored_acks: int = 0
+
+
+class State(msgspec.Struct):
+    """Everything the broker counts, and the ids it gave names in the store."""
+
+    rejected: int = 0  # requests answered with an error status
+    commits: int = 0  # write transactions; requests per commit shows group commit at work
+    topic_ids: dict[str, int] = {}
+    sub_ids: dict[str, int] = {}
+    topics: dict[str, TopicStats] = {}
+    subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
+
+    def register(self, config: Config) -> None:
+        """Give new topics and subscribers ids and counters; keep those of old ones."""
+        for tc in config.topics:
+            if tc.name not in self.topic_ids:
+                self.topic_ids[tc.name] = max(self.topic_ids.values(), default=0) + 1
+            self.topics.setdefault(tc.name, TopicStats())
+            subs = self.subs.setdefault(tc.name, {})
+            for name in tc.subscribers:
+                stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
+                stats.ready += [0] * (tc.priorities - len(stats.ready))
+        for sc in config.subscribers:
+            if sc.name not in self.sub_ids:
+                self.sub_ids[sc.name] = max(self.sub_ids.values(), default=0) + 1
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(State)
+
+
+def snapshot(state: State) -> bytes:
+    return _encoder.encode(state)
+
+
+def restore(raw: bytes) -> State:
+    return _decoder.decode(raw)
+
+
+def status_body(config: Config, state: State, txn: Txn, now_ns: int) -> dict:
+    """The `Body` of a STATUS reply (PROTOCOL §4)."""
+    topics = {}
+    for tc in config.topics:
+        ts = state.topics[tc.name]
+        subs = {}
+        for name in tc.subscribers:
+            st = state.subs[tc.name][name]
+            subs[name] = {
+                "Ready": st.ready[: tc.priorities],
+                "InFlight": st.inflight,
+                "OldestReadyAge": _oldest_ready_age(state, txn, tc, name, now_ns),
+                "Delivered": st.delivered,
+                "Acked": st.acked,
+                "Redelivered": st.redelivered,
+                "Expired": st.expired,
+                "IgnoredAcks": st.ignored_acks,
+            }
+        topics[tc.name] = {
+            "Stored": ts.stored,
+            "Published": ts.published,
+            "Replaced": ts.replaced,
+            "Expired": ts.expired,
+            "Subscribers": subs,
+        }
+    return {"Topics": topics, "Rejected": state.rejected, "Commits": state.commits}
+
+
+def _oldest_ready_age(state: State, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:
+    t, s = state.topic_ids[tc.name], state.sub_ids[sub]
+    oldest = None
+    for prio in range(tc.priorities):
+        entry = txn.first_ready(t, s, prio)
+        body = txn.get_body(t, entry.msg) if entry else None
+        if body is not None and (oldest is None or body.publish_ns < oldest):
+            oldest = body.publish_ns
+    return None if oldest is None else round(max(0, now_ns - oldest) / NS, 3)
