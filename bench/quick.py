@@ -90,11 +90,18 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def payload(i: int, size: int) -> str:
     return f"{i:08d}" + "x" * (size - 8)
 
 
-def fanout(n: int, sync: bool) -> float:
+def fanout(n: int, sync: bool) -> tuple[float, float]:
+    """Messages per second, and broker CPU seconds per 10,000 messages."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         tmp = Path(d)
         cfg = config(tmp, ["a", "b"], sync)
@@ -103,12 +110,13 @@ def fanout(n: int, sync: bool) -> float:
             assert s.stdout.readline().strip() == "ready"
         broker = start_broker(cfg)
         try:
+            batches = [[{"Payload": payload(i + j, 200), "Priority": (i + j) % 3} for j in range(100)] for i in range(0, n, 100)]
             with Client(str(tmp / "ppmq.sock")) as c:
-                start = time.time()
-                for i in range(0, n, 100):
-                    c.publish("bench", [{"Payload": payload(i + j, 200), "Priority": (i + j) % 3} for j in range(100)])
+                cpu0, start = cpu_s(broker.pid), time.time()
+                for batch in batches:
+                    c.publish("bench", batch)
             ends = [float(s.stdout.readline()) for s in subs]
-            return n / (max(ends) - start)
+            return n / (max(ends) - start), (cpu_s(broker.pid) - cpu0) / n * 10_000
         finally:
             broker.send_signal(signal.SIGTERM)
             broker.wait()
@@ -151,9 +159,10 @@ def main() -> None:
     args = ap.parse_args()
     results: dict[str, object] = {"machine": {"cores": os.cpu_count()}}
     for sync in (True, False):
-        rates = [fanout(args.messages, sync) for _ in range(args.runs)]
-        results[f"fanout_sync_{str(sync).lower()}"] = {"median_msgs_per_s": statistics.median(rates), "runs": rates}
-        print(f"fan-out to 2 subscribers, Sync {sync}: median {statistics.median(rates):,.0f} msg/s  runs {[round(r) for r in rates]}")
+        rates, cpus = zip(*(fanout(args.messages, sync) for _ in range(args.runs)))
+        rate, cpu = statistics.median(rates), statistics.median(cpus)
+        results[f"fanout_sync_{str(sync).lower()}"] = {"median_msgs_per_s": rate, "broker_cpu_s_per_10k": cpu, "runs": rates}
+        print(f"fan-out to 2 subscribers, Sync {sync}: median {rate:,.0f} msg/s, broker CPU {cpu:.2f} s per 10k  runs {[round(r) for r in rates]}")
     runs = [backlog(args.backlog) for _ in range(args.runs)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     results["backlog"] = med
