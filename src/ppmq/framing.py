@@ -2,13 +2,13 @@
 
 The fast path is newline-delimited JSON: a line that starts with `{`, ends with
 `}`, whose brackets balance and that has no `}{` seam is taken as one frame
-without parsing it. Anything
-else (pretty-printed objects spanning lines, several objects on one line, what
-Go's `json.Decoder` accepts) goes through a small scanner that follows strings and
-brackets to find where each value ends; such frames are put on one line with
-`msgspec.json.format`, so payloads from them arrive compacted. Garbage that is
-not an object is cut at the next newline and handed on as a frame of its own,
-so that the decoder rejects it and the stream resynchronises.
+without parsing it. Anything else (pretty-printed objects spanning lines,
+several objects on one line: what Go's `json.Decoder` accepts) goes through a
+small scanner that follows strings and brackets to find where each value ends;
+such frames are compacted with `msgspec.json.format` (whitespace between tokens
+removed, numbers and strings exactly as sent). Garbage that is not an object is
+cut at the next newline and handed on as a frame of its own, so that the
+decoder rejects it and the stream resynchronises.
 """
 
 from __future__ import annotations
@@ -204,6 +204,6 @@ def _one_line(frame: bytes) -> bytes:
     if b"\n" not in frame and b"\r" not in frame:
         return frame
     try:
-        return msgspec.json.format(frame, indent=0)
+        return msgspec.json.format(frame, indent=-1)
     except msgspec.DecodeError:
         return frame
