@@ -16,6 +16,8 @@ from . import daemon
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
+from .server import ListenError
+from .store import StoreError
 
 log = logging.getLogger("ppmq")
 STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
@@ -95,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         config.server_socket = args.socket
     try:
         asyncio.run(daemon.run(config))
-    except RuntimeError as exc:
+    except (StoreError, ListenError) as exc:
         raise Failure(str(exc)) from None
     return 0
 

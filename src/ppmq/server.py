@@ -28,6 +28,10 @@ READ_CHUNK = 1 << 16
 MAX_OUTSTANDING = 1000  # requests of one connection waiting for commit before it is paused
 
 
+class ListenError(Exception):
+    """ServerSocket cannot be listened on (a live broker holds it, or the OS says no)."""
+
+
 class ReplyChannel:
     """Replies of one connection; counts what is still waiting for a commit."""
 
@@ -140,8 +144,11 @@ class Server:
         self._count = 0
 
     async def start(self) -> None:
-        _claim_socket_path(self.path)
-        self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=1024)
+        try:
+            _claim_socket_path(self.path)
+            self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=1024)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         self._count += 1
@@ -181,6 +188,6 @@ def _claim_socket_path(path: str) -> None:
     except OSError:
         os.unlink(path)
     else:
-        raise RuntimeError(f"another process is already listening on {path}")
+        raise ListenError(f"another process is already listening on {path}")
     finally:
         probe.close()

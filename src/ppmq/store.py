@@ -88,7 +88,10 @@ class Store:
     def __init__(self, data_path: str, *, sync: bool, max_bytes: int) -> None:
         self._tmp = data_path == "mem"
         self.path = tempfile.mkdtemp(prefix="ppmq-mem-") if self._tmp else data_path
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
         self.max_bytes = max_bytes
         # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
         # and deliveries, which also need fresh pages in a copy-on-write tree, go on.

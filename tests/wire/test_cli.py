@@ -308,3 +308,29 @@ def test_a_client_command_exits_1_with_a_clear_message_when_no_broker_listens(br
     assert f"cannot connect to {b.socket}" in r.stderr
     assert "Traceback" not in r.stderr
     assert Path(b.socket).exists() == stale
+
+
+def test_serve_refuses_to_steal_the_socket_of_a_running_broker_and_exits_1(broker):
+    b = broker
+    proc = ppmq("serve", "-c", b.config_path)
+    assert proc.returncode == 1
+    assert f"another process is already listening on {b.socket}" in proc.stderr
+    assert b.status()["Topics"]  # the first one still serves
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("DataPath", "{tmp}/a-file", "cannot create DataPath {tmp}/a-file"),
+        ("ServerSocket", "{tmp}/a-file/s.sock", "cannot listen on {tmp}/a-file/s.sock"),
+    ],
+)
+def test_serve_exits_1_with_a_clear_message_when_it_cannot_open_its_store_or_socket(short_tmp, key, value, message):
+    (short_tmp / "a-file").write_text("")
+    config = {"ServerSocket": f"{short_tmp}/s.sock", "DataPath": f"{short_tmp}/d", key: value.format(tmp=short_tmp)}
+    path = short_tmp / "c.yaml"
+    path.write_text(json.dumps(config))
+    proc = ppmq("serve", "-c", path)
+    assert proc.returncode == 1
+    assert message.format(tmp=short_tmp) in proc.stderr
+    assert "Traceback" not in proc.stderr
