@@ -325,16 +325,15 @@ class Broker:
             self._delete_message(txn, topic, t, m)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
-        body = txn.get_body(t, m)
-        if body is None:
-            return
-        tc = self.topics.get(topic)
-        if body.expires_ns and tc is not None and tc.expire:
-            txn.remove_expiry(body.expires_ns, t, m)
-        if tc is not None and tc.dedupe:
-            txn.delete_dedupe(t, body.key)
-        txn.delete_body(t, m)
-        self.state.topics[topic].stored -= 1
+        tc = self.topics[topic]
+        if tc.expire or tc.dedupe:  # only then is there an index entry to remove
+            body = txn.get_body(t, m)
+            if body is not None and body.expires_ns and tc.expire:
+                txn.remove_expiry(body.expires_ns, t, m)
+            if body is not None and tc.dedupe:
+                txn.delete_dedupe(t, body.key)
+        if txn.delete_body(t, m):
+            self.state.topics[topic].stored -= 1
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 

@@ -204,8 +204,8 @@ class Txn:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
         self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
 
-    def delete_body(self, t: int, m: int) -> None:
-        self.txn.delete(_TM.pack(t, m), db=self._bodies)
+    def delete_body(self, t: int, m: int) -> bool:
+        return self.txn.delete(_TM.pack(t, m), db=self._bodies)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
