@@ -305,5 +305,5 @@ class BrokerMachine(RuleBasedStateMachine):
                 assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored), (name, s)
 
 
-BrokerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+BrokerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
 test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase
