@@ -53,7 +53,18 @@ class Invalid(NamedTuple):
 Op = p.Request | Returned | Written | Invalid
 
 
+class Prepared(NamedTuple):
+    """A validated message of a publish, ready to be stored."""
+
+    key: bytes | None  # the client's, on dedupe topics; None: the broker assigns one
+    prio: int
+    expires_ns: int  # 0: never
+    payload: bytes  # raw JSON, exactly as received
+
+
 class Delivery(NamedTuple):
+    """A committed batch for one subscriber's connection."""
+
     subscriber: str
     topic: str
     msgs: list[int]
@@ -62,6 +73,8 @@ class Delivery(NamedTuple):
 
 
 class Step(NamedTuple):
+    """What one transaction produced."""
+
     replies: list[p.Reply | None]  # one per op; None for internal ops
     deliveries: list[Delivery]
     next_tick_ns: int
@@ -186,8 +199,8 @@ class Broker:
 
     # --- publish (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry) -----------------------------
 
-    def _validate(self, topic: TopicConfig, messages: list[p.Message], now_ns: int) -> list[tuple[bytes | None, int, int, bytes]]:
-        """Check every message before anything is written: (key, prio, expires_ns, payload)."""
+    def _validate(self, topic: TopicConfig, messages: list[p.Message], now_ns: int) -> list[Prepared]:
+        """Check every message before anything is written, so a publish is all or nothing."""
         out = []
         limit = self.config.max_message_bytes
         for i, m in enumerate(messages):
@@ -204,7 +217,7 @@ class Broker:
                 key = m.key.encode()
                 if len(key) > MAX_KEY_BYTES:
                     raise p.BadRequest(f"{where}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
-            out.append((key, m.priority, self._expires(m, where, now_ns), payload))
+            out.append(Prepared(key, m.priority, self._expires(m, where, now_ns), payload))
         return out
 
     @staticmethod
@@ -221,40 +234,44 @@ class Broker:
             raise p.BadRequest(f"{where}.TTL: {m.ttl_s} must be a positive number of seconds")
         return now_ns + int(m.ttl_s * NS)
 
-    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list, now_ns: int) -> None:
+    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
         stats = self.state.topics[topic.name]
         t = self.state.topic_ids[topic.name]
-        for key, prio, expires, payload in prepared:
+        for msg in prepared:
             stats.published += 1
             if not topic.subscribers:
                 continue  # nobody to deliver to, like a fanout exchange without queues
-            old = txn.get_dedupe(t, key) if key is not None else None
+            old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
             if old is None:
-                self._store_new(txn, topic, t, key, prio, expires, payload, now_ns)
+                self._store_new(txn, topic, t, msg, now_ns)
             else:
-                self._replace(txn, topic, t, old, key, prio, expires, payload, now_ns)
+                self._replace(txn, topic, t, old, msg, now_ns)
 
-    def _store_new(self, txn, topic, t, key, prio, expires, payload, now_ns) -> None:
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, msg: Prepared, now_ns: int) -> None:
         stats = self.state.topics[topic.name]
         stats.seq += 1
         m = stats.seq
         stats.stored += 1
-        if key is None:
-            key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
+        if msg.key is None:
+            msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
         else:
-            txn.put_dedupe(t, key, m)
-        txn.put_body(t, m, _body(key, prio, expires, payload, now_ns))
-        if expires and topic.expire:
-            txn.add_expiry(expires, t, m)
+            txn.put_dedupe(t, msg.key, m)
+        self._put_body(txn, topic, t, m, msg, now_ns)
         holders = {}
         for name in topic.subscribers:
             s = self.state.sub_ids[name]
-            txn.push_ready(t, s, prio, m, m, 0)
-            self.state.subs[topic.name][name].ready[prio] += 1
-            holders[s] = (prio, m)
+            txn.push_ready(t, s, msg.prio, m, m, 0)
+            self.state.subs[topic.name][name].ready[msg.prio] += 1
+            holders[s] = (msg.prio, m)
         txn.put_holders(t, m, holders)
 
-    def _replace(self, txn, topic, t, m, key, prio, expires, payload, now_ns) -> None:
+    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
+        fragment = p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)
+        txn.put_body(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
+        if msg.expires_ns and topic.expire:
+            txn.add_expiry(msg.expires_ns, t, m)
+
+    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
         unless it gains priority; in flight or acked ones queue again at the end."""
         stats = self.state.topics[topic.name]
@@ -263,6 +280,7 @@ class Broker:
         if old is not None and old.expires_ns and topic.expire:
             txn.remove_expiry(old.expires_ns, t, m)
         holders = txn.get_holders(t, m)
+        prio = msg.prio
         new_pos = None
         for name in topic.subscribers:
             s = self.state.sub_ids[name]
@@ -285,9 +303,7 @@ class Broker:
             sub.ready[prio] += 1
             holders[s] = (prio, new_pos)
         txn.put_holders(t, m, holders)
-        txn.put_body(t, m, _body(key, prio, expires, payload, now_ns))
-        if expires and topic.expire:
-            txn.add_expiry(expires, t, m)
+        self._put_body(txn, topic, t, m, msg, now_ns)
 
     # --- acks, completion -----------------------------------------------------------------
 
@@ -296,7 +312,8 @@ class Broker:
         msgs = []
         for key in keys:
             if topic.dedupe:
-                m = txn.get_dedupe(t, key.encode()) if len(key) <= MAX_KEY_BYTES else None
+                encoded = key.encode()
+                m = txn.get_dedupe(t, encoded) if len(encoded) <= MAX_KEY_BYTES else None
             else:
                 m = int(key) if key.isascii() and key.isdigit() and len(key) < 20 else None
             msgs.append(m)
@@ -473,7 +490,3 @@ class Broker:
             return None
         frame = p.batch_frame(topic.name, sub, fragments)
         return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
-
-def _body(key: bytes, prio: int, expires: int, payload: bytes, now_ns: int) -> Body:
-    fragment = p.message_fragment(key.decode(), payload, prio, expires)
-    return Body(prio, now_ns, expires, key, fragment)
