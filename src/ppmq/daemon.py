@@ -50,7 +50,7 @@ async def run(config: Config, stop: asyncio.Event | None = None) -> None:
         await asyncio.gather(*linking, return_exceptions=True)
         writer.stop()
         await writing
-        await server.wait_closed(STOP_GRACE_S)
+        await server.close_connections(STOP_GRACE_S)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -16,7 +16,7 @@ import random
 
 from .broker import Delivery, Returned, Written
 from .config import SubscriberConfig
-from .server import serve_requests
+from .server import ReplyChannel, serve_requests
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,8 @@ class SubscriberLink:
 
     async def _serve(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         """Push batches until the subscriber closes; acks it sends back are served too."""
-        peer = f"subscriber {self.name}"
-        acks = asyncio.create_task(serve_requests(reader, out, self.writer, self.max_frame_bytes, peer))
+        channel = ReplyChannel(out, f"subscriber {self.name}")
+        acks = asyncio.create_task(serve_requests(reader, channel, self.writer, self.max_frame_bytes))
         self.connected = True
         self.writer.open(self.name, self)
         batch: asyncio.Task | None = None

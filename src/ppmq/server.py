@@ -89,15 +89,14 @@ class ReplyChannel:
 
 async def serve_requests(
     reader: asyncio.StreamReader,
-    out: asyncio.StreamWriter,
+    channel: ReplyChannel,
     writer: Writer,
     max_frame_bytes: int,
-    peer: str,
     stopping: asyncio.Event | None = None,
 ) -> None:
     """Read frames until EOF; each becomes an op for the writer, replied to in order."""
     framer = Framer(max_frame_bytes)
-    channel = ReplyChannel(out, peer)
+    peer = channel.peer
     try:
         while True:
             data = await reader.read(READ_CHUNK)
@@ -106,8 +105,10 @@ async def serve_requests(
             frames = framer.feed(data)
             if stopping is not None and stopping.is_set():
                 await channel.settled()
-                for _ in frames:
-                    channel.send(p.error_reply(p.ShuttingDown("shutting down")))
+                for frame in frames:
+                    request_id = p.find_request_id(frame)
+                    if request_id is not UNSET:
+                        channel.send(p.error_reply(p.ShuttingDown("shutting down"), request_id))
                 return
             for frame in frames:
                 try:
@@ -128,7 +129,7 @@ async def serve_requests(
     except (ConnectionError, OSError) as exc:
         log.debug("%s: connection error: %s", peer, exc)
     finally:
-        out.close()
+        channel.out.close()
 
 
 class Server:
@@ -140,7 +141,7 @@ class Server:
         self.max_frame_bytes = max_frame_bytes
         self.stopping = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
 
     async def start(self) -> None:
@@ -153,11 +154,11 @@ class Server:
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         self._count += 1
         task = asyncio.current_task()
-        self._tasks.add(task)
+        channel = self._channels[task] = ReplyChannel(out, f"client#{self._count}")
         try:
-            await serve_requests(reader, out, self.writer, self.max_frame_bytes, f"client#{self._count}", self.stopping)
+            await serve_requests(reader, channel, self.writer, self.max_frame_bytes, self.stopping)
         finally:
-            self._tasks.discard(task)
+            del self._channels[task]
 
     async def stop(self) -> None:
         """Stop accepting; connections answer 503 to anything new and close."""
@@ -169,12 +170,19 @@ class Server:
         except FileNotFoundError:
             pass
 
-    async def wait_closed(self, timeout_s: float) -> None:
-        """Give open connections a moment to receive their last replies, then cut them."""
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
-            for task in pending:
-                task.cancel()
+    async def close_connections(self, timeout_s: float) -> None:
+        """Once the writer is done: let every connection take its last replies
+        (for at most timeout_s), then close them all."""
+        channels = dict(self._channels)
+        if not channels:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.settled() for c in channels.values())), timeout_s)
+        except TimeoutError:
+            log.warning("closing connections with replies still unsent")
+        for task in channels:
+            task.cancel()
+        await asyncio.gather(*channels, return_exceptions=True)
 
 
 def _claim_socket_path(path: str) -> None:
