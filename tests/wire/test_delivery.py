@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+
 from ..conftest import wait_for
 
 
@@ -189,8 +193,6 @@ def test_a_subscriber_that_comes_late_gets_everything_and_one_that_leaves_keeps_
 
 
 def test_requests_that_arrive_during_a_commit_share_the_next_one(broker_factory):
-    import threading
-
     # Given 16 producers publishing at once, each waiting for its confirmation
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
     before = b.status()["Commits"]
@@ -210,3 +212,28 @@ def test_requests_that_arrive_during_a_commit_share_the_next_one(broker_factory)
     assert status["Topics"]["t"]["Stored"] == 400
     commits = status["Commits"] - before
     assert commits < 400 / 2, f"{commits} commits for 400 requests"
+
+
+def test_a_batch_cut_off_by_the_subscriber_goes_back_to_ready_and_is_not_counted_delivered(broker_factory):
+    # Given a batch far larger than a socket buffer, and a subscriber that reads a little and hangs up
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "BatchSize": 40}])
+    with b.client() as c:
+        c.publish("t", [{"Payload": "x" * 200_000} for _ in range(40)])
+    path = b.sub_socket("s")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as rude:
+        rude.bind(path)
+        rude.listen(1)
+        conn, _ = rude.accept()
+        conn.recv(1024)
+        conn.close()
+    os.unlink(path)
+    # Then the batch is back in ready, not counted as delivered
+    wait_for(lambda: b.sub_status("t", "s")["Ready"] == [40], what="the cut-off batch back in ready")
+    assert b.sub_status("t", "s")["Delivered"] == 0
+    # And a subscriber that reads gets all of it, as first deliveries
+    sub = broker_factory.subscriber(b, "s")
+    sub.wait_messages(40)
+    wait_for(lambda: b.sub_status("t", "s")["Acked"] == 40, what="the acks")
+    s = b.sub_status("t", "s")
+    assert (s["Delivered"], s["Redelivered"]) == (40, 0)
