@@ -335,10 +335,7 @@ class Broker:
 
     def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
         """Subscriber s is done with m; the last one out deletes the message."""
-        holders = txn.get_holders(t, m)
-        holders.pop(s, None)
-        txn.put_holders(t, m, holders)
-        if not holders:
+        if txn.release_holder(t, m, s):
             self._delete_message(txn, topic, t, m)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:

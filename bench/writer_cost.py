@@ -1,0 +1,71 @@
+"""The writer thread's cost per message, without sockets: Broker.step in-process.
+
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync]
+
+Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
+0-2, two subscribers with a window of 1000 that ack every batch) straight into
+the broker's state machine on a real LMDB store, and prints the thread CPU time
+per message of each phase. The writer thread is where the broker serialises, so
+this bounds the broker's throughput; it is far steadier than an end-to-end run
+on a shared machine, which makes it the figure to compare code changes with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import msgspec
+
+from ppmq import protocol as p
+from ppmq.broker import Broker
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.store import Store
+
+SUBS = ["a", "b"]
+
+
+def run(n: int, sync: bool) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
+        config = Config(
+            server_socket=f"{d}/s.sock", data_path=d, sync=sync,
+            subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=1000) for s in SUBS],
+            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3)],
+        )
+        store = Store(d, sync=sync, max_bytes=1 << 30)
+        broker = Broker(config, store, time.time_ns())
+        cost = {"publish": 0.0, "deliver": 0.0, "ack": 0.0}
+        payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
+        for i in range(0, n, 100):
+            messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)]
+            start = time.thread_time()
+            broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(), time.time_ns())
+            cost["publish"] += time.thread_time() - start
+            start = time.thread_time()
+            step = broker.step([], set(SUBS), time.time_ns())
+            cost["deliver"] += time.thread_time() - start
+            acks = [
+                p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
+                for d in step.deliveries
+            ]
+            start = time.thread_time()
+            broker.step(acks, set(), time.time_ns())
+            cost["ack"] += time.thread_time() - start
+        store.close()
+    return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
+    args = ap.parse_args()
+    us = run(args.messages, args.sync)
+    total = sum(us.values())
+    print("writer CPU per message: " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()) + f"; total {total:.1f} us")
+    print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
+
+
+if __name__ == "__main__":
+    main()
