@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test install clean
+.PHONY: serve test bench install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ serve: $(STAMP)
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## bench: quick figures for ppmq alone (not part of the tests)
+bench: $(STAMP)
+	$(BIN)/python bench/quick.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
