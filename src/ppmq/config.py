@@ -65,12 +65,6 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
     retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
 
-    def subscriber(self, name: str) -> SubscriberConfig | None:
-        return next((s for s in self.subscribers if s.name == name), None)
-
-    def topic(self, name: str) -> TopicConfig | None:
-        return next((t for t in self.topics if t.name == name), None)
-
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
 

@@ -33,7 +33,6 @@ class SubscriberLink:
         self.writer = writer
         self.retry_max_s = retry_max_s
         self.max_frame_bytes = max_frame_bytes
-        self.connected = False
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
 
     def push(self, delivery: Delivery) -> None:
@@ -66,7 +65,6 @@ class SubscriberLink:
         """Push batches until the subscriber closes; acks it sends back are served too."""
         channel = ReplyChannel(out, f"subscriber {self.name}")
         acks = asyncio.create_task(serve_requests(reader, channel, self.writer, self.max_frame_bytes))
-        self.connected = True
         self.writer.open(self.name, self)
         batch: asyncio.Task | None = None
         try:
@@ -82,7 +80,6 @@ class SubscriberLink:
         finally:
             if batch is not None and not batch.done():
                 batch.cancel()
-            self.connected = False
             self.writer.close(self.name)
             self._return_queued()
             acks.cancel()

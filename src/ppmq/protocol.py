@@ -32,10 +32,6 @@ class BadRequest(RequestError):
     status = 400
 
 
-class Forbidden(RequestError):
-    status = 403
-
-
 class NotFound(RequestError):
     status = 404
 
@@ -80,7 +76,6 @@ class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
 
 WRAPPER_KEYS = {f.lower(): f for f in ("Topic", "Subscriber", "Messages", "Acks", "Command", "Id")}
 MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority")}
-COMMANDS = ("RECONNECT", "CONNECT", "STATUS")
 
 _request_decoder = msgspec.json.Decoder(Request)
 _loose_object = msgspec.json.Decoder(dict[str, Raw])

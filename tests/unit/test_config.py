@@ -80,9 +80,9 @@ def errors_of(text: str) -> list[str]:
 def test_the_example_config_loads():
     config = load_config(EXAMPLE)
     assert [s.name for s in config.subscribers] == ["printer", "archiver"]
-    filescan = config.topic("filescan")
+    filescan = next(t for t in config.topics if t.name == "filescan")
     assert (filescan.ack_retry, filescan.dedupe, filescan.priorities, filescan.expire) == (300.0, True, 2, True)
-    assert config.window(config.subscriber("printer")) == 200
+    assert config.window(next(s for s in config.subscribers if s.name == "printer")) == 200
     assert config.max_store_bytes == 2**30
 
 
@@ -121,7 +121,7 @@ def test_keys_left_out_take_their_documented_defaults():
 @pytest.mark.parametrize(("sub", "window"), [("    BatchSize: 100", 100), ("    BatchSize: 100\n    Window: 7", 7), ("    Window: 300", 300)])
 def test_the_window_defaults_to_the_batch_size(sub, window):
     config = parse_config(config_text(sub=sub), FILE)
-    assert config.window(config.subscriber("a")) == window
+    assert config.window(next(s for s in config.subscribers if s.name == "a")) == window
 
 
 def test_extension_keys_are_read_with_their_units():
@@ -129,12 +129,13 @@ def test_extension_keys_are_read_with_their_units():
     config = parse_config(config_text(top=top, topic="    AckRetry: 1h30m\n    AckRequired: false"), FILE)
     assert (config.sync, config.max_frame_bytes, config.max_message_bytes, config.max_store_bytes) == (False, MiB, 4096, 4 * 10**9)
     assert config.retry_max == 0.25
-    assert (config.topic("t").ack_retry, config.topic("t").ack_required) == (5400.0, False)
+    (topic,) = config.topics
+    assert (topic.ack_retry, topic.ack_required) == (5400.0, False)
 
 
 @pytest.mark.parametrize("priorities", [1, 256])
 def test_priorities_at_the_ends_of_the_range_are_accepted(priorities):
-    assert parse_config(config_text(topic=f"    Priorities: {priorities}"), FILE).topic("t").priorities == priorities
+    assert parse_config(config_text(topic=f"    Priorities: {priorities}"), FILE).topics[0].priorities == priorities
 
 
 # --- durations and sizes ----------------------------------------------------------------------
@@ -219,7 +220,7 @@ def test_a_server_socket_path_over_107_bytes_is_an_error():
 
 def test_a_socket_path_of_107_bytes_is_accepted():
     path = "/" + "s" * 106
-    assert parse_config(config_text().replace("/run/ppmq/a.sock", path), FILE).subscriber("a").socket == path
+    assert parse_config(config_text().replace("/run/ppmq/a.sock", path), FILE).subscribers[0].socket == path
 
 
 def test_every_problem_found_after_decoding_is_reported_at_once():

@@ -12,7 +12,6 @@ from msgspec import UNSET, Raw
 
 from ppmq.protocol import (
     BadRequest,
-    Forbidden,
     NotFound,
     Reply,
     RequestError,
@@ -400,7 +399,7 @@ def test_a_reply_echoes_the_id_byte_for_byte(id_):
 
 @pytest.mark.parametrize(
     ("error", "status"),
-    [(BadRequest, 400), (Forbidden, 403), (NotFound, 404), (TooLarge, 413), (ShuttingDown, 503), (StoreFull, 507), (RequestError, 500)],
+    [(BadRequest, 400), (NotFound, 404), (TooLarge, 413), (ShuttingDown, 503), (StoreFull, 507), (RequestError, 500)],
 )
 def test_each_error_class_replies_with_its_status(error, status):
     assert msgspec.json.decode(encode_reply(error_reply(error("why"))))["Status"] == status
