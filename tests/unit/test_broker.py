@@ -1,0 +1,37 @@
+"""Broker behaviour that the reference model does not reach: damaged stores."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ppmq import protocol as p
+from ppmq.broker import Broker
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.state import NS
+from ppmq.store import Store
+
+NOW = 1_800_000_000 * NS
+
+
+def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_path):
+    # Given a message queued for s, whose queue entry has been lost behind the broker's back
+    config = Config(
+        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s")],
+        topics=[TopicConfig(name="t", subscribers=["s"])],
+    )
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    msg = p.Message(payload=msgspec.Raw(b"1"))
+    broker.step([p.Request(topic="t", messages=[msg], id=msgspec.Raw(b"1"))], set(), NOW)
+    t, s = broker.state.topic_ids["t"], broker.state.sub_ids["s"]
+    with store.write() as txn:
+        assert txn.remove_ready(t, s, 0, 1)  # priority 0, first position
+    assert broker.wants_step({"s"}, NOW)
+    # When s can take a batch
+    step = broker.step([], {"s"}, NOW)
+    # Then nothing is pushed, the counter follows the queue, and no further step is wanted
+    assert step.deliveries == []
+    assert broker.state.subs["t"]["s"].ready == [0]
+    assert not broker.wants_step({"s"}, NOW)
+    store.close()
