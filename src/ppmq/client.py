@@ -28,7 +28,8 @@ class ClientError(Exception):
     """The broker answered with an error status, or could not be reached."""
 
     def __init__(self, status: int, error: str) -> None:
-        super().__init__(f"{status}: {error}")
+        """`status` is the broker's, or 0 when the broker could not be asked."""
+        super().__init__(f"{status}: {error}" if status else error)
         self.status = status
         self.error = error
 
