@@ -185,24 +185,25 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED")
+
+
 def _status_table(body: dict[str, Any]) -> str:
-    head = ("TOPIC", "SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIV", "EXPIRED")
-    rows = [head]
-    for topic, t in body["Topics"].items():
-        rows.append((topic, f"stored {t['Stored']} published {t['Published']} replaced {t['Replaced']} expired {t['Expired']}"))
-        for name, s in t["Subscribers"].items():
-            age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
-            ready = "/".join(map(str, s["Ready"]))
-            rows.append(("", name, ready, s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"]))
-    widths = [max(len(str(r[i])) for r in rows if len(r) > i and len(r) == len(head)) for i in range(len(head))]
+    """One line per topic with its totals, then its subscribers in aligned columns."""
+    rows = {topic: [_SUB_COLUMNS] + [_sub_row(name, s) for name, s in t["Subscribers"].items()] for topic, t in body["Topics"].items()}
+    widths = [max(len(r[i]) for table in rows.values() for r in table) for i in range(len(_SUB_COLUMNS))]
     lines = []
-    for r in rows:
-        if len(r) == len(head):
-            lines.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
-        else:
-            lines.append(f"{r[0]}: {r[1]}")
-    lines.append(f"rejected requests: {body.get('Rejected', 0)}")
+    for topic, t in body["Topics"].items():
+        lines.append(f"{topic}: stored {t['Stored']}, published {t['Published']}, replaced {t['Replaced']}, expired {t['Expired']}")
+        lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows[topic]]
+    lines.append(f"rejected requests: {body.get('Rejected', 0)}, commits: {body.get('Commits', 0)}")
     return "\n".join(lines)
+
+
+def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
+    age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
+    ready = "/".join(map(str, s["Ready"]))
+    return tuple(map(str, (name, ready, s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"])))
 
 
 def _listen(args: argparse.Namespace) -> int:
