@@ -91,10 +91,22 @@ class Broker:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
             self.state.register(config)
+            self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
+            self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
+            self._requeue_unconfirmed(txn)
             self._save(txn)
-        self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
-        self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
         self._next_tick_ns = now_ns
+
+    def _requeue_unconfirmed(self, txn: Txn) -> None:
+        """On an `AckRequired: false` topic nothing will ever ack what a previous run
+        pushed without seeing the write finish: deliver it again (at least once)."""
+        for tc in self.config.topics:
+            if not tc.ack_required:
+                t = self.state.topic_ids[tc.name]
+                for name in tc.subscribers:
+                    s = self.state.sub_ids[name]
+                    for m, _ in txn.inflight_of(t, s):
+                        self._requeue(txn, t, s, m)
 
     def _save(self, txn: Txn) -> None:
         txn.put_meta(b"state", snapshot(self.state))

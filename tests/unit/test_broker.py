@@ -35,3 +35,27 @@ def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_p
     assert broker.state.subs["t"]["s"].ready == [0]
     assert not broker.wants_step({"s"}, NOW)
     store.close()
+
+
+def test_a_batch_pushed_on_an_ack_required_false_topic_but_never_confirmed_is_pushed_again_after_a_restart(tmp_path):
+    # Given a batch handed to the subscriber's connection, and the broker gone before the write was confirmed
+    config = Config(
+        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s")],
+        topics=[TopicConfig(name="t", subscribers=["s"], ack_required=False)],
+    )
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    messages = [p.Message(payload=msgspec.Raw(b"%d" % i)) for i in range(3)]
+    broker.step([p.Request(topic="t", messages=messages)], set(), NOW)
+    (first,) = broker.step([], {"s"}, NOW).deliveries
+    store.close()
+    # When it starts again on the same store
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    # Then the same messages are ready and pushed again, and count as redelivered
+    assert broker.state.subs["t"]["s"].ready == [3]
+    (again,) = broker.step([], {"s"}, NOW).deliveries
+    assert again.msgs == first.msgs
+    assert broker.state.subs["t"]["s"].redelivered == 3
+    store.close()

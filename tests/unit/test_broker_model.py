@@ -280,9 +280,16 @@ class BrokerMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
+        """What was pushed on an AckRequired: false topic, unconfirmed, comes back."""
         self.store.close()
         self._open()
         self.written = []
+        for tm in self.model.values():
+            if not tm.config.ack_required:
+                for s in tm.config.subscribers:
+                    for ident in list(tm.inflight[s]):
+                        tm.requeue(s, ident)
+        self.unconfirmed = []
 
     # --- invariants ---------------------------------------------------------------------
 
