@@ -10,7 +10,6 @@ loop keeps reading sockets while the disk works.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +17,6 @@ from typing import Protocol
 
 from . import protocol as p
 from .broker import Broker, Delivery, Op, Returned
-
-log = logging.getLogger(__name__)
 
 ReplySink = Callable[[p.Reply], None]
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
@@ -32,6 +29,9 @@ class Outlet(Protocol):
 
 
 class Writer:
+    """Runs the broker's steps on its own thread, one after another, each with
+    everything that was queued while the previous one committed."""
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._pending: list[tuple[Op, ReplySink | None]] = []
