@@ -159,9 +159,12 @@ class BrokerMachine(RuleBasedStateMachine):
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def step(self, ops: list, open_subs: set[str] = frozenset()) -> list:
-        """One broker step; the model ticks and fills the same way, and both must agree."""
+    def step(self, ops: list, open_subs: set[str] = frozenset(), apply=None) -> list:
+        """One broker step; the model applies the ops (`apply` gets the replies), ticks
+        and fills the same way, and both must agree."""
         result = self.broker.step(ops, set(open_subs), self.now)
+        if apply is not None:
+            apply(result.replies)
         for tm in self.model.values():
             tm.tick(self.now)
         expected = []
@@ -173,6 +176,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self._learn_keys(expected, got)
         assert [(s, t, [dict(m, Key=None) for m in ms]) for s, t, ms in got] == [(s, t, ms) for s, t, ms, _ in expected]
         self.written = [(d, order) for d, (*_, order) in zip(result.deliveries, expected)]
+        self.unconfirmed += [(d, order) for d, order in self.written if d.auto_ack]
         return result.replies
 
     def _expected_message(self, tm: TopicModel, ident: object) -> dict:
@@ -197,8 +201,10 @@ class BrokerMachine(RuleBasedStateMachine):
         topic=st.sampled_from(["plain", "dd", "auto"]),
         spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=6),
         bad_at=st.none() | st.integers(0, 5),
+        subs=st.sets(st.sampled_from(sorted(SUBS))),
     )
-    def publish(self, topic: str, spec: list, bad_at: int | None) -> None:
+    def publish(self, topic: str, spec: list, bad_at: int | None, subs: set[str]) -> None:
+        """A publish, in a step that may also push to open subscribers."""
         tm = self.model[topic]
         messages, idents = [], []
         for i, (prio, key, ttl) in enumerate(spec):
@@ -207,18 +213,21 @@ class BrokerMachine(RuleBasedStateMachine):
             messages.append(p.Message(payload=msgspec.Raw(b"%d" % payload), priority=prio, key=key, ttl_s=ttl))
             idents.append((key if tm.config.dedupe else payload, Msg(payload, prio, self.now + ttl * NS if ttl else 0)))
         req = p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"1"))
-        (reply,) = self.step([req])
-        if bad_at is not None and bad_at < len(spec):
-            assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
-            return
-        assert (reply.status, reply.accepted) == (200, len(spec))
-        for ident, msg in idents:
-            tm.publish(ident, msg)
+
+        def apply(replies: list) -> None:
+            (reply,) = replies
+            if bad_at is not None and bad_at < len(spec):
+                assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
+                return
+            assert (reply.status, reply.accepted) == (200, len(spec))
+            for ident, msg in idents:
+                tm.publish(ident, msg)
+
+        self.step([req], subs, apply)
 
     @rule(subs=st.sets(st.sampled_from(sorted(SUBS)), min_size=1))
     def deliver(self, subs: set[str]) -> None:
         self.step([], subs)
-        self.unconfirmed += [(d, order) for d, order in self.written if d.auto_ack]
 
     @precondition(lambda self: self.written)
     @rule(data=st.data())
