@@ -35,16 +35,14 @@ def run(n: int, sync: bool) -> dict[str, float]:
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
         broker = Broker(config, store, time.time_ns())
-        cost = {"publish": 0.0, "deliver": 0.0, "ack": 0.0}
+        cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
         for i in range(0, n, 100):
             messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)]
+            # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
-            broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(), time.time_ns())
-            cost["publish"] += time.thread_time() - start
-            start = time.thread_time()
-            step = broker.step([], set(SUBS), time.time_ns())
-            cost["deliver"] += time.thread_time() - start
+            step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
+            cost["publish and deliver"] += time.thread_time() - start
             acks = [
                 p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
                 for d in step.deliveries

@@ -62,6 +62,14 @@ class Prepared(NamedTuple):
     payload: bytes  # raw JSON, exactly as received
 
 
+class Fresh(NamedTuple):
+    """A message published in this step, for a subscriber that may take it at once."""
+
+    prio: int
+    m: int  # message id, and its queue position
+    fragment: bytes
+
+
 class Delivery(NamedTuple):
     """A committed batch for one subscriber's connection."""
 
@@ -96,6 +104,11 @@ class Broker:
             self._requeue_unconfirmed(txn)
             self._save(txn)
         self._next_tick_ns = now_ns
+        # Messages published in the current step for open subscribers with nothing
+        # older queued: if a batch takes them in the same step they skip the ready
+        # queue (no put, no walk, no re-read); what is left goes there at the end.
+        self._fresh: dict[tuple[str, str], list[Fresh]] = {}
+        self._open: set[str] = set()
 
     def _requeue_unconfirmed(self, txn: Txn) -> None:
         """On an `AckRequired: false` topic nothing will ever ack what a previous run
@@ -124,12 +137,14 @@ class Broker:
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
         before = snapshot(self.state)
+        self._open, self._fresh = open_subs, {}
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
                 if now_ns >= self._next_tick_ns:
                     self._tick(txn, now_ns)
                 deliveries = self._fill(txn, open_subs, now_ns)
+                self._queue_fresh(txn)
                 self.state.commits += 1
                 self._save(txn)
                 next_tick = self._next_tick(txn, now_ns)
@@ -154,6 +169,7 @@ class Broker:
             self.state.rejected += 1
             return p.error_reply(op.error, op.id)
         before = snapshot(self.state)
+        fresh_before = {key: len(fresh) for key, fresh in self._fresh.items()}
         try:
             with txn.savepoint():
                 return self._request(txn, op, now_ns)
@@ -165,6 +181,7 @@ class Broker:
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
         self.state = restore(before)
+        self._fresh = {key: fresh[: fresh_before[key]] for key, fresh in self._fresh.items() if fresh_before.get(key)}
         self.state.rejected += 1
         return p.error_reply(error, op.id)
 
@@ -187,6 +204,7 @@ class Broker:
             if command in ("RECONNECT", "CONNECT"):
                 self._reconnect(txn, req)
             elif command == "STATUS":
+                self._queue_fresh(txn)  # so that OldestReadyAge sees them
                 body = status_body(self.config, self.state, txn, now_ns)
             else:
                 raise p.BadRequest(f"Command: unknown command {req.command!r} (expected RECONNECT, CONNECT or STATUS)")
@@ -268,20 +286,29 @@ class Broker:
             msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
         else:
             txn.put_dedupe(t, msg.key, m)
-        self._put_body(txn, topic, t, m, msg, now_ns)
+        fragment = self._put_body(txn, topic, t, m, msg, now_ns)
+        # A dedupe replacement or an expiry in this step would look for it in the queue.
+        may_skip_queue = not topic.dedupe and not (topic.expire and 0 < msg.expires_ns <= now_ns)
         holders = {}
         for name in topic.subscribers:
             s = self.state.sub_ids[name]
-            txn.push_ready(t, s, msg.prio, m, m, 0)
-            self.state.subs[topic.name][name].ready[msg.prio] += 1
+            stats = self.state.subs[topic.name][name]
+            fresh = self._fresh.get((topic.name, name), [])
+            if may_skip_queue and name in self._open and sum(stats.ready) == len(fresh):
+                self._fresh[(topic.name, name)] = [*fresh, Fresh(msg.prio, m, fragment)]
+            else:
+                txn.push_ready(t, s, msg.prio, m, m, 0)
+            stats.ready[msg.prio] += 1
             holders[s] = (msg.prio, m)
         txn.put_holders(t, m, holders)
 
-    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
+    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> bytes:
+        """Store the message; return its JSON as delivered."""
         fragment = p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)
         txn.put_body(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
         if msg.expires_ns and topic.expire:
             txn.add_expiry(msg.expires_ns, t, m)
+        return fragment
 
     def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
@@ -470,6 +497,10 @@ class Broker:
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        fresh = self._fresh.pop((topic.name, sub), [])
+        if fresh and sum(stats.ready) == len(fresh):  # nothing older queued: straight into flight
+            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline)
+        self._queue(txn, t, s, fresh)
         msgs: list[int] = []
         fragments: list[bytes] = []
         expired: list[int] = []
@@ -503,3 +534,28 @@ class Broker:
             return None
         frame = p.batch_frame(topic.name, sub, fragments)
         return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
+
+    def _deliver_fresh(self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int) -> Delivery:
+        """`fresh` in queue order is sub's whole queue: take the head, queue the rest."""
+        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
+        stats = self.state.subs[topic.name][sub]
+        taken = fresh[:limit]
+        for f in taken:
+            txn.put_inflight(t, s, f.m, Flight(f.prio, f.m, deadline, 1))
+            stats.ready[f.prio] -= 1
+        stats.inflight += len(taken)
+        stats.delivered += len(taken)
+        self._queue(txn, t, s, fresh[limit:])
+        frame = p.batch_frame(topic.name, sub, [f.fragment for f in taken])
+        return Delivery(sub, topic.name, [f.m for f in taken], frame, auto_ack=not topic.ack_required)
+
+    def _queue_fresh(self, txn: Txn) -> None:
+        """Fresh messages no batch took join the ready queues."""
+        for (topic, sub), fresh in self._fresh.items():
+            self._queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], fresh)
+        self._fresh = {}
+
+    @staticmethod
+    def _queue(txn: Txn, t: int, s: int, fresh: list[Fresh]) -> None:
+        for f in fresh:
+            txn.push_ready(t, s, f.prio, f.m, f.m, 0)

@@ -59,3 +59,32 @@ def test_a_batch_pushed_on_an_ack_required_false_topic_but_never_confirmed_is_pu
     assert again.msgs == first.msgs
     assert broker.state.subs["t"]["s"].redelivered == 3
     store.close()
+
+
+def test_a_publish_that_fills_the_map_half_way_leaves_nothing_behind_even_for_an_open_subscriber(tmp_path):
+    # Given an empty store whose map (1 MiB plus its headroom) is smaller than one request
+    config = Config(
+        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=100, window=100)],
+        topics=[TopicConfig(name="t", subscribers=["s"])],
+    )
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 20)
+    broker = Broker(config, store, NOW)
+    big = msgspec.Raw(b'"' + b"x" * 1_000_000 + b'"')
+    request = p.Request(topic="t", messages=[p.Message(payload=big)] * 40, id=msgspec.Raw(b"1"))
+    # When it is published in a step where s could take a batch
+    step = broker.step([request], {"s"}, NOW)
+    # Then it is refused whole: nothing pushed, nothing queued, nothing counted
+    assert step.replies[0].status == 507
+    assert step.deliveries == []
+    assert broker.state.subs["t"]["s"].ready == [0]
+    assert broker.state.topics["t"].stored == 0
+    assert broker.step([], {"s"}, NOW).deliveries == []
+    with store.write() as txn:
+        t, s = broker.state.topic_ids["t"], broker.state.sub_ids["s"]
+        assert txn.first_ready(t, s, 0) is None
+    # And a publish that fits goes through and is pushed
+    small = p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"1"))], id=msgspec.Raw(b"2"))
+    step = broker.step([small], {"s"}, NOW)
+    assert step.replies[0].status == 200 and len(step.deliveries) == 1
+    store.close()
