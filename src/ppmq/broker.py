@@ -19,12 +19,12 @@ from . import protocol as p
 from .config import Config, TopicConfig
 from .state import NS, State, SubStats, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
+from .validate import MAX_KEY_BYTES, Prepared, prepare
 
 log = logging.getLogger(__name__)
 
 TICK_NS = NS  # expiry and redelivery run at least this often
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
-MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, the dedupe index adds 4
 
 
 class Returned(NamedTuple):
@@ -51,15 +51,6 @@ class Invalid(NamedTuple):
 
 
 Op = p.Request | Returned | Written | Invalid
-
-
-class Prepared(NamedTuple):
-    """A validated message of a publish, ready to be stored."""
-
-    key: bytes | None  # the client's, on dedupe topics; None: the broker assigns one
-    prio: int
-    expires_ns: int  # 0: never
-    payload: bytes  # raw JSON, exactly as received
 
 
 class Fresh(NamedTuple):
@@ -190,7 +181,7 @@ class Broker:
         accepted, body = 0, None
         if req.messages is not None:
             topic = self._topic_for(req, "Messages")
-            prepared = self._validate(topic, req.messages, now_ns)
+            prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
             if txn.used_bytes() >= self.store.max_bytes:
                 raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
             self._publish(txn, topic, prepared, now_ns)
@@ -228,41 +219,6 @@ class Broker:
         return name
 
     # --- publish (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry) -----------------------------
-
-    def _validate(self, topic: TopicConfig, messages: list[p.Message], now_ns: int) -> list[Prepared]:
-        """Check every message before anything is written, so a publish is all or nothing."""
-        out = []
-        limit = self.config.max_message_bytes
-        for i, m in enumerate(messages):
-            where = f"Messages[{i}]"
-            if not 0 <= m.priority < topic.priorities:
-                raise p.BadRequest(f"{where}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
-            payload = bytes(m.payload)
-            if len(payload) > limit:
-                raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({limit})")
-            key = None
-            if topic.dedupe:
-                if not m.key:
-                    raise p.BadRequest(f"{where}.Key: required on topic {topic.name!r}, which has Dedupe")
-                key = m.key.encode()
-                if len(key) > MAX_KEY_BYTES:
-                    raise p.BadRequest(f"{where}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
-            out.append(Prepared(key, m.priority, self._expires(m, where, now_ns), payload))
-        return out
-
-    @staticmethod
-    def _expires(m: p.Message, where: str, now_ns: int) -> int:
-        try:
-            expires = p.expires_ns(m.expires)
-        except ValueError as exc:
-            raise p.BadRequest(f"{where}.Expires: {exc}") from None
-        if m.ttl_s is None:
-            return expires
-        if expires:
-            raise p.BadRequest(f"{where}.TTL: give either Expires or TTL, not both")
-        if not 0 < m.ttl_s < 10**9:
-            raise p.BadRequest(f"{where}.TTL: {m.ttl_s} must be a positive number of seconds")
-        return now_ns + int(m.ttl_s * NS)
 
     def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
         stats = self.state.topics[topic.name]

@@ -1,0 +1,63 @@
+"""Checking a publish against its topic before anything is written (PROTOCOL §3 Validation).
+
+A publish is applied whole or not at all, so every message is checked first;
+the first problem becomes the reply, naming the message and the field.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import protocol as p
+from .config import TopicConfig
+from .state import NS
+
+MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, and the dedupe index adds 4
+
+
+class Prepared(NamedTuple):
+    """A validated message of a publish, ready to be stored."""
+
+    key: bytes | None  # the client's, on dedupe topics; None: the broker assigns one
+    prio: int
+    expires_ns: int  # 0: never
+    payload: bytes  # raw JSON, exactly as received
+
+
+def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: int, now_ns: int) -> list[Prepared]:
+    """Every message of a publish, checked; raises the RequestError of the first bad one."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"Messages[{i}]"
+        if not 0 <= m.priority < topic.priorities:
+            raise p.BadRequest(f"{where}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
+        payload = bytes(m.payload)
+        if len(payload) > max_message_bytes:
+            raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
+        out.append(Prepared(_key(topic, m, where), m.priority, _expires(m, where, now_ns), payload))
+    return out
+
+
+def _key(topic: TopicConfig, m: p.Message, where: str) -> bytes | None:
+    if not topic.dedupe:
+        return None
+    if not m.key:
+        raise p.BadRequest(f"{where}.Key: required on topic {topic.name!r}, which has Dedupe")
+    key = m.key.encode()
+    if len(key) > MAX_KEY_BYTES:
+        raise p.BadRequest(f"{where}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
+    return key
+
+
+def _expires(m: p.Message, where: str, now_ns: int) -> int:
+    try:
+        expires = p.expires_ns(m.expires)
+    except ValueError as exc:
+        raise p.BadRequest(f"{where}.Expires: {exc}") from None
+    if m.ttl_s is None:
+        return expires
+    if expires:
+        raise p.BadRequest(f"{where}.TTL: give either Expires or TTL, not both")
+    if not 0 < m.ttl_s < 10**9:
+        raise p.BadRequest(f"{where}.TTL: {m.ttl_s} must be a positive number of seconds")
+    return now_ns + int(m.ttl_s * NS)
