@@ -13,15 +13,20 @@ from ppmq.store import Store
 NOW = 1_800_000_000 * NS
 
 
+def open_broker(path, max_bytes: int = 1 << 24, **topic: object) -> tuple[Broker, Store]:
+    """A broker with topic `t` and its one subscriber `s`, on a real store at path."""
+    config = Config(
+        server_socket="/nonexistent", data_path=str(path), sync=False,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=100, window=100)],
+        topics=[TopicConfig(name="t", subscribers=["s"], **topic)],
+    )
+    store = Store(str(path), sync=False, max_bytes=max_bytes)
+    return Broker(config, store, NOW), store
+
+
 def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_path):
     # Given a message queued for s, whose queue entry has been lost behind the broker's back
-    config = Config(
-        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s")],
-        topics=[TopicConfig(name="t", subscribers=["s"])],
-    )
-    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
-    broker = Broker(config, store, NOW)
+    broker, store = open_broker(tmp_path)
     msg = p.Message(payload=msgspec.Raw(b"1"))
     broker.step([p.Request(topic="t", messages=[msg], id=msgspec.Raw(b"1"))], set(), NOW)
     t, s = broker.state.topic_ids["t"], broker.state.sub_ids["s"]
@@ -39,20 +44,13 @@ def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_p
 
 def test_a_batch_pushed_on_an_ack_required_false_topic_but_never_confirmed_is_pushed_again_after_a_restart(tmp_path):
     # Given a batch handed to the subscriber's connection, and the broker gone before the write was confirmed
-    config = Config(
-        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s")],
-        topics=[TopicConfig(name="t", subscribers=["s"], ack_required=False)],
-    )
-    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
-    broker = Broker(config, store, NOW)
+    broker, store = open_broker(tmp_path, ack_required=False)
     messages = [p.Message(payload=msgspec.Raw(b"%d" % i)) for i in range(3)]
     broker.step([p.Request(topic="t", messages=messages)], set(), NOW)
     (first,) = broker.step([], {"s"}, NOW).deliveries
     store.close()
     # When it starts again on the same store
-    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
-    broker = Broker(config, store, NOW)
+    broker, store = open_broker(tmp_path, ack_required=False)
     # Then the same messages are ready and pushed again, and count as redelivered
     assert broker.state.subs["t"]["s"].ready == [3]
     (again,) = broker.step([], {"s"}, NOW).deliveries
@@ -63,13 +61,7 @@ def test_a_batch_pushed_on_an_ack_required_false_topic_but_never_confirmed_is_pu
 
 def test_a_publish_that_fills_the_map_half_way_leaves_nothing_behind_even_for_an_open_subscriber(tmp_path):
     # Given an empty store whose map (1 MiB plus its headroom) is smaller than one request
-    config = Config(
-        server_socket="/nonexistent", data_path=str(tmp_path), sync=False,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=100, window=100)],
-        topics=[TopicConfig(name="t", subscribers=["s"])],
-    )
-    store = Store(str(tmp_path), sync=False, max_bytes=1 << 20)
-    broker = Broker(config, store, NOW)
+    broker, store = open_broker(tmp_path, max_bytes=1 << 20)
     big = msgspec.Raw(b'"' + b"x" * 1_000_000 + b'"')
     request = p.Request(topic="t", messages=[p.Message(payload=big)] * 40, id=msgspec.Raw(b"1"))
     # When it is published in a step where s could take a batch
