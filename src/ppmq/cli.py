@@ -207,7 +207,7 @@ def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _listen(args: argparse.Namespace) -> int:
-    """Bind SOCKET, accept the broker's connections, print batches; ack on the same connection."""
+    """Bind SOCKET, accept the broker's connections, print batches; Ctrl-C ends it (exit 0)."""
     if os.path.exists(args.path):
         os.unlink(args.path)
     os.makedirs(os.path.dirname(os.path.abspath(args.path)), exist_ok=True)
@@ -221,6 +221,8 @@ def _listen(args: argparse.Namespace) -> int:
             conn, _ = server.accept()
             with conn:
                 _listen_connection(conn, args.ack, via_server)
+    except KeyboardInterrupt:
+        return 0
     finally:
         server.close()
         os.unlink(args.path)
