@@ -249,9 +249,11 @@ class Broker:
         for name in topic.subscribers:
             s = self.state.sub_ids[name]
             stats = self.state.subs[topic.name][name]
-            fresh = self._fresh.get((topic.name, name), [])
-            if may_skip_queue and name in self._open and sum(stats.ready) == len(fresh):
-                self._fresh[(topic.name, name)] = [*fresh, Fresh(msg.prio, m, fragment)]
+            fresh = self._fresh.get((topic.name, name))
+            if may_skip_queue and name in self._open and sum(stats.ready) == (len(fresh) if fresh else 0):
+                if fresh is None:
+                    fresh = self._fresh[(topic.name, name)] = []
+                fresh.append(Fresh(msg.prio, m, fragment))
             else:
                 txn.push_ready(t, s, msg.prio, m, m, 0)
             stats.ready[msg.prio] += 1
