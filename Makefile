@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench install clean
+.PHONY: serve test bench bench-peers install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,13 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-## bench: quick figures for ppmq alone (not part of the tests)
+## bench-peers: install the peer brokers (apt) and the bench extra (clients, charts)
+bench-peers: $(STAMP)
+	bash bench/install-peers.sh
+
+## bench: ppmq side by side with its peers, every workload, 3 runs (not part of the tests)
 bench: $(STAMP)
-	$(BIN)/python bench/quick.py
+	$(BIN)/ppmq bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis

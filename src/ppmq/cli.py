@@ -28,7 +28,12 @@ class Failure(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # a program of its own, with its own options
+        from .bench.cli import main as bench
+
+        return bench(argv[1:])
+    args = _parse(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args) or 0
@@ -82,6 +87,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rec.add_argument("--topic", "-t")
     st = command("status", _status, "show the broker's counters")
     st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")
+    commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
     lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
     lis.add_argument("path", metavar="SOCKET")
     lis.add_argument("--ack", action="store_true", help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given")

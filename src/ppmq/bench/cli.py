@@ -1,0 +1,102 @@
+"""`ppmq bench`: choose workloads, systems and runs; print, save and chart the results."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from . import report, runner
+from .systems import NAMES, load
+from .workloads import scaled, workloads
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="ppmq bench",
+        description="Run named workloads against ppmq and peer brokers started on this host "
+        "(Redis Streams, beanstalkd, RabbitMQ, NATS JetStream; bench/install-peers.sh installs them).",
+    )
+    ap.add_argument("--workloads", "-w", default=",".join(workloads()), help="comma-separated: %(default)s")
+    ap.add_argument("--systems", "-s", default=",".join(NAMES), help="comma-separated: %(default)s")
+    ap.add_argument("--runs", "-n", type=int, default=3, help="runs per system and workload; figures are medians (default %(default)s)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every message count, e.g. 0.1 for a quick look")
+    ap.add_argument("--million", action="store_true", help="backlog of 1,000,000 messages instead of 200,000")
+    ap.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency workload (default %(default)s)")
+    ap.add_argument("--out", "-o", default="bench-results", help="directory for results.json and the charts (default %(default)s)")
+    ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    known = workloads(1_000_000 if args.million else 200_000, args.latency_seconds)
+    chosen = [known[n] for n in _names(args.workloads, known)]
+    systems = []
+    for name in _names(args.systems, NAMES):
+        module = load(name)
+        why = module.missing()
+        if why:
+            print(f"skipping {name}: {why}", flush=True)
+        else:
+            systems.append(module)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "ppmq bench " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "machine": _machine(),
+        "versions": {},
+        "workloads": {},
+    }
+    for w in chosen:
+        w = scaled(w, args.scale)
+        runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
+        for i in range(args.runs):  # systems interleaved, so each run's ratios share its moment
+            for m in systems:
+                print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
+                try:
+                    version, figures = runner.run(m, w)
+                except runner.RunError as exc:
+                    print(f"  failed: {exc}", flush=True)
+                    continue
+                results["versions"][m.NAME] = version if m.NAME != "ppmq" else "ppmq"
+                runs[m.NAME].append(figures)
+        summary = report.summarize({k: v for k, v in runs.items() if v})
+        results["workloads"][w.name] = {"workload": w._asdict(), "systems": summary}
+        print(report.table(w.name, summary, results["versions"]), flush=True)
+        if not args.no_charts and summary:
+            report.chart(out / f"{w.name}.png", w.name, summary)
+        report.write_json(out / "results.json", results)
+    print(f"results in {out / 'results.json'}" + ("" if args.no_charts else f", charts {out}/<workload>.png"))
+    return 0
+
+
+def _names(text: str, known) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"ppmq bench: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
+    return names
+
+
+def _machine() -> dict:
+    """What the figures depend on: cores, CPU model, the disk under the temp dir."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+    return {"cores": os.cpu_count(), "cpu": model, "load_avg": os.getloadavg(), "disk": _disk()}
+
+
+def _disk() -> str:
+    import tempfile
+
+    dev = os.stat(tempfile.gettempdir()).st_dev
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        major, minor = map(int, fields[2].split(":"))
+        if os.makedev(major, minor) == dev:
+            sep = fields.index("-")
+            return f"{fields[sep + 2]} ({fields[sep + 1]}) at {fields[4]}"
+    return "unknown"

@@ -1,0 +1,131 @@
+"""One run of one workload on one system: start it, drive the clients, measure."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from . import payload
+from .procs import Sampler, cpu_s, disk_bytes, memory, tree
+from .service import Running
+from .workloads import Workload
+
+MB = 1 << 20
+RUN_TIMEOUT_S = 1800.0  # a run that takes longer has lost messages or hung
+
+
+class RunError(Exception):
+    """A run did not finish: a client failed or messages never arrived."""
+
+
+class _Client:
+    """A worker process and its line protocol (ready, go, one JSON result)."""
+
+    def __init__(self, role: str, spec: dict) -> None:
+        self.role = role
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ppmq.bench.worker", role, json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+
+    def ready(self) -> None:
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            self.proc.kill()
+            raise RunError(f"{self.role} client failed to start (exit {self.proc.wait()})")
+
+    def go(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout_s: float) -> dict:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RunError(f"{self.role} client did not finish within {timeout_s:.0f}s") from None
+        if self.proc.returncode != 0 or not out.strip():
+            raise RunError(f"{self.role} client failed (exit {self.proc.returncode})")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run(system: ModuleType, w: Workload) -> tuple[str, dict[str, float]]:
+    """Start the system on a fresh temp dir, run the workload once; (version, figures)."""
+    with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
+        running = system.start(Path(d), w)
+        try:
+            return running.version, _measure(system.NAME, running, w)
+        finally:
+            running.service.stop()
+
+
+def _measure(name: str, running: Running, w: Workload) -> dict[str, float]:
+    spec = {"system": name, "address": running.address, "workload": w._asdict()}
+    pids = lambda: tree(running.service.pid)  # noqa: E731 - re-read: brokers may fork
+    empty = memory(pids())
+    clients: list[_Client] = []
+    try:
+        with Sampler(running.service.pid, running.data_dir) as sampler:
+            subs = [_Client("subscribe", {**spec, "index": i}) for i in range(w.subscribers)]
+            clients += subs
+            for s in subs:
+                s.ready()
+            pub = _Client("publish", spec)
+            clients.append(pub)
+            pub.ready()
+            cpu0 = cpu_s(pids())
+            if not w.backlog:
+                for s in subs:
+                    s.go()
+            pub.go()
+            published = pub.result(RUN_TIMEOUT_S)
+            full = memory(pids())
+            disk_full = disk_bytes(running.data_dir)
+            drain_ns = payload.now_ns()
+            if w.backlog:
+                for s in subs:
+                    s.go()
+            received = [s.result(RUN_TIMEOUT_S) for s in subs]
+            cpu1 = cpu_s(pids())
+    finally:
+        for c in clients:
+            c.kill()
+    return _figures(w, empty, full, sampler.peak, disk_full, published, received, drain_ns, cpu1 - cpu0)
+
+
+def _figures(w, empty, full, peak, disk_full, published, received, drain_ns, cpu) -> dict[str, float]:
+    short = [r["count"] for r in received if r["count"] < w.messages]
+    if short:
+        raise RunError(f"subscribers received {short} of {w.messages} messages")
+    last_ns = max(r["end_ns"] for r in received)
+    start_ns = drain_ns if w.backlog else published["start_ns"]
+    figures = {
+        "msgs_per_s": w.messages / ((last_ns - start_ns) / 1e9),
+        "publish_msgs_per_s": w.messages / ((published["end_ns"] - published["start_ns"]) / 1e9),
+        "cpu_s_per_10k": cpu / w.messages * 10_000,
+        # the clients' share, setup included: a peer's client library may be the limit
+        "client_cpu_s_per_10k": sum(r["cpu_s"] for r in (published, *received)) / w.messages * 10_000,
+        "peak_rss_mb": peak["VmRSS"] / MB,
+        "peak_anon_mb": peak["RssAnon"] / MB,
+        "empty_anon_mb": empty["RssAnon"] / MB,
+        "full_rss_mb": full["VmRSS"] / MB,
+        "full_anon_mb": full["RssAnon"] / MB,
+        "full_file_mb": full["RssFile"] / MB,
+        "disk_mb": max(peak["disk"], disk_full) / MB,
+    }
+    latencies = sorted(x for r in received for x in r["latencies_us"])
+    if latencies:
+        figures["p50_ms"] = statistics.median(latencies) / 1000
+        figures["p99_ms"] = latencies[int(len(latencies) * 0.99)] / 1000
+    return figures

@@ -1,0 +1,105 @@
+"""ppmq itself: `ppmq serve` on a Unix socket; subscribers listen on their own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import yaml
+
+from ..service import Running, Service
+from ..workloads import Workload
+
+NAME = "ppmq"
+TOPIC = "bench"
+WINDOW = 1000  # messages in flight per subscriber, as the peers' prefetch
+
+
+def missing() -> str | None:
+    return None
+
+
+def start(tmp: Path, w: Workload) -> Running:
+    subs = [f"s{i}" for i in range(w.subscribers)]
+    config = {
+        "ServerSocket": str(tmp / "ppmq.sock"),
+        "DataPath": str(tmp / "data"),
+        "Sync": w.durable,
+        "RetryMax": "100ms",  # a backlog's subscribers come up once publishing ends
+        "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": WINDOW} for s in subs],
+        "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs}],
+    }
+    (tmp / "ppmq.yaml").write_text(yaml.safe_dump(config))
+    service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
+    service.wait_unix(config["ServerSocket"])
+    address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
+    return Running(service, address, tmp / "data", f"ppmq (Sync {str(w.durable).lower()})")
+
+
+class Publisher:
+    """One request per batch with an Id: the reply comes after the commit."""
+
+    def __init__(self, address: dict, w: Workload) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(address["server"])
+        self.file = self.sock.makefile("rb")
+        self.head = b'{"Topic":"%s","Id":1,"Messages":[' % TOPIC.encode()
+
+    def publish(self, batch: list[tuple[int, bytes]]) -> None:
+        body = b",".join(b'{"Priority":%d,"Payload":"%s"}' % (prio, payload) for prio, payload in batch)
+        self.sock.sendall(self.head + body + b"]}\n")
+        reply = msgspec.json.decode(self.file.readline())
+        if reply.get("Status") != 200:
+            raise RuntimeError(f"ppmq refused a publish: {reply}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Batch(msgspec.Struct):
+    Topic: str
+    Subscriber: str
+    Messages: list[dict[str, msgspec.Raw]]
+
+
+class Subscriber:
+    """Listens on its socket; acks each batch on the delivery connection."""
+
+    def __init__(self, address: dict, w: Workload, index: int) -> None:
+        self.path = address["subscribers"][index]
+        self.backlog = w.backlog
+        self.conn: socket.socket | None = None
+
+    def prepare(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)  # bound but not listening: the broker is refused
+        if not self.backlog:
+            self.start()
+
+    def start(self) -> None:
+        if self.conn is None:
+            self.listener.listen(1)
+            self.conn, _ = self.listener.accept()
+
+    def batches(self) -> Iterator[list[bytes]]:
+        decode = msgspec.json.Decoder(_Batch).decode
+        buf = b""
+        while data := self.conn.recv(1 << 20):
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                batch = decode(line)
+                keys = b",".join(bytes(m["Key"]) for m in batch.Messages)
+                self.conn.sendall(b'{"Topic":"%s","Subscriber":"%s","Acks":[%s]}\n' % (batch.Topic.encode(), batch.Subscriber.encode(), keys))
+                yield [bytes(m["Payload"]) for m in batch.Messages]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()

@@ -1,0 +1,78 @@
+"""A client process of the bench: `python -m ppmq.bench.worker ROLE SPEC`.
+
+ROLE is `publish` or `subscribe`; SPEC is JSON with the system, its address, the
+workload and the subscriber's index. The process sets up, prints `ready`, waits
+for `go` on stdin, does its part, and prints one JSON line of results. The same
+loop drives every system, so client overhead is the same shape for all.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from . import payload
+from .systems import load
+from .workloads import Workload
+
+
+def publish(system, address: dict, w: Workload) -> dict:
+    pub = system.Publisher(address, w)
+    _handshake()
+    start_ns = payload.now_ns()
+    sent = 0
+    while sent < w.messages:
+        if w.paced:
+            due = min(w.messages, (payload.now_ns() - start_ns) * w.rate_per_s // 1_000_000_000 + 1) - sent
+            if due <= 0:
+                time.sleep(max(0.0, start_ns / 1e9 + sent / w.rate_per_s - payload.now_ns() / 1e9))
+                continue
+            size = min(due, w.batch)
+        else:
+            size = min(w.batch, w.messages - sent)
+        stamp_ns = payload.now_ns()
+        body = payload.make(w.size, stamp_ns)
+        pub.publish([((sent + j) % w.priorities, body) for j in range(size)])
+        sent += size
+    end_ns = payload.now_ns()
+    pub.close()
+    return {"start_ns": start_ns, "end_ns": end_ns, "cpu_s": time.process_time()}
+
+
+def subscribe(system, address: dict, w: Workload, index: int) -> dict:
+    sub = system.Subscriber(address, w, index)
+    sub.prepare()
+    _handshake()
+    sub.start()
+    seen, latencies = 0, []
+    for payloads in sub.batches():
+        if w.paced:
+            now_ns = payload.now_ns()
+            latencies += [payload.latency_us(p, now_ns) for p in payloads]
+        seen += len(payloads)
+        if seen >= w.messages:
+            break
+    sub.close()
+    return {"end_ns": payload.now_ns(), "count": seen, "latencies_us": latencies, "cpu_s": time.process_time()}
+
+
+def _handshake() -> None:
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(1)
+
+
+def main() -> None:
+    role, spec = sys.argv[1], json.loads(sys.argv[2])
+    system = load(spec["system"])
+    w = Workload(**spec["workload"])
+    if role == "publish":
+        result = publish(system, spec["address"], w)
+    else:
+        result = subscribe(system, spec["address"], w, spec["index"])
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

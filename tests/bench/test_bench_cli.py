@@ -1,0 +1,38 @@
+"""`ppmq bench` end to end on tiny workloads against ppmq alone: it starts a real
+broker and real client processes and writes its results. No figure is asserted:
+speed is the benchmark's business, not the tests'."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_runs_every_workload_on_ppmq_and_writes_results(short_tmp: Path) -> None:
+    # Given a tiny run of every workload, ppmq only, one run each
+    out = short_tmp / "results"
+    cmd = [sys.executable, "-m", "ppmq.cli", "bench", "--systems", "ppmq", "--runs", "1", "--scale", "0.01",
+           "--latency-seconds", "2", "--no-charts", "--out", str(out)]
+    # When it runs
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # Then it succeeds, prints a table per workload and saves every figure
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("fanout-durable", "fanout-fast", "backlog", "latency"):
+        assert f"== {name}" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["workloads"]) == {"fanout-durable", "fanout-fast", "backlog", "latency"}
+    for name, workload in results["workloads"].items():
+        figures = workload["systems"]["ppmq"]["median"]
+        assert figures["msgs_per_s"] > 0 and figures["cpu_s_per_10k"] >= 0, name
+        assert figures["peak_rss_mb"] > 0, name
+    assert "p99_ms" in results["workloads"]["latency"]["systems"]["ppmq"]["median"]
+    assert results["machine"]["cores"] >= 1
+
+
+def test_bench_names_an_unknown_system(short_tmp: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ppmq.bench", "--systems", "ppmq,kafka", "--out", str(short_tmp)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "unknown kafka" in done.stderr
