@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import profile as profiling
 from . import report, runner
 from .systems import NAMES, load
 from .workloads import scaled, workloads
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--million", action="store_true", help="backlog of 1,000,000 messages instead of 200,000")
     ap.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency workload (default %(default)s)")
     ap.add_argument("--out", "-o", default="bench-results", help="directory for results.json and the charts (default %(default)s)")
+    ap.add_argument("--profile", action="store_true", help="sample ppmq's broker with py-spy; stacks in OUT/profile-<workload>.txt")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return ap
 
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             for m in systems:
                 print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
                 try:
-                    version, figures = runner.run(m, w)
+                    profile = out / f"profile-{w.name}.txt" if args.profile and m.NAME == "ppmq" else None
+                    version, figures = runner.run(m, w, profile)
                 except runner.RunError as exc:
                     print(f"  failed: {exc}", flush=True)
                     continue
@@ -68,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = report.summarize({k: v for k, v in runs.items() if v})
         results["workloads"][w.name] = {"workload": w._asdict(), "systems": summary}
         print(report.table(w.name, summary, results["versions"]), flush=True)
+        profile = out / f"profile-{w.name}.txt"
+        if args.profile and profile.exists():
+            print(f"ppmq broker profile (py-spy, {profile}):\n{profiling.summary(profile)}", flush=True)
         if not args.no_charts and summary:
             report.chart(out / f"{w.name}.png", w.name, summary)
         report.write_json(out / "results.json", results)

@@ -60,14 +60,25 @@ class _Client:
             self.proc.wait()
 
 
-def run(system: ModuleType, w: Workload) -> tuple[str, dict[str, float]]:
-    """Start the system on a fresh temp dir, run the workload once; (version, figures)."""
+def run(system: ModuleType, w: Workload, profile: Path | None = None) -> tuple[str, dict[str, float]]:
+    """Start the system on a fresh temp dir, run the workload once; (version, figures).
+
+    With `profile`, py-spy samples the broker for the whole run and writes its
+    stacks there (collapsed: one line per stack with its sample count).
+    """
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         running = system.start(Path(d), w)
+        spy = None
+        if profile is not None:
+            beside = Path(sys.executable).parent / "py-spy"  # from the bench extra
+            argv = [str(beside) if beside.exists() else "py-spy", "record", "--threads", "--format", "raw", "--rate", "250", "-o", str(profile), "-p", str(running.service.pid)]
+            spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             return running.version, _measure(system.NAME, running, w)
         finally:
             running.service.stop()
+            if spy is not None:
+                spy.wait(30)  # it writes its output when the broker exits
 
 
 def _measure(name: str, running: Running, w: Workload) -> dict[str, float]:
