@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
+_OURS = {p.name for p in Path(__file__).parent.parent.glob("*.py")} - {"cli.py", "__init__.py"}
 
 
 def summary(path: Path, top: int = 15) -> str:
@@ -23,12 +24,12 @@ def summary(path: Path, top: int = 15) -> str:
         total += n
         threads[_thread_name(frames[0])] += n
         leaf[_name(frames[-1])] += n
-        for name in {_name(f) for f in frames[1:] if "ppmq/" in f or "(" in f and f.split("(")[1].startswith(("broker", "store", "writer", "server", "delivery", "protocol", "framing", "validate", "state"))}:
+        for name in {_name(f) for f in frames[1:] if _file(f) in _OURS}:
             inclusive[name] += n
     if not total:
         return "no samples"
     pct = lambda n: f"{100 * n / total:5.1f}%"  # noqa: E731
-    lines = [f"{total} samples on CPU", "by thread:"]
+    lines = [f"{total} samples (waits in epoll and for the next step included)", "by thread:"]
     lines += [f"  {pct(n)}  {name}" for name, n in threads.most_common()]
     lines += ["functions themselves:"] + [f"  {pct(n)}  {name}" for name, n in leaf.most_common(top)]
     lines += ["ppmq functions with what they call:"] + [f"  {pct(n)}  {name}" for name, n in inclusive.most_common(top)]
@@ -37,6 +38,11 @@ def summary(path: Path, top: int = 15) -> str:
 
 def _thread_name(frame: str) -> str:
     return "writer" if "ppmq-writer" in frame or "_worker" in frame else frame.split(":")[-1].strip() or frame
+
+
+def _file(frame: str) -> str:
+    m = _FRAME.match(frame.strip())
+    return Path(m["file"]).name if m else ""
 
 
 def _name(frame: str) -> str:
