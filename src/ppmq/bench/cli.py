@@ -6,7 +6,10 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from . import profile as profiling
@@ -27,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every message count, e.g. 0.1 for a quick look")
     ap.add_argument("--million", action="store_true", help="backlog of 1,000,000 messages instead of 200,000")
     ap.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency workload (default %(default)s)")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="a publisher stops after this long with what it sent; 0: never (default %(default)s)")
     ap.add_argument("--out", "-o", default="bench-results", help="directory for results.json and the charts (default %(default)s)")
     ap.add_argument("--profile", action="store_true", help="sample ppmq's broker with py-spy; stacks in OUT/profile-<workload>.txt")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
@@ -35,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM (and SIGINT, even when started in the background) unwind through the
+    # `finally` blocks that stop the brokers and clients this run started.
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
     known = workloads(1_000_000 if args.million else 200_000, args.latency_seconds)
     chosen = [known[n] for n in _names(args.workloads, known)]
     systems = []
@@ -54,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {},
         "workloads": {},
     }
+    m = results["machine"]
+    print(f"{m['cores']} cores ({m['cpu']}), load {m['load_avg'][0]:.1f}, disk {m['disk']}, "
+          f"4 KiB write+fdatasync p50 {m['fsync_ms']['p50']:.1f} ms p99 {m['fsync_ms']['p99']:.1f} ms", flush=True)
     for w in chosen:
         w = scaled(w, args.scale)
         runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
@@ -62,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
                 try:
                     profile = out / f"profile-{w.name}.txt" if args.profile and m.NAME == "ppmq" else None
-                    version, figures = runner.run(m, w, profile)
+                    version, figures = runner.run(m, w, args.max_seconds, profile)
                 except runner.RunError as exc:
                     print(f"  failed: {exc}", flush=True)
                     continue
@@ -81,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _names(text: str, known) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
@@ -92,12 +107,24 @@ def _names(text: str, known) -> list[str]:
 def _machine() -> dict:
     """What the figures depend on: cores, CPU model, the disk under the temp dir."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
-    return {"cores": os.cpu_count(), "cpu": model, "load_avg": os.getloadavg(), "disk": _disk()}
+    return {"cores": os.cpu_count(), "cpu": model, "load_avg": os.getloadavg(), "disk": _disk(), "fsync_ms": _fsync_ms()}
+
+
+def _fsync_ms(n: int = 50) -> dict[str, float]:
+    """How long a 4 KiB write plus fdatasync takes in the temp dir, where every
+    broker keeps its data: durable publishing cannot be faster than this."""
+    times = []
+    with tempfile.NamedTemporaryFile(prefix="ppmq-bench-fsync-") as f:
+        for _ in range(n):
+            start = time.perf_counter()
+            os.write(f.fileno(), b"x" * 4096)
+            os.fdatasync(f.fileno())
+            times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"p50": times[n // 2], "p99": times[int(n * 0.99)]}
 
 
 def _disk() -> str:
-    import tempfile
-
     dev = os.stat(tempfile.gettempdir()).st_dev
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()

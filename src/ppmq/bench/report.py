@@ -12,6 +12,7 @@ from pathlib import Path
 
 # figure key, column heading, format
 COLUMNS = (
+    ("messages", "messages", "{:,.0f}"),
     ("msgs_per_s", "msg/s", "{:,.0f}"),
     ("ratio", "ppmq/x", "{:.2f}"),
     ("cpu_s_per_10k", "CPU s/10k", "{:.2f}"),
@@ -23,6 +24,7 @@ COLUMNS = (
     ("p99_ms", "p99 ms", "{:.2f}"),
 )
 BACKLOG_COLUMNS = (
+    ("messages", "messages", "{:,.0f}"),
     ("publish_msgs_per_s", "publish msg/s", "{:,.0f}"),
     ("msgs_per_s", "drain msg/s", "{:,.0f}"),
     ("ratio", "ppmq/x", "{:.2f}"),
@@ -75,7 +77,7 @@ def chart(path: Path, workload: str, summary: dict[str, dict]) -> None:
     import matplotlib.pyplot as plt
 
     systems = [s for s in summary if summary[s]["runs"]]
-    latency = workload == "latency"
+    latency = workload.startswith("latency")
     keys = ("p50_ms", "p99_ms") if latency else ("msgs_per_s",)
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(keys)
@@ -90,6 +92,7 @@ def chart(path: Path, workload: str, summary: dict[str, dict]) -> None:
     ax.set_title(f"{workload}: median and spread of the runs")
     if latency:
         ax.legend()
+        ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -40,8 +40,14 @@ class _Client:
             raise RunError(f"{self.role} client failed to start (exit {self.proc.wait()})")
 
     def go(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        self.tell("go")
+
+    def tell(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # done already: it had everything before being told
 
     def result(self, timeout_s: float) -> dict:
         try:
@@ -60,9 +66,11 @@ class _Client:
             self.proc.wait()
 
 
-def run(system: ModuleType, w: Workload, profile: Path | None = None) -> tuple[str, dict[str, float]]:
+def run(system: ModuleType, w: Workload, max_s: float, profile: Path | None = None) -> tuple[str, dict[str, float]]:
     """Start the system on a fresh temp dir, run the workload once; (version, figures).
 
+    The publisher stops after `max_s` seconds (0: never) with what it has sent
+    by then: a slow peer costs minutes, not an hour, and its rates stay valid.
     With `profile`, py-spy samples the broker for the whole run and writes its
     stacks there (collapsed: one line per stack with its sample count).
     """
@@ -74,15 +82,15 @@ def run(system: ModuleType, w: Workload, profile: Path | None = None) -> tuple[s
             argv = [str(beside) if beside.exists() else "py-spy", "record", "--threads", "--format", "raw", "--rate", "250", "-o", str(profile), "-p", str(running.service.pid)]
             spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            return running.version, _measure(system.NAME, running, w)
+            return running.version, _measure(system.NAME, running, w, max_s)
         finally:
             running.service.stop()
             if spy is not None:
                 spy.wait(30)  # it writes its output when the broker exits
 
 
-def _measure(name: str, running: Running, w: Workload) -> dict[str, float]:
-    spec = {"system": name, "address": running.address, "workload": w._asdict()}
+def _measure(name: str, running: Running, w: Workload, max_s: float) -> dict[str, float]:
+    spec = {"system": name, "address": running.address, "workload": w._asdict(), "max_s": max_s}
     pids = lambda: tree(running.service.pid)  # noqa: E731 - re-read: brokers may fork
     empty = memory(pids())
     clients: list[_Client] = []
@@ -104,9 +112,10 @@ def _measure(name: str, running: Running, w: Workload) -> dict[str, float]:
             full = memory(pids())
             disk_full = disk_bytes(running.data_dir)
             drain_ns = payload.now_ns()
-            if w.backlog:
-                for s in subs:
+            for s in subs:
+                if w.backlog:
                     s.go()
+                s.tell(f"stop {published['sent']}")
             received = [s.result(RUN_TIMEOUT_S) for s in subs]
             cpu1 = cpu_s(pids())
     finally:
@@ -116,17 +125,19 @@ def _measure(name: str, running: Running, w: Workload) -> dict[str, float]:
 
 
 def _figures(w, empty, full, peak, disk_full, published, received, drain_ns, cpu) -> dict[str, float]:
-    short = [r["count"] for r in received if r["count"] < w.messages]
+    n = published["sent"]
+    short = [r["count"] for r in received if r["count"] < n]
     if short:
-        raise RunError(f"subscribers received {short} of {w.messages} messages")
+        raise RunError(f"subscribers received {short} of {n} messages")
     last_ns = max(r["end_ns"] for r in received)
     start_ns = drain_ns if w.backlog else published["start_ns"]
     figures = {
-        "msgs_per_s": w.messages / ((last_ns - start_ns) / 1e9),
-        "publish_msgs_per_s": w.messages / ((published["end_ns"] - published["start_ns"]) / 1e9),
-        "cpu_s_per_10k": cpu / w.messages * 10_000,
+        "messages": n,
+        "msgs_per_s": n / ((last_ns - start_ns) / 1e9),
+        "publish_msgs_per_s": n / ((published["end_ns"] - published["start_ns"]) / 1e9),
+        "cpu_s_per_10k": cpu / n * 10_000,
         # the clients' share, setup included: a peer's client library may be the limit
-        "client_cpu_s_per_10k": sum(r["cpu_s"] for r in (published, *received)) / w.messages * 10_000,
+        "client_cpu_s_per_10k": sum(r["cpu_s"] for r in (published, *received)) / n * 10_000,
         "peak_rss_mb": peak["VmRSS"] / MB,
         "peak_anon_mb": peak["RssAnon"] / MB,
         "empty_anon_mb": empty["RssAnon"] / MB,

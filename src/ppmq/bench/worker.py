@@ -1,8 +1,10 @@
 """A client process of the bench: `python -m ppmq.bench.worker ROLE SPEC`.
 
 ROLE is `publish` or `subscribe`; SPEC is JSON with the system, its address, the
-workload and the subscriber's index. The process sets up, prints `ready`, waits
-for `go` on stdin, does its part, and prints one JSON line of results. The same
+workload, the publisher's time limit and the subscriber's index. The process
+sets up, prints `ready`, waits for `go` on stdin, does its part, and prints one
+JSON line of results. A publisher that reaches its time limit stops early and
+says how many it sent; the bench then tells the subscribers `stop N`. The same
 loop drives every system, so client overhead is the same shape for all.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 from . import payload
@@ -17,12 +20,13 @@ from .systems import load
 from .workloads import Workload
 
 
-def publish(system, address: dict, w: Workload) -> dict:
+def publish(system, address: dict, w: Workload, max_s: float) -> dict:
     pub = system.Publisher(address, w)
     _handshake()
     start_ns = payload.now_ns()
+    deadline_ns = start_ns + int(max_s * 1e9) if max_s > 0 else None
     sent = 0
-    while sent < w.messages:
+    while sent < w.messages and (deadline_ns is None or payload.now_ns() < deadline_ns):
         if w.paced:
             due = min(w.messages, (payload.now_ns() - start_ns) * w.rate_per_s // 1_000_000_000 + 1) - sent
             if due <= 0:
@@ -37,13 +41,15 @@ def publish(system, address: dict, w: Workload) -> dict:
         sent += size
     end_ns = payload.now_ns()
     pub.close()
-    return {"start_ns": start_ns, "end_ns": end_ns, "cpu_s": time.process_time()}
+    return {"start_ns": start_ns, "end_ns": end_ns, "sent": sent, "cpu_s": time.process_time()}
 
 
 def subscribe(system, address: dict, w: Workload, index: int) -> dict:
     sub = system.Subscriber(address, w, index)
     sub.prepare()
     _handshake()
+    total = [w.messages]  # lowered by `stop N` when the publisher stopped early
+    threading.Thread(target=_read_stop, args=(total,), daemon=True).start()
     sub.start()
     seen, latencies = 0, []
     for payloads in sub.batches():
@@ -51,10 +57,16 @@ def subscribe(system, address: dict, w: Workload, index: int) -> dict:
             now_ns = payload.now_ns()
             latencies += [payload.latency_us(p, now_ns) for p in payloads]
         seen += len(payloads)
-        if seen >= w.messages:
+        if seen >= total[0]:
             break
     sub.close()
     return {"end_ns": payload.now_ns(), "count": seen, "latencies_us": latencies, "cpu_s": time.process_time()}
+
+
+def _read_stop(total: list[int]) -> None:
+    line = sys.stdin.readline().split()
+    if line[:1] == ["stop"]:
+        total[0] = int(line[1])
 
 
 def _handshake() -> None:
@@ -68,7 +80,7 @@ def main() -> None:
     system = load(spec["system"])
     w = Workload(**spec["workload"])
     if role == "publish":
-        result = publish(system, spec["address"], w)
+        result = publish(system, spec["address"], w, spec["max_s"])
     else:
         result = subscribe(system, spec["address"], w, spec["index"])
     print(json.dumps(result), flush=True)

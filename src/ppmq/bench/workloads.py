@@ -31,6 +31,8 @@ def workloads(backlog_messages: int = 200_000, latency_s: float = 30.0) -> dict[
             Workload("fanout-fast", 50_000, 200, durable=False, backlog=False),
             Workload("backlog", backlog_messages, 1024, durable=False, backlog=True),
             Workload("latency", int(rate * latency_s), 200, durable=True, backlog=False, rate_per_s=rate),
+            # the broker's own share, without the disk's fsync latency
+            Workload("latency-fast", int(rate * latency_s), 200, durable=False, backlog=False, rate_per_s=rate),
         )
     }
 

@@ -7,7 +7,8 @@ the broker confirmed the batch, and `Subscriber(address, workload, index)` with
 `prepare()` (before the publisher starts), `start()` (when it may read) and
 `batches()`, which yields each batch's payloads and acknowledges it before
 reading the next one (or in `close()`, which the bench calls before it stops
-the clock).
+the clock). `batches()` yields an empty list after about a second without
+messages, so that the caller can see that it has everything it will get.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import importlib
 import importlib.util
 import os
 from types import ModuleType
+
+IDLE_S = 1.0  # how long batches() waits for messages before it yields []
 
 NAMES = ("ppmq", "redis", "beanstalkd", "rabbitmq", "nats")
 

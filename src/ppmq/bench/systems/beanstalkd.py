@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..service import Running, Service, free_port
 from ..workloads import Workload
-from . import lacking
+from . import IDLE_S, lacking
 
 NAME = "beanstalkd"
 TTR_S = 600  # a reserved job returns to ready after this; far beyond any run
@@ -105,11 +105,12 @@ class Subscriber:
         pass
 
     def batches(self) -> Iterator[list[bytes]]:
-        reserve = b"reserve-with-timeout 1\r\n" + b"reserve-with-timeout 0\r\n" * (self.count - 1)
+        reserve = b"reserve-with-timeout %d\r\n" % IDLE_S + b"reserve-with-timeout 0\r\n" * (self.count - 1)
         while True:
             self.conn.send(reserve)
             jobs = [job for job in (self.conn.job() for _ in range(self.count)) if job is not None]
             if not jobs:
+                yield []
                 continue
             self.conn.send(b"".join(b"delete %s\r\n" % job_id for job_id, _ in jobs))
             self.conn.expect(len(jobs), b"DELETED")

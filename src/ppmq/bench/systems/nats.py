@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..service import Running, Service, free_port
 from ..workloads import Workload
-from . import lacking
+from . import IDLE_S, lacking
 
 NAME = "nats"
 STREAM = SUBJECT = "bench"
@@ -102,15 +102,13 @@ class Subscriber:
 
     def batches(self) -> Iterator[list[bytes]]:
         while True:
-            batch = self.loop.run_until_complete(self._batch())
-            if batch:
-                yield batch
+            yield self.loop.run_until_complete(self._batch())
 
     async def _batch(self) -> list[bytes]:
         import nats.errors
 
         try:
-            msgs = await self.sub.fetch(self.count, timeout=1)
+            msgs = await self.sub.fetch(self.count, timeout=IDLE_S)
         except nats.errors.TimeoutError:
             return []
         for m in msgs:

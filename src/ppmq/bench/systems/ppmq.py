@@ -13,6 +13,7 @@ import yaml
 
 from ..service import Running, Service
 from ..workloads import Workload
+from . import IDLE_S
 
 NAME = "ppmq"
 TOPIC = "bench"
@@ -86,11 +87,19 @@ class Subscriber:
         if self.conn is None:
             self.listener.listen(1)
             self.conn, _ = self.listener.accept()
+            self.conn.settimeout(IDLE_S)
 
     def batches(self) -> Iterator[list[bytes]]:
         decode = msgspec.json.Decoder(_Batch).decode
         buf = b""
-        while data := self.conn.recv(1 << 20):
+        while True:
+            try:
+                data = self.conn.recv(1 << 20)
+            except TimeoutError:
+                yield []
+                continue
+            if not data:
+                return
             buf += data
             *lines, buf = buf.split(b"\n")
             for line in lines:

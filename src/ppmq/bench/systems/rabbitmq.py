@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..service import Running, Service, free_port
 from ..workloads import Workload
-from . import lacking
+from . import IDLE_S, lacking
 
 NAME = "rabbitmq"
 EXCHANGE = "bench"
@@ -111,7 +111,10 @@ class Subscriber:
 
     async def _batch(self) -> list[bytes]:
         """What has arrived, at most a batch, waiting for the first; acked at once."""
-        messages = [await self.inbox.get()]
+        try:
+            messages = [await asyncio.wait_for(self.inbox.get(), IDLE_S)]
+        except TimeoutError:
+            return []
         while len(messages) < self.w.batch and not self.inbox.empty():
             messages.append(self.inbox.get_nowait())
         await messages[-1].ack(multiple=True)

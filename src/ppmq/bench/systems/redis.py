@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..service import Running, Service
 from ..workloads import Workload
-from . import lacking
+from . import IDLE_S, lacking
 
 NAME = "redis"
 STREAM = "bench"
@@ -80,12 +80,11 @@ class Subscriber:
             pipe = self.r.pipeline(transaction=False)
             if self.pending:
                 pipe.xack(STREAM, self.group, *self.pending)
-            pipe.xreadgroup(self.group, "c", {STREAM: ">"}, count=self.count, block=1000)
+            pipe.xreadgroup(self.group, "c", {STREAM: ">"}, count=self.count, block=int(IDLE_S * 1000))
             reply = pipe.execute()[-1]
             entries = reply[0][1] if reply else []
             self.pending = [entry_id for entry_id, _ in entries]
-            if entries:
-                yield [fields[b"p"] for _, fields in entries]
+            yield [fields[b"p"] for _, fields in entries]
 
     def close(self) -> None:
         """Ack the last batch, which no further read carries."""
