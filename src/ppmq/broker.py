@@ -221,52 +221,65 @@ class Broker:
     # --- publish (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry) -----------------------------
 
     def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
-        stats = self.state.topics[topic.name]
+        self.state.topics[topic.name].published += len(prepared)
+        if not topic.subscribers:
+            return  # nobody to deliver to, like a fanout exchange without queues
         t = self.state.topic_ids[topic.name]
-        for msg in prepared:
-            stats.published += 1
-            if not topic.subscribers:
-                continue  # nobody to deliver to, like a fanout exchange without queues
-            old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+        if not topic.dedupe:
+            self._store_new(txn, topic, t, prepared, now_ns)
+            return
+        for msg in prepared:  # one by one: a key may come twice in one publish
+            old = txn.get_dedupe(t, msg.key)
             if old is None:
-                self._store_new(txn, topic, t, msg, now_ns)
+                self._store_new(txn, topic, t, [msg], now_ns)
             else:
                 self._replace(txn, topic, t, old, msg, now_ns)
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, msg: Prepared, now_ns: int) -> None:
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> None:
+        """Store messages new to the topic, each store write once for the whole batch."""
         stats = self.state.topics[topic.name]
-        stats.seq += 1
-        m = stats.seq
-        stats.stored += 1
-        if msg.key is None:
-            msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
-        else:
-            txn.put_dedupe(t, msg.key, m)
-        fragment = self._put_body(txn, topic, t, m, msg, now_ns)
-        # A dedupe replacement or an expiry in this step would look for it in the queue.
-        may_skip_queue = not topic.dedupe and not (topic.expire and 0 < msg.expires_ns <= now_ns)
-        holders = {}
-        for name in topic.subscribers:
-            s = self.state.sub_ids[name]
-            stats = self.state.subs[topic.name][name]
-            fresh = self._fresh.get((topic.name, name))
-            if may_skip_queue and name in self._open and sum(stats.ready) == (len(fresh) if fresh else 0):
-                if fresh is None:
-                    fresh = self._fresh[(topic.name, name)] = []
-                fresh.append(Fresh(msg.prio, m, fragment))
+        ids = range(stats.seq + 1, stats.seq + 1 + len(batch))
+        stats.seq += len(batch)
+        stats.stored += len(batch)
+        bodies = []
+        for m, msg in zip(ids, batch):
+            if msg.key is None:
+                msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
             else:
-                txn.push_ready(t, s, msg.prio, m, m, 0)
-            stats.ready[msg.prio] += 1
-            holders[s] = (msg.prio, m)
-        txn.put_holders(t, m, holders)
+                txn.put_dedupe(t, msg.key, m)
+            bodies.append((m, self._body(txn, topic, t, m, msg, now_ns)))
+        txn.put_bodies(t, bodies)
+        # A dedupe replacement or an expiry in this step would look for it in the queue.
+        may_skip = [not topic.dedupe and not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        for name in topic.subscribers:
+            self._enqueue_new(txn, topic.name, t, name, bodies, may_skip)
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in topic.subscribers], [(m, body.priority) for m, body in bodies])
 
-    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> bytes:
-        """Store the message; return its JSON as delivered."""
+    def _enqueue_new(self, txn: Txn, topic: str, t: int, name: str, bodies: list[tuple[int, Body]], may_skip: list[bool]) -> None:
+        """New messages for one subscriber: while it is open and has nothing older
+        queued they stay fresh (a batch may take them in this step), else they queue."""
+        stats = self.state.subs[topic][name]
+        fresh = self._fresh.get((topic, name))
+        caught_up = name in self._open and sum(stats.ready) == (len(fresh) if fresh else 0)
+        queued = []
+        for (m, body), skip in zip(bodies, may_skip):
+            if caught_up and skip:
+                if fresh is None:
+                    fresh = self._fresh[(topic, name)] = []
+                fresh.append(Fresh(body.priority, m, body.fragment))
+            else:
+                caught_up = False
+                queued.append((body.priority, m, m))
+            stats.ready[body.priority] += 1
+        if queued:
+            txn.push_ready_many(t, self.state.sub_ids[name], queued)
+
+    def _body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> Body:
+        """A message as stored, with its JSON as delivered; indexed for expiry if it expires."""
         fragment = p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)
-        txn.put_body(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
         if msg.expires_ns and topic.expire:
             txn.add_expiry(msg.expires_ns, t, m)
-        return fragment
+        return Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment)
 
     def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
@@ -300,7 +313,7 @@ class Broker:
             sub.ready[prio] += 1
             holders[s] = (prio, new_pos)
         txn.put_holders(t, m, holders)
-        self._put_body(txn, topic, t, m, msg, now_ns)
+        txn.put_body(t, m, self._body(txn, topic, t, m, msg, now_ns))
 
     # --- acks, completion -----------------------------------------------------------------
 
@@ -317,23 +330,17 @@ class Broker:
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None]) -> int:
+        """A batch of acks in two store passes: out of flight, then out of the
+        holders; the last subscriber out deletes the message."""
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
         stats = self.state.subs[topic][sub]
-        done = 0
-        for m in msgs:
-            if m is None or txn.pop_inflight(t, s, m) is None:
-                stats.ignored_acks += 1
-                continue
-            stats.inflight -= 1
-            stats.acked += 1
-            done += 1
-            self._release(txn, topic, t, s, m)
-        return done
-
-    def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
-        """Subscriber s is done with m; the last one out deletes the message."""
-        if txn.release_holder(t, m, s):
+        done = txn.pop_inflight_many(t, s, [m for m in msgs if m is not None])
+        stats.ignored_acks += len(msgs) - len(done)
+        stats.inflight -= len(done)
+        stats.acked += len(done)
+        for m in txn.release_holders(t, s, done):
             self._delete_message(txn, topic, t, m)
+        return len(done)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
         tc = self.topics[topic]
@@ -498,8 +505,8 @@ class Broker:
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
         taken = fresh[:limit]
+        txn.put_inflight_many(t, s, [(f.m, Flight(f.prio, f.m, deadline, 1)) for f in taken])
         for f in taken:
-            txn.put_inflight(t, s, f.m, Flight(f.prio, f.m, deadline, 1))
             stats.ready[f.prio] -= 1
         stats.inflight += len(taken)
         stats.delivered += len(taken)
@@ -515,5 +522,5 @@ class Broker:
 
     @staticmethod
     def _queue(txn: Txn, t: int, s: int, fresh: list[Fresh]) -> None:
-        for f in fresh:
-            txn.push_ready(t, s, f.prio, f.m, f.m, 0)
+        if fresh:
+            txn.push_ready_many(t, s, [(f.prio, f.m, f.m) for f in fresh])

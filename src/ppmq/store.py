@@ -184,6 +184,16 @@ class Txn:
         if not self.txn.put(key, value, db=db, append=True):
             self.txn.put(key, value, db=db)
 
+    def _put_all_in_order(self, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
+        """`_put_in_order` for a whole batch in one call: a publish or a delivery
+        writes its entries together, not one by one."""
+        items.sort()
+        with self.txn.cursor(db=db) as cur:
+            _, added = cur.putmulti(items, append=True)
+        if added < len(items):  # some key was not the largest: put them the ordinary way
+            for key, value in items:
+                self._put_in_order(key, value, db)
+
     # --- meta ---------------------------------------------------------------------
     def get_meta(self, name: bytes) -> bytes | None:
         return self.txn.get(name, db=self._meta)
@@ -201,8 +211,10 @@ class Txn:
         return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
     def put_body(self, t: int, m: int, body: Body) -> None:
-        head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
-        self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
+        self._put_in_order(_TM.pack(t, m), _body_value(body), self._bodies)
+
+    def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
+        self._put_all_in_order([(_TM.pack(t, m), _body_value(body)) for m, body in bodies], self._bodies)
 
     def delete_body(self, t: int, m: int) -> bool:
         return self.txn.delete(_TM.pack(t, m), db=self._bodies)
@@ -222,29 +234,45 @@ class Txn:
         else:
             self.txn.delete(key, db=self._holders)
 
-    def release_holder(self, t: int, m: int, s: int) -> bool:
-        """Remove s from m's holders; True when nobody holds m any more.
+    def put_new_holders(self, t: int, subs: list[int], msgs: list[tuple[int, int]]) -> None:
+        """Every subscriber in subs holds each new (m, prio) at position m."""
+        items = [(_TM.pack(t, m), b"".join([_HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
+        self._put_all_in_order(items, self._holders)
+
+    def release_holders(self, t: int, s: int, msgs: list[int]) -> list[int]:
+        """Remove s from each m's holders; return the messages nobody holds any more.
 
         The hot path of every ack, so it splices bytes instead of decoding them.
         """
-        key = _TM.pack(t, m)
-        raw = self.txn.get(key, db=self._holders)
-        if raw is None:
-            return True
+        get, put, delete, db = self.txn.get, self.txn.put, self.txn.delete, self._holders
         sub = s.to_bytes(2, "big")
-        for i in range(0, len(raw), _HOLDER.size):
-            if raw[i : i + 2] == sub:
-                raw = raw[:i] + raw[i + _HOLDER.size :]
-                break
-        if raw:
-            self.txn.put(key, raw, db=self._holders)
-            return False
-        self.txn.delete(key, db=self._holders)
-        return True
+        size = _HOLDER.size
+        done = []
+        for m in msgs:
+            key = _TM.pack(t, m)
+            raw = get(key, db=db)
+            if raw is None:
+                done.append(m)
+                continue
+            for i in range(0, len(raw), size):
+                if raw[i : i + 2] == sub:
+                    raw = raw[:i] + raw[i + size :]
+                    break
+            if raw:
+                put(key, raw, db=db)
+            else:
+                delete(key, db=db)
+                done.append(m)
+        return done
 
     # --- ready queues ---------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
         self._put_in_order(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, attempts), self._ready)
+
+    def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
+        """(prio, pos, m) entries, first attempts, into s's queue in one call."""
+        items = [(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, 0)) for prio, pos, m in entries]
+        self._put_all_in_order(items, self._ready)
 
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
         return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
@@ -284,6 +312,27 @@ class Txn:
         self.txn.put(_TSM.pack(t, s, m), _FLIGHT.pack(*flight), db=self._inflight)
         if flight.deadline_ns:
             self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+
+    def put_inflight_many(self, t: int, s: int, flights: list[tuple[int, Flight]]) -> None:
+        """A whole batch's deliveries to s."""
+        self._put_all_in_order([(_TSM.pack(t, s, m), _FLIGHT.pack(*flight)) for m, flight in flights], self._inflight)
+        for m, flight in flights:
+            if flight.deadline_ns:
+                self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+
+    def pop_inflight_many(self, t: int, s: int, msgs: list[int]) -> list[int]:
+        """pop_inflight for each m (acks); the ones that were in flight, in order."""
+        pop, delete, db = self.txn.pop, self.txn.delete, self._inflight
+        out = []
+        for m in msgs:
+            raw = pop(_TSM.pack(t, s, m), db=db)
+            if raw is None:
+                continue
+            deadline_ns = _FLIGHT.unpack(raw)[2]
+            if deadline_ns:
+                delete(_DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
+            out.append(m)
+        return out
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
@@ -355,6 +404,11 @@ class Txn:
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
         self.txn.delete(_U32(t) + key, db=self._dedupe)
+
+
+def _body_value(body: Body) -> bytes:
+    head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
+    return b"".join((head, body.key, body.fragment))
 
 
 def _U32(t: int) -> bytes:
