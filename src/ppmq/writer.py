@@ -15,11 +15,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from msgspec import UNSET
+
 from . import protocol as p
-from .broker import Broker, Delivery, Op, Returned
+from .broker import Broker, Delivery, Op, Returned, Written
 
 ReplySink = Callable[[p.Reply], None]
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
+# Acks that owe no reply wait this long for company: with Sync each commit costs an
+# fsync, and the next publish usually arrives right behind the acks of the last one.
+ACK_GATHER_S = 0.002
 
 
 class Outlet(Protocol):
@@ -69,6 +74,8 @@ class Writer:
                     if not self.broker.wants_step(set(self._open), now_ns):
                         await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
                         continue
+                else:
+                    await self._gather_acks()
                 batch = self._pending[:MAX_OPS_PER_STEP]
                 del self._pending[:MAX_OPS_PER_STEP]
                 open_subs = set() if self._stopping else set(self._open)
@@ -78,6 +85,21 @@ class Writer:
                 self._dispatch(step.deliveries)
         finally:
             self._executor.shutdown(wait=True)
+
+    async def _gather_acks(self) -> None:
+        """While only one-way acks wait, give whatever comes next up to
+        ACK_GATHER_S to join them, so that one commit serves both."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACK_GATHER_S
+        while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+            except TimeoutError:
+                return
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer."""
@@ -103,3 +125,11 @@ class Writer:
                 self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
             else:
                 outlet.push(delivery)
+
+
+def _quiet(op: Op) -> bool:
+    """Acks that nobody waits for: applying them a moment later changes nothing
+    anyone can see but the counters (and they are at least once anyway)."""
+    if isinstance(op, Written):
+        return True
+    return isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None
