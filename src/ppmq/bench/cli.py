@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import os
 import shlex
 import signal
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             systems.append(module)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if not args.no_charts and importlib.util.find_spec("matplotlib") is None:
+        print("no charts: matplotlib not installed (pip install -e .[bench])", flush=True)
+        args.no_charts = True
     results: dict = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "ppmq bench " + shlex.join(sys.argv[1:] if argv is None else argv),
