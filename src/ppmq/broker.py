@@ -330,17 +330,23 @@ class Broker:
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None]) -> int:
-        """A batch of acks in two store passes: out of flight, then out of the
-        holders; the last subscriber out deletes the message."""
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
         stats = self.state.subs[topic][sub]
-        done = txn.pop_inflight_many(t, s, [m for m in msgs if m is not None])
-        stats.ignored_acks += len(msgs) - len(done)
-        stats.inflight -= len(done)
-        stats.acked += len(done)
-        for m in txn.release_holders(t, s, done):
+        done = 0
+        for m in msgs:
+            if m is None or txn.pop_inflight(t, s, m) is None:
+                stats.ignored_acks += 1
+                continue
+            stats.inflight -= 1
+            stats.acked += 1
+            done += 1
+            self._release(txn, topic, t, s, m)
+        return done
+
+    def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
+        """Subscriber s is done with m; the last one out deletes the message."""
+        if txn.release_holder(t, m, s):
             self._delete_message(txn, topic, t, m)
-        return len(done)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
         tc = self.topics[topic]

@@ -239,31 +239,25 @@ class Txn:
         items = [(_TM.pack(t, m), b"".join([_HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
         self._put_all_in_order(items, self._holders)
 
-    def release_holders(self, t: int, s: int, msgs: list[int]) -> list[int]:
-        """Remove s from each m's holders; return the messages nobody holds any more.
+    def release_holder(self, t: int, m: int, s: int) -> bool:
+        """Remove s from m's holders; True when nobody holds m any more.
 
         The hot path of every ack, so it splices bytes instead of decoding them.
         """
-        get, put, delete, db = self.txn.get, self.txn.put, self.txn.delete, self._holders
+        key = _TM.pack(t, m)
+        raw = self.txn.get(key, db=self._holders)
+        if raw is None:
+            return True
         sub = s.to_bytes(2, "big")
-        size = _HOLDER.size
-        done = []
-        for m in msgs:
-            key = _TM.pack(t, m)
-            raw = get(key, db=db)
-            if raw is None:
-                done.append(m)
-                continue
-            for i in range(0, len(raw), size):
-                if raw[i : i + 2] == sub:
-                    raw = raw[:i] + raw[i + size :]
-                    break
-            if raw:
-                put(key, raw, db=db)
-            else:
-                delete(key, db=db)
-                done.append(m)
-        return done
+        for i in range(0, len(raw), _HOLDER.size):
+            if raw[i : i + 2] == sub:
+                raw = raw[:i] + raw[i + _HOLDER.size :]
+                break
+        if raw:
+            self.txn.put(key, raw, db=self._holders)
+            return False
+        self.txn.delete(key, db=self._holders)
+        return True
 
     # --- ready queues ---------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
@@ -319,20 +313,6 @@ class Txn:
         for m, flight in flights:
             if flight.deadline_ns:
                 self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
-
-    def pop_inflight_many(self, t: int, s: int, msgs: list[int]) -> list[int]:
-        """pop_inflight for each m (acks); the ones that were in flight, in order."""
-        pop, delete, db = self.txn.pop, self.txn.delete, self._inflight
-        out = []
-        for m in msgs:
-            raw = pop(_TSM.pack(t, s, m), db=db)
-            if raw is None:
-                continue
-            deadline_ns = _FLIGHT.unpack(raw)[2]
-            if deadline_ns:
-                delete(_DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
-            out.append(m)
-        return out
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
