@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "ppmq bench " + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": _machine(),
-        "versions": {},
         "workloads": {},
     }
     m = results["machine"]
@@ -72,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for w in chosen:
         w = scaled(w, args.scale)
         runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
+        versions: dict[str, str] = {}
         for i in range(args.runs):  # systems interleaved, so each run's ratios share its moment
             for m in systems:
                 print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
@@ -81,18 +81,19 @@ def main(argv: list[str] | None = None) -> int:
                 except runner.RunError as exc:
                     print(f"  failed: {exc}", flush=True)
                     continue
-                results["versions"][m.NAME] = version if m.NAME != "ppmq" else "ppmq"
+                versions[m.NAME] = version
                 runs[m.NAME].append(figures)
         summary = report.summarize({k: v for k, v in runs.items() if v})
-        results["workloads"][w.name] = {"workload": w._asdict(), "systems": summary}
-        print(report.table(w.name, summary, results["versions"]), flush=True)
+        results["workloads"][w.name] = {"workload": w._asdict(), "versions": versions, "systems": summary}
+        print(report.table(w.name, summary, versions), flush=True)
         profile = out / f"profile-{w.name}.txt"
         if args.profile and profile.exists():
             print(f"ppmq broker profile (py-spy, {profile}):\n{profiling.summary(profile)}", flush=True)
         if not args.no_charts and summary:
             report.chart(out / f"{w.name}.png", w.name, summary)
         report.write_json(out / "results.json", results)
-    print(f"results in {out / 'results.json'}" + ("" if args.no_charts else f", charts {out}/<workload>.png"))
+        (out / "results.md").write_text(report.markdown(results))
+    print(f"results in {out / 'results.json'} and {out / 'results.md'}" + ("" if args.no_charts else f", charts {out}/<workload>.png"))
     return 0
 
 

@@ -52,17 +52,39 @@ def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict]:
     return out
 
 
-def table(workload: str, summary: dict[str, dict], versions: dict[str, str]) -> str:
+def _rows(workload: str, summary: dict[str, dict]) -> list[list[str]]:
     columns = BACKLOG_COLUMNS if workload == "backlog" else COLUMNS
     rows = [["system", *(heading for _, heading, _ in columns)]]
     for system, s in summary.items():
         med = s["median"]
         rows.append([system, *(fmt.format(med[k]) if k in med else "-" for k, _, fmt in columns)])
+    return rows
+
+
+def _runs(summary: dict[str, dict]) -> int:
+    return max((len(s["runs"]) for s in summary.values()), default=0)
+
+
+def table(workload: str, summary: dict[str, dict], versions: dict[str, str]) -> str:
+    """The terminal's table: aligned columns, then what each system was."""
+    rows = _rows(workload, summary)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"== {workload} (median of {max((len(s['runs']) for s in summary.values()), default=0)} runs)"]
+    lines = [f"== {workload} (median of {_runs(summary)} runs)"]
     lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
     lines += [f"   {system}: {versions[system]}" for system in summary if system in versions]
     return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    """Every workload's table for docs/performance.md."""
+    out = []
+    for workload, entry in results["workloads"].items():
+        rows = _rows(workload, entry["systems"])
+        out += [f"### {workload} (median of {_runs(entry['systems'])} runs)", ""]
+        out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        out += [""] + [f"- {system}: {version}" for system, version in entry["versions"].items()] + [""]
+    return "\n".join(out)
 
 
 def write_json(path: Path, report: dict) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,14 @@ def start(tmp: Path, w: Workload) -> Running:
     service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
     service.wait_unix(config["ServerSocket"])
     address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
-    return Running(service, address, tmp / "data", f"ppmq (Sync {str(w.durable).lower()})")
+    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()})")
+
+
+def _revision() -> str:
+    """The commit the broker runs from, when it runs from a git checkout."""
+    here = Path(__file__).resolve().parent
+    done = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "(no git)"
 
 
 class Publisher:
