@@ -109,7 +109,7 @@ class Subscriber:
 
         try:
             msgs = await self.sub.fetch(self.count, timeout=IDLE_S)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either
             return []
         for m in msgs:
             await m.ack()
