@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench install clean
+.PHONY: serve test bench soak fuzz install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 ## bench: quick figures for ppmq alone (not part of the tests)
 bench: $(STAMP)
 	$(BIN)/python bench/quick.py
+
+## soak: 500 kill -9 cycles on one store; prints confirmed messages, losses (must be 0), duplicates
+soak: $(STAMP)
+	$(BIN)/python bench/crash_soak.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
