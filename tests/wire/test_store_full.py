@@ -10,13 +10,20 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from ppmq import protocol as p
+from ppmq.broker import Broker, Returned
 from ppmq.client import Client, ClientError
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.state import NS
+from ppmq.store import Store
 
 from ..conftest import BrokerProcess, Subscriber, wait_for
 
 PAD = "x" * 20_000
+NOW = 1_800_000_000 * NS
 
 
 class Publisher:
@@ -132,3 +139,44 @@ def test_a_full_disk_fails_the_commit_with_507_stores_nothing_half_and_recovers_
     sub = broker_factory.subscriber(b, "s")
     sub.wait_messages(len(publisher.confirmed), timeout_s=60)
     assert names(sub) == set(publisher.confirmed)
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
+    # The broker is driven directly: over the wire, a batch cannot be made to come
+    # back at the very step whose commit hits the full disk.
+    config = Config(
+        server_socket="/nonexistent", data_path=str(small_disk / "data"), sync=False, max_store_bytes=1 << 30,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=10)],
+        topics=[TopicConfig(name="t", subscribers=["s"])],
+    )
+    store = Store(config.data_path, sync=False, max_bytes=config.max_store_bytes)
+    try:
+        # Given a batch in flight to s, and a full disk
+        broker = Broker(config, store, NOW)
+        broker.step([publish(b'"m%d"' % i for i in range(10))], set(), NOW)
+        (batch,) = broker.step([], {"s"}, NOW).deliveries
+        fill(small_disk)
+        # When the batch comes back (its write failed) in a step whose commit fails
+        step = broker.step([Returned("s", "t", batch.msgs), publish([b'"' + b"x" * 100_000 + b'"'] * 40)], set(), NOW)
+        assert step.replies[0] is None and step.replies[1].status == 507
+        # Then, once the disk has room, the batch is ready again and pushed again
+        (small_disk / "filler").unlink()
+        (again,) = broker.step([], {"s"}, NOW).deliveries
+        assert again.msgs == batch.msgs
+        assert broker.state.subs["t"]["s"].inflight == 10
+    finally:
+        store.close()
+
+
+def publish(payloads) -> p.Request:
+    return p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(x)) for x in payloads], id=msgspec.Raw(b"1"))
