@@ -31,5 +31,9 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python bench/crash_soak.py
 
+## fuzz: the wire fuzzing with 5000 hypothesis examples per test instead of 200
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_long.py
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
