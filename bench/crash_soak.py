@@ -3,11 +3,11 @@
     .venv/bin/python bench/crash_soak.py [--cycles 500] [--seed N]
 
 Each cycle starts the broker on the same DataPath, lets publishers and
-subscribers work, and kills it with SIGKILL during a commit, a delivery or an
-expiry sweep (in turn); the store is then checked with fsck and against what
-was confirmed. A last run drains everything. Prints the cycles, the confirmed
-messages, the losses (must be zero) and the duplicates (at-least-once
-redeliveries); exits 1 if any check failed.
+subscribers work, and kills it with SIGKILL during a commit, a delivery, an
+expiry sweep or a SIGHUP reload (in turn); the store is then checked with fsck
+and against what was confirmed. A last run drains everything. Prints the
+cycles, the confirmed messages, the losses (must be zero) and the duplicates
+(at-least-once redeliveries); exits 1 if any check failed.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Publishers send confirmed batches, subscribers ack everything on their delivery
 connection, and the broker is killed with SIGKILL in the middle of a commit, of
-a delivery, of an expiry sweep, then started again on the same DataPath. After
-every cycle, with the broker dead and its store frozen:
+a delivery, of an expiry sweep or of a SIGHUP reload, then started again on the
+same DataPath. After every cycle, with the broker dead and its store frozen:
 
 - the store passes `fsck`;
 - every message answered 200 has reached each subscriber or is still held for it;
@@ -32,30 +32,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import yaml
 
 from ppmq.client import Client, ClientError
-from ppmq.config import load_config
+from ppmq.config import Config, load_config
 from ppmq.framing import Framer
 from ppmq.fsck import check, read_snapshot
 
 from ..conftest import BrokerProcess, Subscriber, make_config, wait_for
 
 SUBSCRIBERS = ("a", "b")
-MOMENTS = ("commit", "delivery", "expiry")
+MOMENTS = ("commit", "delivery", "expiry", "reload")
 DD_KEYS = 16
 
 
-def crash_config(tmp: Path) -> dict:
+def crash_config(tmp: Path, with_c: bool = False) -> dict:
     """`work`: fan-out to a and b; `dd`: dedupe; `exp`: expiry, also held for `lazy`,
-    who never listens, so that expired messages pile up for the sweep."""
+    who never listens, so that expired messages pile up for the sweep. `with_c`
+    subscribes `c` (who never listens either) to `work`: reloading between the two
+    adds a subscription, then drops it with everything it holds."""
     return make_config(
         tmp,
         [
-            {"Name": "work", "Priorities": 2, "AckRetry": "1s", "Subscribers": ["a", "b"]},
+            {"Name": "work", "Priorities": 2, "AckRetry": "1s", "Subscribers": ["a", "b", "c"] if with_c else ["a", "b"]},
             {"Name": "dd", "Dedupe": True, "AckRetry": "1s", "Subscribers": ["a"]},
             {"Name": "exp", "Expire": True, "Subscribers": ["a", "lazy"]},
         ],
-        [{"Name": "a", "BatchSize": 20, "Window": 40}, {"Name": "b", "BatchSize": 7, "Window": 14}, "lazy"],
+        [{"Name": "a", "BatchSize": 20, "Window": 40}, {"Name": "b", "BatchSize": 7, "Window": 14}, "lazy", "c"],
     )
 
 
@@ -188,7 +191,7 @@ class CrashRun:
         self.rng = random.Random(seed)
         self.ledger = Ledger()
         self.broker = BrokerProcess(tmp, crash_config(tmp))
-        self.config = load_config(self.broker.config_path)
+        self.with_c = False
         self.counters: Counter = Counter()
         self.started: list[float] = []  # wall clock before each run's process was spawned
         self.moments: Counter = Counter()
@@ -218,7 +221,8 @@ class CrashRun:
         publishers = Publishers(self.broker.socket, self.ledger, run, self.rng, self.counters)
         if moment == "commit":
             time.sleep(self.rng.uniform(0.05, 0.4))
-            problems = check(read_snapshot(self.config.data_path), self.config)
+            config = self.config
+            problems = check(read_snapshot(config.data_path), config)
             assert not problems, "fsck beside a live broker:\n" + "\n".join(problems)
         elif moment == "delivery":
             self._kill_at_batch = self._batches + self.rng.randint(1, 30)
@@ -227,6 +231,11 @@ class CrashRun:
             ttl_s = 0.3
             publishers.burst_of_expiring(self.rng.randint(300, 2000), ttl_s)
             time.sleep(ttl_s + self.rng.uniform(0, 0.15))
+        elif moment == "reload":
+            time.sleep(self.rng.uniform(0.05, 0.3))  # a backlog for c to hold, or to be dropped with it
+            self.with_c = not self.with_c
+            self.broker.reload(crash_config(self.tmp, self.with_c))
+            time.sleep(self.rng.uniform(0, 0.2))
         self._kill_at_batch = None
         self.broker.kill()
         publishers.join()
@@ -237,8 +246,9 @@ class CrashRun:
     def check_frozen_store(self) -> None:
         """With the broker dead: fsck is clean, and every confirmed message has reached
         each subscriber or is still held for it."""
-        snap = read_snapshot(self.config.data_path, fragments=True)
-        problems = check(snap, self.config)
+        config = self.config
+        snap = read_snapshot(config.data_path, fragments=True)
+        problems = check(snap, config)
         assert not problems, "fsck after a kill -9:\n" + "\n".join(problems)
         held = set()
         sub_names = {i: n for n, i in snap.state.sub_ids.items()}
@@ -299,8 +309,15 @@ class CrashRun:
                     wrong.append(f"{d} although a newer version was confirmed in run {newer[0]}")
         assert not wrong, "\n".join(wrong[:20])
 
+    @property
+    def config(self) -> Config:
+        """The config the broker runs (or will run at its next start)."""
+        return load_config(self.broker.config_path)
+
     def drain(self, timeout_s: float = 60) -> None:
         """A last run with no publishers: everything confirmed arrives, everything is acked."""
+        if self.with_c:  # c never acks: drop it, with all it holds
+            self.broker.config_path.write_text(yaml.safe_dump(crash_config(self.tmp)))
         self._start()
         with self.broker.client() as c:
             for sub in SUBSCRIBERS:
@@ -314,7 +331,8 @@ class CrashRun:
         wait_for(settled, timeout_s, "every message to be acked or to expire")
         assert self.broker.stop() == 0
         self.check_runs()
-        problems = check(read_snapshot(self.config.data_path), self.config)
+        config = self.config
+        problems = check(read_snapshot(config.data_path), config)
         assert not problems, "\n".join(problems)
 
     def losses(self) -> list[tuple[str, str]]:
