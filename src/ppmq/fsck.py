@@ -7,7 +7,8 @@ or a damaged file shows up as two copies that disagree, which is what this
 checks. It opens the environment read-only and reads one LMDB snapshot, so it
 runs beside a live broker (which keeps writing meanwhile) as well as on a
 stopped one; it never writes, and refuses a DataPath that is not a ppmq store.
-It holds the indexes (not the payloads) in memory: tens of bytes per entry.
+It holds the indexes (not the payloads) in memory, a hundred bytes or so per
+entry, and while it reads, the broker cannot reuse the pages of its snapshot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import lmdb
 import msgspec
@@ -59,13 +61,19 @@ class Snapshot:
     dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
+    @cached_property
+    def topic_names(self) -> dict[int, str]:
+        return {i: n for n, i in self.state.topic_ids.items()}
+
+    @cached_property
+    def sub_names(self) -> dict[int, str]:
+        return {i: n for n, i in self.state.sub_ids.items()}
+
     def topic(self, t: int) -> str:
-        names = {i: n for n, i in self.state.topic_ids.items()}
-        return repr(names[t]) if t in names else f"#{t} (unknown id)"
+        return repr(self.topic_names[t]) if t in self.topic_names else f"#{t} (unknown id)"
 
     def sub(self, s: int) -> str:
-        names = {i: n for n, i in self.state.sub_ids.items()}
-        return repr(names[s]) if s in names else f"#{s} (unknown id)"
+        return repr(self.sub_names[s]) if s in self.sub_names else f"#{s} (unknown id)"
 
     def msg(self, t: int, m: int) -> str:
         return f"topic {self.topic(t)} message {m}"
@@ -177,7 +185,7 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
     sequence would collide with a future message id."""
     out = []
     flags = {tc.name: tc for tc in config.topics}
-    names = {i: n for n, i in snap.state.topic_ids.items()}
+    names = snap.topic_names
     for (t, m), body in snap.bodies.items():
         where = snap.msg(t, m)
         if t not in names:
@@ -245,15 +253,13 @@ def _deadlines_point_at_flights(snap: Snapshot, config: Config) -> list[str]:
 
 def _message_indexes_point_at_bodies(snap: Snapshot, config: Config) -> list[str]:
     """Expiry and dedupe entries name a message by a field of its body, which must agree."""
-    expiring = ((t, m, "expires_ns", e, f"expiry: {e} for {snap.msg(t, m)} matches no stored message expiring then")
-                for e, t, m in snap.expiry)
-    keyed = ((t, m, "key", key, f"dedupe: key {key!r} of topic {snap.topic(t)} points at message {m}, which is not stored under that key")
-             for (t, key), m in snap.dedupe.items())
     out = []
-    for t, m, attr, value, problem in (*expiring, *keyed):
-        body = snap.bodies.get((t, m))
-        if body is None or getattr(body, attr) != value:
-            out.append(problem)
+    for expires_ns, t, m in snap.expiry:
+        if getattr(snap.bodies.get((t, m)), "expires_ns", None) != expires_ns:
+            out.append(f"expiry: {expires_ns} for {snap.msg(t, m)} matches no stored message expiring then")
+    for (t, key), m in snap.dedupe.items():
+        if getattr(snap.bodies.get((t, m)), "key", None) != key:
+            out.append(f"dedupe: key {key!r} of topic {snap.topic(t)} points at message {m}, which is not stored under that key")
     return out
 
 
