@@ -145,11 +145,15 @@ class Publishers:
         except ClientError:
             pass  # the broker was killed: the batch in the air may or may not be stored
 
+    def _numbers(self, name: str, n: int) -> range:
+        """n numbers for payloads, never handed out before (the exp burst runs beside the exp thread)."""
+        with self.ledger.lock:
+            start = self.counters[name]
+            self.counters[name] += n
+        return range(start, start + n)
+
     def _work(self, client: Client) -> None:
-        n = self.rng.randint(1, 20)
-        start = self.counters["work"]
-        self.counters["work"] += n
-        payloads = [f"w{i}" for i in range(start, start + n)]
+        payloads = [f"w{i}" for i in self._numbers("work", self.rng.randint(1, 20))]
         client.publish("work", [{"Payload": p, "Priority": self.rng.randint(0, 1)} for p in payloads])
         with self.ledger.lock:
             self.ledger.confirmed.update(dict.fromkeys(payloads, self.run))
@@ -166,10 +170,8 @@ class Publishers:
         time.sleep(0.01)
 
     def _exp(self, client: Client, burst: int = 0, ttl_s: float | None = None) -> None:
-        n = burst or self.rng.randint(1, 10)
-        start = self.counters["exp"]
-        self.counters["exp"] += n
-        client.publish("exp", [{"Payload": f"e{i}", "TTL": ttl_s or self.rng.uniform(0.1, 1.5)} for i in range(start, start + n)])
+        numbers = self._numbers("exp", burst or self.rng.randint(1, 10))
+        client.publish("exp", [{"Payload": f"e{i}", "TTL": ttl_s or self.rng.uniform(0.1, 1.5)} for i in numbers])
         time.sleep(0.02)
 
     def burst_of_expiring(self, n: int, ttl_s: float) -> None:
