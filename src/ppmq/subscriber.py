@@ -1,0 +1,409 @@
+"""Subscriber kit: a subscriber name and a function make a working ppmq subscriber.
+
+    #!/opt/ppmq/bin/python3
+    from ppmq.subscriber import main
+
+    def handle(batch):
+        for m in batch.messages:
+            print(m.key, m.payload)
+
+    raise SystemExit(main("archive", handle))
+
+What the kit does around the function (PROTOCOL §1, §3, §5):
+
+- Listens on the socket systemd passes (FileDescriptorName=ppmq, as in
+  ppmq-subscriber@.socket) or, run by hand, binds the subscriber's `Socket` from
+  the broker's config (`-c`, else $PPMQ_CONFIG, else /etc/ppmq/ppmq.yaml).
+- Sends RECONNECT to ServerSocket on start, so that whatever an earlier run was
+  given but did not ack is delivered again now rather than after `AckRetry`.
+- Hands each batch the broker pushes to the function, one batch at a time, and
+  acks on the delivery connection what the function says succeeded:
+  it returns None: the whole batch; it returns keys (or Messages): only those,
+  the rest come again after the topic's AckRetry or at the next start; it raises:
+  nothing (the exception is logged). `each(fn)` turns a per-message function into
+  a batch function: a message whose call raised is not acked.
+- Exits once no batch has come for `idle_exit_s` (by default 60 s when socket
+  activated, never when run by hand), so that a subscriber systemd started does
+  not stay resident; systemd starts it again at the broker's next connection.
+
+Delivery is at least once. A message may come again after a crash, an exit
+between handling and ack, or because the RECONNECT of a start also returns the
+batch that woke the subscriber: handlers must be idempotent, as with any
+broker that redelivers.
+
+`run` blocks; `serve` is the asyncio flavour, where the function may be a
+coroutine function; `main` picks one and reads the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .client import AsyncClient, Client, ClientError
+from .config import ConfigError, default_config_path, load_config
+from .framing import Framer
+from .server import ListenError, _claim_socket_path
+from .systemd import configure_logging, listening_unix_socket
+
+log = logging.getLogger(__name__)
+
+FD_NAME = "ppmq"  # FileDescriptorName= of ppmq-subscriber@.socket
+ACTIVATED_IDLE_EXIT_S = 60.0
+RECONNECT_TIMEOUT_S = 10.0
+READ_CHUNK = 1 << 16
+
+
+class Message(msgspec.Struct, rename="pascal"):
+    """One delivered message (PROTOCOL §5); `payload` is the decoded JSON value."""
+
+    key: str
+    payload: Any
+    priority: int = 0
+    expires: str | None = None  # RFC 3339, present only when the producer set one
+
+
+class Batch(msgspec.Struct, rename="pascal"):
+    """What the broker pushes: messages of one topic, by priority then publish order."""
+
+    topic: str
+    subscriber: str
+    messages: list[Message]
+
+
+class _Frame(msgspec.Struct, rename="pascal"):
+    """Either a batch or the broker's reply to one of our acks."""
+
+    topic: str = ""
+    subscriber: str = ""
+    messages: list[Message] | None = None
+    status: int | None = None
+    error: str | None = None
+
+
+Result = Iterable[str | Message] | None
+Handler = Callable[[Batch], Result]
+AsyncHandler = Callable[[Batch], Awaitable[Result]]
+
+
+class SubscriberError(Exception):
+    """The subscriber cannot run: unknown name, unusable socket, bad settings."""
+
+
+@dataclass
+class Settings:
+    """Where a subscriber listens and where its broker is."""
+
+    name: str
+    socket: str  # the subscriber's own socket, bound when not socket activated
+    server_socket: str | None  # the broker's, for RECONNECT; None skips it
+    idle_exit_s: float | None = None  # None: ACTIVATED_IDLE_EXIT_S when activated, else never; 0: never
+    max_frame_bytes: int = 1 << 30
+
+
+def settings(
+    name: str,
+    config: str | None = None,
+    socket_path: str | None = None,
+    server_socket: str | None = None,
+    idle_exit_s: float | None = None,
+) -> Settings:
+    """Settings from the broker's config file, with explicit paths taking precedence.
+
+    With both paths given no config file is read, so a subscriber can run
+    without access to the broker's configuration.
+    """
+    if socket_path and server_socket:
+        return Settings(name, socket_path, server_socket, idle_exit_s)
+    path = config or default_config_path()
+    loaded = load_config(path)
+    match = next((s for s in loaded.subscribers if s.name == name), None)
+    if match is None:
+        known = ", ".join(s.name for s in loaded.subscribers) or "none"
+        raise SubscriberError(f"{path}: no subscriber named {name!r} (Subscribers: {known})")
+    return Settings(
+        name,
+        socket_path or match.socket,
+        server_socket or loaded.server_socket,
+        idle_exit_s,
+        loaded.max_frame_bytes,
+    )
+
+
+def each(fn: Callable[[Message], Any]) -> Handler:
+    """A batch handler that calls `fn` per message and acks those whose call returned."""
+
+    def handle(batch: Batch) -> list[str]:
+        done = []
+        for message in batch.messages:
+            try:
+                fn(message)
+            except Exception:
+                log.exception("%s: message %s of %s failed; not acked", batch.subscriber, message.key, batch.topic)
+            else:
+                done.append(message.key)
+        return done
+
+    return handle
+
+
+# --- what both flavours share: listening, frames in, acks out ----------------------
+
+
+class _Listener:
+    """The listening socket: systemd's, or one bound (and later removed) by us."""
+
+    def __init__(self, s: Settings) -> None:
+        inherited = listening_unix_socket(FD_NAME)
+        self.activated = inherited is not None
+        self.bound_path = None if self.activated else s.socket
+        if inherited is not None:
+            self.sock = inherited
+        else:
+            self.sock = _bind(s.socket)
+        self.idle_exit_s = _idle_exit_s(s.idle_exit_s, self.activated)
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.bound_path is not None:
+            try:
+                os.unlink(self.bound_path)
+            except FileNotFoundError:
+                pass
+
+
+def _bind(path: str) -> socket.socket:
+    try:
+        _claim_socket_path(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        sock.listen(8)
+    except ListenError as exc:
+        raise SubscriberError(str(exc)) from None
+    except OSError as exc:
+        raise SubscriberError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _idle_exit_s(configured: float | None, activated: bool) -> float | None:
+    if configured is None:
+        return ACTIVATED_IDLE_EXIT_S if activated else None
+    return configured or None
+
+
+class _Session:
+    """One delivery connection, without I/O: bytes in, batches and ack frames out."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._framer = Framer(max_frame_bytes)
+        self._decoder = msgspec.json.Decoder(_Frame)
+        self._acks_sent = 0
+
+    def batches(self, data: bytes) -> list[Batch]:
+        """Batches completed by `data`; the broker's replies to acks are logged when not 200."""
+        out = []
+        for raw in self._framer.feed(data):
+            frame = self._decoder.decode(raw)
+            if frame.messages is not None:
+                out.append(Batch(frame.topic, frame.subscriber, frame.messages))
+            elif frame.status != 200:
+                log.warning("ack rejected by the broker (%s): %s", frame.status, frame.error)
+        if self._framer.too_large is not None:
+            raise SubscriberError(f"a frame from the broker is too large: {self._framer.too_large}")
+        return out
+
+    def ack_frame(self, batch: Batch, result: Result) -> bytes | None:
+        """The ack for what the handler returned: all on None, else the keys it named."""
+        if result is None:
+            keys = [m.key for m in batch.messages]
+        else:
+            keys = [r.key if isinstance(r, Message) else r for r in result]
+        if not keys:
+            return None
+        self._acks_sent += 1
+        wrapper = {"Topic": batch.topic, "Subscriber": batch.subscriber, "Acks": keys, "Id": self._acks_sent}
+        return msgspec.json.encode(wrapper) + b"\n"
+
+
+def _failed(batch: Batch) -> None:
+    log.exception("%s: handler failed on a batch of %d from %s; not acked", batch.subscriber, len(batch.messages), batch.topic)
+
+
+def _remaining_s(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _deadline(idle_exit_s: float | None) -> float | None:
+    return None if idle_exit_s is None else time.monotonic() + idle_exit_s
+
+
+# --- blocking ----------------------------------------------------------------------
+
+
+def run(handler: Handler, s: Settings) -> None:
+    """Serve the broker's connections until idle for `idle_exit_s`; blocks."""
+    listener = _Listener(s)
+    try:
+        _reconnect(s)
+        deadline = _deadline(listener.idle_exit_s)
+        while True:
+            listener.sock.settimeout(_remaining_s(deadline))
+            try:
+                conn, _ = listener.sock.accept()
+            except TimeoutError:
+                break
+            with conn:
+                if not _serve_connection(conn, handler, s, listener.idle_exit_s):
+                    break
+            deadline = _deadline(listener.idle_exit_s)
+        log.info("%s: idle for %ss, exiting", s.name, listener.idle_exit_s)
+    finally:
+        listener.close()
+
+
+def _serve_connection(conn: socket.socket, handler: Handler, s: Settings, idle_exit_s: float | None) -> bool:
+    """Handle batches until the broker closes (True) or nothing came for idle_exit_s (False)."""
+    session = _Session(s.max_frame_bytes)
+    while True:
+        conn.settimeout(idle_exit_s)
+        try:
+            data = conn.recv(READ_CHUNK)
+        except TimeoutError:
+            return False
+        except OSError as exc:
+            log.info("%s: delivery connection failed: %s", s.name, exc)
+            return True
+        if not data:
+            return True
+        for batch in session.batches(data):
+            try:
+                result = handler(batch)
+            except Exception:
+                _failed(batch)
+                continue
+            if (frame := session.ack_frame(batch, result)) is not None:
+                conn.sendall(frame)
+
+
+def _reconnect(s: Settings) -> None:
+    if s.server_socket is None:
+        return
+    try:
+        with Client(s.server_socket, timeout_s=RECONNECT_TIMEOUT_S) as client:
+            client.reconnect(s.name)
+    except ClientError as exc:
+        log.warning("%s: RECONNECT failed (%s); unacked messages come again after AckRetry", s.name, exc)
+
+
+# --- asyncio -----------------------------------------------------------------------
+
+
+async def serve(handler: Handler | AsyncHandler, s: Settings) -> None:
+    """The asyncio flavour of `run`; `handler` may be a coroutine function."""
+    listener = _Listener(s)
+    try:
+        listener.sock.setblocking(False)
+        await _reconnect_async(s)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await asyncio.wait_for(loop.sock_accept(listener.sock), listener.idle_exit_s)
+            except TimeoutError:
+                break
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READ_CHUNK)
+            try:
+                if not await _serve_stream(reader, writer, handler, s, listener.idle_exit_s):
+                    break
+            finally:
+                writer.close()
+        log.info("%s: idle for %ss, exiting", s.name, listener.idle_exit_s)
+    finally:
+        listener.close()
+
+
+async def _serve_stream(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    handler: Handler | AsyncHandler,
+    s: Settings,
+    idle_exit_s: float | None,
+) -> bool:
+    session = _Session(s.max_frame_bytes)
+    while True:
+        try:
+            data = await asyncio.wait_for(reader.read(READ_CHUNK), idle_exit_s)
+        except TimeoutError:
+            return False
+        except OSError as exc:
+            log.info("%s: delivery connection failed: %s", s.name, exc)
+            return True
+        if not data:
+            return True
+        for batch in session.batches(data):
+            try:
+                result = handler(batch)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                _failed(batch)
+                continue
+            if (frame := session.ack_frame(batch, result)) is not None:
+                writer.write(frame)
+                await writer.drain()
+
+
+async def _reconnect_async(s: Settings) -> None:
+    if s.server_socket is None:
+        return
+    try:
+        client = await AsyncClient.connect(s.server_socket, timeout_s=RECONNECT_TIMEOUT_S)
+        async with client:
+            await client.reconnect(s.name)
+    except ClientError as exc:
+        log.warning("%s: RECONNECT failed (%s); unacked messages come again after AckRetry", s.name, exc)
+
+
+# --- command line ------------------------------------------------------------------
+
+
+def main(name: str, handler: Handler | AsyncHandler, argv: list[str] | None = None) -> int:
+    """Run a subscriber script: options from the command line, logging set up for
+    journald or a terminal; exit status 0 after an idle exit, 1 when it cannot run."""
+    args = _parser(name).parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging()
+    try:
+        s = settings(args.name, args.config, args.socket, args.server_socket, args.idle_exit)
+        if inspect.iscoroutinefunction(handler):
+            asyncio.run(serve(handler, s))
+        else:
+            run(handler, s)
+    except (ConfigError, SubscriberError) as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=f"ppmq subscriber {name}")
+    parser.add_argument("-c", "--config", help="the broker's config (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
+    parser.add_argument("--name", default=name, help=f"subscriber name in the config (default: {name})")
+    parser.add_argument("--socket", help="listen here instead of the subscriber's Socket from the config")
+    parser.add_argument("--server-socket", help="the broker's ServerSocket, for RECONNECT")
+    parser.add_argument(
+        "--idle-exit", type=float, metavar="SECONDS",
+        help=f"exit when no batch came for this long; 0: never (default: {ACTIVATED_IDLE_EXIT_S:g} when socket activated, else never)",
+    )
+    return parser
