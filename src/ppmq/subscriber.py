@@ -32,7 +32,7 @@ batch that woke the subscriber: handlers must be idempotent, as with any
 broker that redelivers.
 
 `run` blocks; `serve` is the asyncio flavour, where the function may be a
-coroutine function; `main` picks one and reads the command line.
+coroutine function; `main` reads the command line and runs either kind.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from .client import AsyncClient, Client, ClientError
+from .client import AsyncClient, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .server import ListenError, _claim_socket_path
@@ -240,81 +240,27 @@ def _failed(batch: Batch) -> None:
     log.exception("%s: handler failed on a batch of %d from %s; not acked", batch.subscriber, len(batch.messages), batch.topic)
 
 
-def _remaining_s(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+# --- serving -----------------------------------------------------------------------
 
 
-def _deadline(idle_exit_s: float | None) -> float | None:
-    return None if idle_exit_s is None else time.monotonic() + idle_exit_s
+def run(handler: Handler | AsyncHandler, s: Settings) -> None:
+    """Serve the broker's connections until idle for `idle_exit_s`; blocks.
 
-
-# --- blocking ----------------------------------------------------------------------
-
-
-def run(handler: Handler, s: Settings) -> None:
-    """Serve the broker's connections until idle for `idle_exit_s`; blocks."""
-    listener = _Listener(s)
-    try:
-        _reconnect(s)
-        deadline = _deadline(listener.idle_exit_s)
-        while True:
-            listener.sock.settimeout(_remaining_s(deadline))
-            try:
-                conn, _ = listener.sock.accept()
-            except TimeoutError:
-                break
-            with conn:
-                if not _serve_connection(conn, handler, s, listener.idle_exit_s):
-                    break
-            deadline = _deadline(listener.idle_exit_s)
-        log.info("%s: idle for %ss, exiting", s.name, listener.idle_exit_s)
-    finally:
-        listener.close()
-
-
-def _serve_connection(conn: socket.socket, handler: Handler, s: Settings, idle_exit_s: float | None) -> bool:
-    """Handle batches until the broker closes (True) or nothing came for idle_exit_s (False)."""
-    session = _Session(s.max_frame_bytes)
-    while True:
-        conn.settimeout(idle_exit_s)
-        try:
-            data = conn.recv(READ_CHUNK)
-        except TimeoutError:
-            return False
-        except OSError as exc:
-            log.info("%s: delivery connection failed: %s", s.name, exc)
-            return True
-        if not data:
-            return True
-        for batch in session.batches(data):
-            try:
-                result = handler(batch)
-            except Exception:
-                _failed(batch)
-                continue
-            if (frame := session.ack_frame(batch, result)) is not None:
-                conn.sendall(frame)
-
-
-def _reconnect(s: Settings) -> None:
-    if s.server_socket is None:
-        return
-    try:
-        with Client(s.server_socket, timeout_s=RECONNECT_TIMEOUT_S) as client:
-            client.reconnect(s.name)
-    except ClientError as exc:
-        log.warning("%s: RECONNECT failed (%s); unacked messages come again after AckRetry", s.name, exc)
-
-
-# --- asyncio -----------------------------------------------------------------------
+    The handler runs on one thread of its own, always the same one, so it may
+    block, keep thread-bound resources, and even run an event loop itself.
+    """
+    asyncio.run(serve(handler, s))
 
 
 async def serve(handler: Handler | AsyncHandler, s: Settings) -> None:
-    """The asyncio flavour of `run`; `handler` may be a coroutine function."""
+    """`run` for asyncio programs: a coroutine function is awaited on the loop,
+    a plain function is called on a thread of its own."""
     listener = _Listener(s)
+    executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-handler")
+    call = _caller(handler, executor)
     try:
         listener.sock.setblocking(False)
-        await _reconnect_async(s)
+        await _reconnect(s)
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -323,22 +269,35 @@ async def serve(handler: Handler | AsyncHandler, s: Settings) -> None:
                 break
             reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READ_CHUNK)
             try:
-                if not await _serve_stream(reader, writer, handler, s, listener.idle_exit_s):
+                if not await _serve_connection(reader, writer, call, s, listener.idle_exit_s):
                     break
             finally:
                 writer.close()
         log.info("%s: idle for %ss, exiting", s.name, listener.idle_exit_s)
     finally:
         listener.close()
+        executor.shutdown(wait=False)
 
 
-async def _serve_stream(
+def _caller(handler: Handler | AsyncHandler, executor: ThreadPoolExecutor) -> Callable[[Batch], Awaitable[Result]]:
+    """The handler as a coroutine function: plain functions go to the executor's one thread."""
+    if inspect.iscoroutinefunction(handler):
+        return handler
+
+    async def call(batch: Batch) -> Result:
+        return await asyncio.get_running_loop().run_in_executor(executor, handler, batch)
+
+    return call
+
+
+async def _serve_connection(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    handler: Handler | AsyncHandler,
+    call: Callable[[Batch], Awaitable[Result]],
     s: Settings,
     idle_exit_s: float | None,
 ) -> bool:
+    """Handle batches until the broker closes (True) or nothing came for idle_exit_s (False)."""
     session = _Session(s.max_frame_bytes)
     while True:
         try:
@@ -352,9 +311,7 @@ async def _serve_stream(
             return True
         for batch in session.batches(data):
             try:
-                result = handler(batch)
-                if inspect.isawaitable(result):
-                    result = await result
+                result = await call(batch)
             except Exception:
                 _failed(batch)
                 continue
@@ -363,7 +320,8 @@ async def _serve_stream(
                 await writer.drain()
 
 
-async def _reconnect_async(s: Settings) -> None:
+async def _reconnect(s: Settings) -> None:
+    """PROTOCOL §3 RECONNECT: everything in flight to us comes again."""
     if s.server_socket is None:
         return
     try:
@@ -384,10 +342,7 @@ def main(name: str, handler: Handler | AsyncHandler, argv: list[str] | None = No
     configure_logging()
     try:
         s = settings(args.name, args.config, args.socket, args.server_socket, args.idle_exit)
-        if inspect.iscoroutinefunction(handler):
-            asyncio.run(serve(handler, s))
-        else:
-            run(handler, s)
+        run(handler, s)
     except (ConfigError, SubscriberError) as exc:
         log.error("%s", exc)
         return 1
