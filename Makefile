@@ -21,6 +21,7 @@ serve: $(STAMP)
 
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
+	bash tests/systemd/setup.sh
 	$(BIN)/python -m pytest -q
 
 ## bench: quick figures for ppmq alone (not part of the tests)
@@ -28,4 +29,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/quick.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .hypothesis build/system-venv

@@ -158,7 +158,7 @@ def each(fn: Callable[[Message], Any]) -> Handler:
     return handle
 
 
-# --- what both flavours share: listening, frames in, acks out ----------------------
+# --- listening, frames in, acks out ----------------------------------------------
 
 
 class _Listener:
@@ -168,11 +168,10 @@ class _Listener:
         inherited = listening_unix_socket(FD_NAME)
         self.activated = inherited is not None
         self.bound_path = None if self.activated else s.socket
-        if inherited is not None:
-            self.sock = inherited
-        else:
-            self.sock = _bind(s.socket)
+        self.sock = inherited if inherited is not None else _bind(s.socket)
         self.idle_exit_s = _idle_exit_s(s.idle_exit_s, self.activated)
+        where = "the socket systemd passed" if self.activated else s.socket
+        log.info("%s: listening on %s; idle exit %s", s.name, where, f"after {self.idle_exit_s:g}s" if self.idle_exit_s else "off")
 
     def close(self) -> None:
         self.sock.close()
