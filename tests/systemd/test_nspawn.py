@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-UNITS = REPO / "systemd"
-EXAMPLE = REPO / "examples" / "subscriber"
+from tests.systemd.layout import EXAMPLE, REPO, UNITS, install_units
+
 VENV = REPO / "build" / "system-venv"
 BOOT_TIMEOUT_S = 90
 FIRST, SECOND, HELD = 500, 50, 20  # as in container_check.py
@@ -54,11 +53,7 @@ WantedBy=multi-user.target
 
 def install(tree: Path) -> None:
     """Lay out what a package and a site administrator put on the machine."""
-    units = tree / "root/etc/systemd/system"
-    units.mkdir(parents=True)
-    for unit in UNITS.glob("*.s*"):
-        shutil.copy(unit, units)
-    shutil.copytree(EXAMPLE / "ppmq-subscriber@archive.service.d", units / "ppmq-subscriber@archive.service.d")
+    units = install_units(tree / "root")
     (units / "ppmq-e2e.service").write_text(E2E_UNIT)
     subprocess.run(
         ["systemctl", f"--root={tree / 'root'}", "enable", "ppmq.socket", "ppmq.service", "ppmq-subscriber@archive.socket", "ppmq-e2e.service"],

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "subscriber" / "archive"
+from tests.systemd.layout import EXAMPLE
 ACTIVATE = shutil.which("systemd-socket-activate")
 
 pytestmark = pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate is missing (apt-get install systemd)")
@@ -35,7 +34,7 @@ def test_the_example_starts_on_the_brokers_first_connection_and_acks_every_messa
     env = {**os.environ, "PPMQ_CONFIG": str(b.config_path), "STATE_DIRECTORY": str(state)}
     log = open(short_tmp / "archive.log", "wb")
     activator = subprocess.Popen(
-        [ACTIVATE, "-l", sock, "--fdname=ppmq", "-E", "PPMQ_CONFIG", "-E", "STATE_DIRECTORY", sys.executable, str(EXAMPLE)], env=env, stdout=log, stderr=subprocess.STDOUT,
+        [ACTIVATE, "-l", sock, "--fdname=ppmq", "-E", "PPMQ_CONFIG", "-E", "STATE_DIRECTORY", sys.executable, str(EXAMPLE / "archive")], env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
         # Given the activator listening and the broker not yet running: nothing started

@@ -16,10 +16,8 @@ import yaml
 
 from ppmq import subscriber as kit
 from ppmq.config import load_config
+from tests.systemd.layout import EXAMPLE, UNITS, install_units
 
-REPO = Path(__file__).resolve().parents[2]
-UNITS = REPO / "systemd"
-EXAMPLE = REPO / "examples" / "subscriber"
 STUBS = ("usr/bin/ppmq", "bin/kill", "etc/ppmq/subscribers/archive")  # what the units execute
 
 pytestmark = pytest.mark.skipif(
@@ -31,11 +29,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A root with our units in /etc, the distribution's in /usr/lib, and stub executables."""
-    units = tmp_path / "etc/systemd/system"
-    units.mkdir(parents=True)
-    for unit in UNITS.glob("*.s*"):
-        shutil.copy(unit, units)
-    shutil.copytree(EXAMPLE / "ppmq-subscriber@archive.service.d", units / "ppmq-subscriber@archive.service.d")
+    install_units(tmp_path)
     shutil.copytree("/usr/lib/systemd/system", tmp_path / "usr/lib/systemd/system", symlinks=True)
     for stub in STUBS:
         path = tmp_path / stub
