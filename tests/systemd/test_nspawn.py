@@ -6,8 +6,9 @@ them, the broker and the example subscriber enabled, and a oneshot unit
 
 What is installed where: the units in /etc/systemd/system, enabled with
 `systemctl --root`; the sysusers and tmpfiles snippets in /etc; a virtualenv on
-the distribution's python3 (tests/systemd/setup.sh builds it) at /opt/ppmq, and
-/usr/bin/ppmq running it; /etc/ppmq/ppmq.yaml and the example subscriber as
+the distribution's python3 (tests/systemd/setup.sh builds it) at /opt/ppmq, with
+this checkout's src/ppmq mounted over its copy of ppmq, and /usr/bin/ppmq
+running it; /etc/ppmq/ppmq.yaml and the example subscriber as
 /etc/ppmq/subscribers/archive.
 """
 
@@ -26,6 +27,7 @@ import yaml
 from tests.systemd.layout import EXAMPLE, REPO, UNITS, install_units
 
 VENV = REPO / "build" / "system-venv"
+SITE_PACKAGES = next(VENV.glob("lib/python3*/site-packages"), VENV)
 BOOT_TIMEOUT_S = 90
 FIRST, SECOND, HELD = 500, 50, 20  # as in container_check.py
 
@@ -85,6 +87,7 @@ def boot(tree: Path) -> str:
         f"--bind-ro={UNITS / 'tmpfiles.d/ppmq.conf'}:/etc/tmpfiles.d/ppmq.conf",
         f"--bind-ro={REPO}",
         f"--bind-ro={VENV}:/opt/ppmq",
+        f"--bind-ro={REPO / 'src/ppmq'}:/opt/ppmq/{SITE_PACKAGES.relative_to(VENV)}/ppmq",
         f"--overlay-ro=/usr/bin:{tree / 'bin'}:/usr/bin",
         f"--bind={tree / 'results'}:/results",
         "--boot", "systemd.firstboot=off", "systemd.unit=multi-user.target",
