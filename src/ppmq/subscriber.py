@@ -25,6 +25,7 @@ What the kit does around the function (PROTOCOL §1, §3, §5):
 - Exits once no batch has come for `idle_exit_s` (by default 60 s when socket
   activated, never when run by hand), so that a subscriber systemd started does
   not stay resident; systemd starts it again at the broker's next connection.
+- Stops on SIGTERM or SIGINT (`systemctl stop`) after acking the batch in hand.
 
 Delivery is at least once. A message may come again after a crash, an exit
 between handling and ack, or because the RECONNECT of a start also returns the
@@ -42,8 +43,10 @@ import asyncio
 import inspect
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -247,13 +250,30 @@ def run(handler: Handler | AsyncHandler, s: Settings) -> None:
 
     The handler runs on one thread of its own, always the same one, so it may
     block, keep thread-bound resources, and even run an event loop itself.
+    Called on the main thread, SIGTERM and SIGINT stop it gracefully: the batch
+    being handled is finished and acked first.
     """
-    asyncio.run(serve(handler, s))
+    asyncio.run(_serve_until_signalled(handler, s))
 
 
-async def serve(handler: Handler | AsyncHandler, s: Settings) -> None:
+async def _serve_until_signalled(handler: Handler | AsyncHandler, s: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve(handler, s, stop)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Event | None = None) -> None:
     """`run` for asyncio programs: a coroutine function is awaited on the loop,
-    a plain function is called on a thread of its own."""
+    a plain function is called on a thread of its own. Setting `stop` ends it
+    once the batch being handled is acked."""
+    stop = stop or asyncio.Event()
     listener = _Listener(s)
     executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-handler")
     call = _caller(handler, executor)
@@ -261,21 +281,38 @@ async def serve(handler: Handler | AsyncHandler, s: Settings) -> None:
         listener.sock.setblocking(False)
         await _reconnect(s)
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, _ = await asyncio.wait_for(loop.sock_accept(listener.sock), listener.idle_exit_s)
-            except TimeoutError:
+        ended = CLOSED
+        while ended == CLOSED:
+            accepted = await _first(loop.sock_accept(listener.sock), stop, listener.idle_exit_s)
+            if isinstance(accepted, str):  # IDLE or STOPPED rather than (socket, address)
+                ended = accepted
                 break
-            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READ_CHUNK)
+            reader, writer = await asyncio.open_unix_connection(sock=accepted[0], limit=READ_CHUNK)
             try:
-                if not await _serve_connection(reader, writer, call, s, listener.idle_exit_s):
-                    break
+                ended = await _serve_connection(reader, writer, call, s, stop, listener.idle_exit_s)
             finally:
                 writer.close()
-        log.info("%s: idle for %ss, exiting", s.name, listener.idle_exit_s)
+        log.info("%s: %s, exiting", s.name, f"idle for {listener.idle_exit_s:g}s" if ended == IDLE else "stopped")
     finally:
         listener.close()
         executor.shutdown(wait=False)
+
+
+CLOSED, IDLE, STOPPED = "closed", "idle", "stopped"  # how serving a connection ended
+
+
+async def _first(awaitable: Awaitable[Any], stop: asyncio.Event, timeout_s: float | None) -> Any:
+    """The awaitable's result, or IDLE after timeout_s, or STOPPED once `stop` is set."""
+    task = asyncio.ensure_future(awaitable)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({task, stopping}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return STOPPED if stopping in done else IDLE
 
 
 def _caller(handler: Handler | AsyncHandler, executor: ThreadPoolExecutor) -> Callable[[Batch], Awaitable[Result]]:
@@ -294,21 +331,25 @@ async def _serve_connection(
     writer: asyncio.StreamWriter,
     call: Callable[[Batch], Awaitable[Result]],
     s: Settings,
+    stop: asyncio.Event,
     idle_exit_s: float | None,
-) -> bool:
-    """Handle batches until the broker closes (True) or nothing came for idle_exit_s (False)."""
+) -> str:
+    """Handle batches until the broker closes (CLOSED), nothing came for
+    idle_exit_s (IDLE) or `stop` is set (STOPPED; the batch in hand is acked first)."""
     session = _Session(s.max_frame_bytes)
     while True:
         try:
-            data = await asyncio.wait_for(reader.read(READ_CHUNK), idle_exit_s)
-        except TimeoutError:
-            return False
+            data = await _first(reader.read(READ_CHUNK), stop, idle_exit_s)
         except OSError as exc:
             log.info("%s: delivery connection failed: %s", s.name, exc)
-            return True
+            return CLOSED
+        if isinstance(data, str):  # IDLE or STOPPED rather than bytes
+            return data
         if not data:
-            return True
+            return CLOSED
         for batch in session.batches(data):
+            if stop.is_set():
+                return STOPPED
             try:
                 result = await call(batch)
             except Exception:
@@ -336,7 +377,8 @@ async def _reconnect(s: Settings) -> None:
 
 def main(name: str, handler: Handler | AsyncHandler, argv: list[str] | None = None) -> int:
     """Run a subscriber script: options from the command line, logging set up for
-    journald or a terminal; exit status 0 after an idle exit, 1 when it cannot run."""
+    journald or a terminal; exit status 0 after an idle exit or SIGTERM, 1 when it
+    cannot run."""
     args = _parser(name).parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging()
     try:

@@ -5,6 +5,9 @@ sends RECONNECT so that what an earlier run left unacked comes back."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -189,3 +192,34 @@ def test_a_socket_another_subscriber_listens_on_is_not_taken_over(broker_factory
     broker_factory.subscriber(b, "worker")
     with pytest.raises(kit.SubscriberError, match="already listening"):
         kit.run(recording([]), settings_for(b, "worker"))
+
+
+SLOW_SUBSCRIBER = """
+import sys, time
+from ppmq.subscriber import main
+
+def handle(batch):
+    print("handling", len(batch.messages), flush=True)
+    time.sleep(1.0)
+
+raise SystemExit(main("worker", handle))
+"""
+
+
+def test_sigterm_finishes_and_acks_the_batch_in_hand_then_exits_0(broker_factory, short_tmp):
+    # Given a subscriber script in the middle of a slow batch
+    b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"], "AckRetry": 0}], ["worker"])
+    publish(b, "jobs", ["a", "b", "c"])
+    out = short_tmp / "worker.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_SUBSCRIBER, "-c", str(b.config_path)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "handling 3" in out.read_text(), what="the batch to be in hand")
+        # When systemd stops it
+        proc.send_signal(signal.SIGTERM)
+        # Then it acks that batch and exits 0
+        assert proc.wait(timeout=15) == 0, out.read_text()
+    finally:
+        proc.kill()
+    assert all_acked(b, "jobs", "worker", 3), out.read_text()
+    assert "stopped, exiting" in out.read_text()
