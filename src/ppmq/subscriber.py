@@ -15,7 +15,9 @@ What the kit does around the function (PROTOCOL §1, §3, §5):
   ppmq-subscriber@.socket) or, run by hand, binds the subscriber's `Socket` from
   the broker's config (`-c`, else $PPMQ_CONFIG, else /etc/ppmq/ppmq.yaml).
 - Sends RECONNECT to ServerSocket on start, so that whatever an earlier run was
-  given but did not ack is delivered again now rather than after `AckRetry`.
+  given but did not ack is delivered again now rather than after `AckRetry`;
+  and again whenever the broker connects anew, since acks written to a broker
+  that then died may never have been read.
 - Hands each batch the broker pushes to the function, one batch at a time, and
   acks on the delivery connection what the function says succeeded:
   it returns None: the whole batch; it returns keys (or Messages): only those,
@@ -281,12 +283,17 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
         listener.sock.setblocking(False)
         await _reconnect(s)
         loop = asyncio.get_running_loop()
-        ended = CLOSED
+        ended, connections = CLOSED, 0
         while ended == CLOSED:
             accepted = await _first(loop.sock_accept(listener.sock), stop, listener.idle_exit_s)
             if isinstance(accepted, str):  # IDLE or STOPPED rather than (socket, address)
                 ended = accepted
                 break
+            connections += 1
+            if connections > 1:
+                # The broker restarted or the link broke: acks written just before may
+                # never have been read, and would hold those messages in flight.
+                await _reconnect(s)
             reader, writer = await asyncio.open_unix_connection(sock=accepted[0], limit=READ_CHUNK)
             try:
                 ended = await _serve_connection(reader, writer, call, s, stop, listener.idle_exit_s)
@@ -337,27 +344,27 @@ async def _serve_connection(
     """Handle batches until the broker closes (CLOSED), nothing came for
     idle_exit_s (IDLE) or `stop` is set (STOPPED; the batch in hand is acked first)."""
     session = _Session(s.max_frame_bytes)
-    while True:
-        try:
+    try:
+        while True:
             data = await _first(reader.read(READ_CHUNK), stop, idle_exit_s)
-        except OSError as exc:
-            log.info("%s: delivery connection failed: %s", s.name, exc)
-            return CLOSED
-        if isinstance(data, str):  # IDLE or STOPPED rather than bytes
-            return data
-        if not data:
-            return CLOSED
-        for batch in session.batches(data):
-            if stop.is_set():
-                return STOPPED
-            try:
-                result = await call(batch)
-            except Exception:
-                _failed(batch)
-                continue
-            if (frame := session.ack_frame(batch, result)) is not None:
-                writer.write(frame)
-                await writer.drain()
+            if isinstance(data, str):  # IDLE or STOPPED rather than bytes
+                return data
+            if not data:
+                return CLOSED
+            for batch in session.batches(data):
+                if stop.is_set():
+                    return STOPPED
+                try:
+                    result = await call(batch)
+                except Exception:
+                    _failed(batch)
+                    continue
+                if (frame := session.ack_frame(batch, result)) is not None:
+                    writer.write(frame)
+                    await writer.drain()
+    except OSError as exc:
+        log.info("%s: delivery connection failed: %s", s.name, exc)
+        return CLOSED
 
 
 async def _reconnect(s: Settings) -> None:

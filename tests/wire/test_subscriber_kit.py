@@ -223,3 +223,25 @@ def test_sigterm_finishes_and_acks_the_batch_in_hand_then_exits_0(broker_factory
         proc.kill()
     assert all_acked(b, "jobs", "worker", 3), out.read_text()
     assert "stopped, exiting" in out.read_text()
+
+
+def test_after_the_broker_restarts_what_it_never_saw_acked_comes_again(broker_factory):
+    # Given a batch in the handler's hands when the broker is killed (AckRetry off)
+    b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"], "AckRetry": 0}], ["worker"])
+    publish(b, "jobs", ["a", "b"])
+    release = threading.Event()
+    seen: list = []
+
+    def handle(batch: kit.Batch) -> None:
+        seen.extend(m.payload for m in batch.messages)
+        release.wait(15)
+
+    KitThread(handle, settings_for(b, "worker"), "blocking")
+    wait_for(lambda: seen, what="the first batch")
+    b.kill()
+    release.set()  # its ack goes to a dead connection
+    # When the broker comes back on the same data
+    b.start()
+    # Then the kit asks for everything unacked again, and all is acked
+    wait_for(lambda: all_acked(b, "jobs", "worker", 2), what="both acked after the restart")
+    assert seen == ["a", "b", "a", "b"]
