@@ -115,6 +115,13 @@ def main(results: Path) -> None:
     report["status_end"] = status()
     report["broker_end"] = show(BROKER, *props)
 
+    # the subscriber runs with --idle-exit IDLE_EXIT_S: nothing more comes, so it should exit and stay down
+    idle = show(SUBSCRIBER, "InvocationID", "ActiveState")
+    report["idle_before"] = idle
+    report["idle_after"] = report.wait(lambda: (now := show(SUBSCRIBER, "InvocationID", "ActiveState")) != idle and now)
+    time.sleep(1.0)
+    report["idle_later"] = show(SUBSCRIBER, "InvocationID", "ActiveState")
+
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))

@@ -30,6 +30,7 @@ VENV = REPO / "build" / "system-venv"
 SITE_PACKAGES = next(VENV.glob("lib/python3*/site-packages"), VENV)
 BOOT_TIMEOUT_S = 90
 FIRST, SECOND, HELD = 500, 50, 20  # as in container_check.py
+IDLE_EXIT_S = 2  # the example subscriber's --idle-exit in the container
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="systemd-nspawn is missing (tests/systemd/setup.sh installs systemd-container)"),
@@ -57,6 +58,9 @@ def install(tree: Path) -> None:
     """Lay out what a package and a site administrator put on the machine."""
     units = install_units(tree / "root")
     (units / "ppmq-e2e.service").write_text(E2E_UNIT)
+    (units / "ppmq-subscriber@archive.service.d/idle.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart=/etc/ppmq/subscribers/%i --idle-exit {IDLE_EXIT_S}\n"
+    )
     subprocess.run(
         ["systemctl", f"--root={tree / 'root'}", "enable", "ppmq.socket", "ppmq.service", "ppmq-subscriber@archive.socket", "ppmq-e2e.service"],
         check=True, capture_output=True, timeout=60,
@@ -161,3 +165,14 @@ def test_the_broker_was_never_restarted_and_shows_its_status(container):
     report, _ = container
     assert report["broker_end"]["NRestarts"] == "0"
     assert report["broker_end"]["StatusText"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the broker reconnects as soon as a subscriber closes, so systemd starts an idle subscriber "
+    "again at once; delivery should connect only when it has a batch to push",
+)
+def test_an_idle_subscriber_exits_and_systemd_does_not_start_it_again_while_nothing_is_queued(container):
+    report, journal = container
+    assert report["idle_after"], "the subscriber neither exited nor was restarted"
+    assert report["idle_later"]["ActiveState"] == "inactive", explain(journal, "archive")
