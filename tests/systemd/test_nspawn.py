@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.systemd.container_check import FIRST, HELD, SECOND
 from tests.systemd.layout import EXAMPLE, REPO, UNITS, install_units
 
 VENV = REPO / "build" / "system-venv"
 SITE_PACKAGES = next(VENV.glob("lib/python3*/site-packages"), VENV)
 BOOT_TIMEOUT_S = 90
-FIRST, SECOND, HELD = 500, 50, 20  # as in container_check.py
 IDLE_EXIT_S = 2  # the example subscriber's --idle-exit in the container
 
 pytestmark = [
