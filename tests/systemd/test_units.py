@@ -99,3 +99,12 @@ def test_the_example_config_matches_its_socket_unit_and_the_kit(tmp_path):
     assert unit_setting(socket_unit, "Socket", "ListenStream").replace("%i", "archive") == sub.socket
     assert unit_setting(socket_unit, "Socket", "FileDescriptorName") == kit.FD_NAME
     assert unit_setting(UNITS / "ppmq.socket", "Socket", "ListenStream") == "/run/ppmq/ppmq.sock"
+
+
+def test_the_example_subscriber_is_sandboxed_to_what_it_needs(root):
+    # systemd-analyze's scale is 0-100 here; below 20 (1.9 as printed) it rates SAFE
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", f"--root={root}", "--threshold=19", "--no-pager", "ppmq-subscriber@archive.service"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0 and "SAFE" in done.stdout, done.stdout + done.stderr
