@@ -21,6 +21,7 @@ serve: $(STAMP)
 
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
+	bash tests/systemd/setup.sh
 	$(BIN)/python -m pytest -q
 
 ## bench: quick figures for ppmq alone (not part of the tests)
@@ -36,4 +37,4 @@ fuzz: $(STAMP)
 	$(BIN)/python bench/fuzz_long.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .hypothesis build/system-venv
