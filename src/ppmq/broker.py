@@ -157,6 +157,20 @@ class Broker:
 
     # --- the step ---------------------------------------------------------------------
 
+    def has_pending(self, sub: str) -> bool:
+        """sub has messages ready or unacknowledged: worth connecting to (and
+        starting) it; it will RECONNECT to get what it left unacknowledged.
+
+        Read from the event loop while a step may run: it only looks values up,
+        and a stale answer costs one step's delay.
+        """
+        subs = self.state.subs
+        for t in self.sub_topics.get(sub, ()):
+            stats = subs.get(t.name, {}).get(sub)
+            if stats is not None and (stats.inflight or any(stats.ready)):
+                return True
+        return False
+
     def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
         """Whether a step with no requests would do anything now."""
         return now_ns >= self._next_tick_ns or any(self._space(s, t) for s in open_subs for t in self.sub_topics.get(s, ()))

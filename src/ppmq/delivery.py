@@ -1,5 +1,9 @@
 """One task per subscriber: connect to its socket, push batches, read acks back.
 
+The broker connects only while it holds something for the subscriber (ready,
+or in flight and unacknowledged), so that a socket-activated subscriber that
+exits when idle is started again by systemd only when there is work for it.
+
 PROTOCOL §3 Connections: while the socket is missing or refuses, retry with
 exponential backoff from 100 ms capped at RetryMax (with jitter, so that many
 subscribers coming back at once do not retry in step), logging only when the
@@ -44,6 +48,7 @@ class SubscriberLink:
         delay = FIRST_RETRY_S
         last_error = None
         while True:
+            await self.writer.wanted(self.name)
             try:
                 reader, out = await asyncio.open_unix_connection(self.config.socket)
             except OSError as exc:
