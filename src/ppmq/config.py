@@ -84,7 +84,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     max_message_bytes: Size = Size(1 * MiB)  # per payload
     max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
     retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
-    max_connections: int = 512  # open connections on ServerSocket; more are refused
+    max_connections: int = 0  # open connections on ServerSocket, more are refused; 0: from the open-file limit
     read_timeout: Duration = Duration(30.0)  # a frame must arrive whole within this of its first byte
     socket_mode: FileMode = FileMode(0o660)  # of ServerSocket when the broker binds it
     socket_group: str | None = None  # group of ServerSocket; None: the broker's own group
@@ -225,8 +225,8 @@ def _check(config: Config) -> list[tuple[str, str]]:
         if len(set(topic.subscribers)) != len(topic.subscribers):
             errors.append((f".Topics[{i}].Subscribers", "lists a subscriber twice"))
         errors += [(f".Topics[{i}]{where}", msg) for where, msg in _check_limits(config, topic)]
-    if config.max_connections < 1:
-        errors.append((".MaxConnections", f"must be at least 1, got {config.max_connections}"))
+    if config.max_connections < 0:
+        errors.append((".MaxConnections", f"must not be negative, got {config.max_connections}"))
     if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if not config.data_path:

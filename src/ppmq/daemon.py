@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 
+from .access import Policy
 from .broker import Broker
 from .config import Config
 from .delivery import SubscriberLink
@@ -33,9 +34,16 @@ async def run(config: Config, stop: asyncio.Event | None = None) -> None:
     try:
         broker = Broker(config, store, time.time_ns())
         writer = Writer(broker)
-        server = Server(config.server_socket, writer, config.max_frame_bytes)
-        await server.start()
-        links = [SubscriberLink(s, writer, config.retry_max, config.max_frame_bytes) for s in config.subscribers]
+        policy = Policy(config)
+        server = Server(
+            config.server_socket, writer, config.max_frame_bytes,
+            max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=policy,
+        )
+        await server.start(config.socket_mode, config.socket_group)
+        links = [
+            SubscriberLink(s, writer, config.retry_max, config.max_frame_bytes, read_timeout_s=config.read_timeout, policy=policy)
+            for s in config.subscribers
+        ]
         writing = asyncio.create_task(writer.run(), name="writer")
         linking = [asyncio.create_task(link.run(), name=f"subscriber {link.name}") for link in links]
         log.info(

@@ -52,8 +52,14 @@ class TooLarge(RequestError):
     status = 413
 
 
-class ShuttingDown(RequestError):
+class Unavailable(RequestError):
+    """The broker cannot take the request now (too many connections)."""
+
     status = 503
+
+
+class ShuttingDown(Unavailable):
+    pass
 
 
 class StoreFull(RequestError):

@@ -1,0 +1,180 @@
+"""Who may do what: peer credentials against the config's access rules.
+
+Every connection's credentials (SO_PEERCRED: uid, gid, pid) are read once, when
+it is accepted, and never change for its lifetime. A topic's `Publishers`, a
+subscriber's `Users` and the top-level `StatusUsers` name user names, `@group`
+names or numeric uids; they are resolved once at startup, so a request costs a
+set lookup. A rule that is not configured lets everyone through, as ppMQ did
+(anyone who can open the socket). Root passes every rule unless `AllowRoot:
+false`. Acks and RECONNECT arriving on a subscriber's own delivery connection
+are that subscriber's by construction.
+
+Before the broker connects to a subscriber's socket, the socket's owner (and,
+once connected, the listening peer) must be root, the broker's own user, or a
+user of the subscriber's `Users`, so that another local user cannot squat the
+path and receive its messages.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import socket
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+from . import protocol as p
+from .config import Config, SubscriberConfig
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_LOGGED_PEERS = 4096  # refusals are logged once per peer; past this many the memory starts over
+
+
+class Peer(NamedTuple):
+    """The process at the other end of a Unix socket, as the kernel vouches for it."""
+
+    uid: int
+    gid: int
+    pid: int  # 0 when unknown (a file's owner)
+    gids: frozenset[int]  # its primary group and the user's supplementary groups
+
+    @classmethod
+    def of_socket(cls, sock: socket.socket) -> Peer:
+        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        return cls(uid, gid, pid, _groups_of(uid, gid))
+
+    @classmethod
+    def of_uid(cls, uid: int) -> Peer:
+        """The user `uid` with the groups the user database gives it."""
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = -1
+        return cls(uid, gid, 0, _groups_of(uid, gid))
+
+    def __str__(self) -> str:
+        return f"uid {self.uid} ({_user_name(self.uid)})" + (f" pid {self.pid}" if self.pid else "")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def _groups_of(uid: int, gid: int) -> frozenset[int]:
+    """SO_PEERCRED gives only the primary group; the supplementary ones come
+    from the user database (what `id USER` prints)."""
+    try:
+        return frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)) | {gid}
+    except KeyError:
+        return frozenset({gid})
+
+
+class Rule:
+    """One list of user names, `@group` names and uids, resolved to numbers."""
+
+    def __init__(self, entries: list[str | int], allow_root: bool) -> None:
+        self.allow_root = allow_root
+        self.uids: set[int] = set()
+        self.gids: set[int] = set()
+        self.unknown: list[str] = []
+        for entry in entries:
+            self._add(str(entry).strip())
+
+    def _add(self, entry: str) -> None:
+        try:
+            if entry.startswith("@"):
+                name = entry[1:]
+                self.gids.add(int(name) if name.isdigit() else grp.getgrnam(name).gr_gid)
+            else:
+                self.uids.add(int(entry) if entry.isdigit() else pwd.getpwnam(entry).pw_uid)
+        except KeyError:
+            self.unknown.append(entry)  # matches nobody: a typo denies, it never allows
+
+    def allows(self, peer: Peer) -> bool:
+        return (self.allow_root and peer.uid == 0) or peer.uid in self.uids or not self.gids.isdisjoint(peer.gids)
+
+
+class Policy:
+    """Every access rule of a config, and the log of refusals."""
+
+    def __init__(self, config: Config) -> None:
+        root = config.allow_root
+        self.publishers = {t.name: Rule(t.publishers, root) for t in config.topics if t.publishers is not None}
+        self.users = {s.name: Rule(s.users, root) for s in config.subscribers if s.users is not None}
+        self.status = Rule(config.status_users, root) if config.status_users is not None else None
+        # The socket's owner: root (systemd's sockets), the broker itself, or a user of Users.
+        self.owners = {s.name: _owner_rule(s) for s in config.subscribers if s.owner_checked}
+        self._logged: set[tuple[int, int]] = set()
+        for what, rule in self._named_rules():
+            for entry in rule.unknown:
+                log.warning("%s: no user or group %r on this host; it matches nobody", what, entry)
+
+    def _named_rules(self) -> list[tuple[str, Rule]]:
+        named = [(f"topic {t} Publishers", r) for t, r in self.publishers.items()]
+        named += [(f"subscriber {s} Users", r) for s, r in self.users.items()]
+        return named + ([("StatusUsers", self.status)] if self.status else [])
+
+    def check(self, peer: Peer, req: p.Request, own: str | None = None) -> None:
+        """Raise Forbidden naming the first part of `req` that `peer` may not do.
+
+        `own` is the subscriber whose delivery connection carried the request.
+        Unknown topics and subscribers pass: the broker answers them with 404.
+        """
+        rule = self.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
+        if rule is not None and not rule.allows(peer):
+            raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
+        acting = req.acks is not None or (req.command or "").upper() in ("RECONNECT", "CONNECT")
+        rule = self.users.get(req.subscriber) if acting and req.subscriber != own else None
+        if rule is not None and not rule.allows(peer):
+            field = "Acks" if req.acks is not None else "Command"
+            raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
+        if self.status is not None and (req.command or "").upper() == "STATUS" and not self.status.allows(peer):
+            raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
+
+    def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
+        """The check for every request of one connection: a refusal raises
+        Forbidden carrying the request's Id, and is logged once per peer."""
+
+        def authorize(req: p.Request) -> None:
+            try:
+                self.check(peer, req, own)
+            except p.Forbidden as exc:
+                exc.request_id = req.id
+                self._refused(peer, where, exc)
+                raise
+
+        return authorize
+
+    def _refused(self, peer: Peer, where: str, exc: p.Forbidden) -> None:
+        """Log a refusal, once per peer process."""
+        key = (peer.uid, peer.pid)
+        if key in self._logged:
+            return
+        if len(self._logged) >= MAX_LOGGED_PEERS:
+            self._logged.clear()
+        self._logged.add(key)
+        log.warning("%s: refused (403): %s; further refusals of this peer are counted, not logged", where, exc)
+
+    def check_owner(self, sub: SubscriberConfig, uid: int, what: str) -> None:
+        """Raise PermissionError unless `uid` may own subscriber `sub`'s socket."""
+        rule = self.owners.get(sub.name)
+        if rule is not None and not rule.allows(Peer.of_uid(uid)):
+            raise PermissionError(f"{what} is uid {uid} ({_user_name(uid)}), not root or one of the subscriber's Users (CheckOwner)")
+
+
+def _who(peer: Peer) -> str:
+    return f"uid {peer.uid}"
+
+
+def _owner_rule(sub: SubscriberConfig) -> Rule:
+    rule = Rule(sub.users or [], allow_root=True)
+    rule.uids.add(os.geteuid())
+    return rule
