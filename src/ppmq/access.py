@@ -106,13 +106,17 @@ class Policy:
     """Every access rule of a config, and the log of refusals."""
 
     def __init__(self, config: Config) -> None:
+        self._logged: set[tuple[int, int]] = set()
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Take the rules of `config` (at start, and at every reload)."""
         root = config.allow_root
         self.publishers = {t.name: Rule(t.publishers, root) for t in config.topics if t.publishers is not None}
         self.users = {s.name: Rule(s.users, root) for s in config.subscribers if s.users is not None}
         self.status = Rule(config.status_users, root) if config.status_users is not None else None
         # The socket's owner: root (systemd's sockets), the broker itself, or a user of Users.
         self.owners = {s.name: _owner_rule(s) for s in config.subscribers if s.owner_checked}
-        self._logged: set[tuple[int, int]] = set()
         for what, rule in self._named_rules():
             for entry in rule.unknown:
                 log.warning("%s: no user or group %r on this host; it matches nobody", what, entry)

@@ -90,6 +90,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     socket_group: str | None = None  # group of ServerSocket; None: the broker's own group
     status_users: list[str | int] | None = None  # who may ask STATUS; None: anyone
     allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
+    drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
 
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
@@ -227,6 +228,10 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors += [(f".Topics[{i}]{where}", msg) for where, msg in _check_limits(config, topic)]
     if config.max_connections < 0:
         errors.append((".MaxConnections", f"must not be negative, got {config.max_connections}"))
+    topic_names = {t.name for t in config.topics}
+    for i, name in enumerate(config.drop_topics):
+        if name in topic_names:
+            errors.append((f".DropTopics[{i}]", f"topic {name!r} is still in Topics; remove it there to drop it"))
     if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if not config.data_path:

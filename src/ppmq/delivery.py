@@ -51,6 +51,7 @@ class SubscriberLink:
         self.read_timeout_s = read_timeout_s
         self.policy = policy
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.connected = False
 
     def push(self, delivery: Delivery) -> None:
         """Called by the writer with a committed batch."""
@@ -74,9 +75,11 @@ class SubscriberLink:
                 log.info("subscriber %s: connected to %s", self.name, self.config.socket)
             last_error = None
             started = time.monotonic()
+            self.connected = True
             try:
                 await self._serve(reader, out, peer)
             finally:
+                self.connected = False
                 out.close()
             if time.monotonic() - started >= STABLE_S:
                 log.info("subscriber %s: connection lost", self.name)

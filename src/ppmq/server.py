@@ -29,6 +29,7 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 16
+LISTEN_BACKLOG = 1024
 MAX_OUTSTANDING = 1000  # requests of one connection waiting for commit before it is paused
 FD_RESERVE = 64  # descriptors kept for the store, subscribers and logs when MaxConnections is 0
 
@@ -183,7 +184,7 @@ class Server:
         self.path = path
         self.writer = writer
         self.max_frame_bytes = max_frame_bytes
-        self.max_connections = max_connections or max(1, _open_file_limit() - FD_RESERVE)
+        self.max_connections = max_connections  # 0: the open-file limit less FD_RESERVE
         self.read_timeout_s = read_timeout_s
         self.policy = policy
         self._last_refusal_log = 0.0
@@ -191,27 +192,41 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
+        self._owns_path = False  # we bound ServerSocket, so we remove it
 
-    async def start(self, mode: int | None = None, group: str | None = None) -> None:
-        """Bind ServerSocket; with `mode`, the socket gets that mode (and `group`)
-        before anyone but root can connect."""
-        gid = _group_id(group) if group is not None else None
-        old_umask = os.umask(0o177) if mode is not None else None
+    async def start(self, inherited: socket.socket | None = None, mode: int | None = None, group: str | None = None) -> None:
+        """Listen on ServerSocket, or on the socket systemd passed (never unlinked:
+        it is systemd's, and producers may already be waiting in its backlog).
+        A socket we bind ourselves gets `mode` (and `group`); it is bound with a
+        umask that lets nobody but root in until then."""
         try:
+            if inherited is not None:
+                self._server = await asyncio.start_unix_server(self._handle, sock=inherited, backlog=LISTEN_BACKLOG)
+                self._check_inherited_path(inherited)
+                return
+            gid = _group_id(group) if group is not None else None
             _claim_socket_path(self.path)
-            self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=1024)
+            old_umask = os.umask(0o177)
+            try:
+                self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=LISTEN_BACKLOG)
+            finally:
+                os.umask(old_umask)
+            self._owns_path = True
             if mode is not None:
                 set_socket_access(self.path, mode, gid)
         except OSError as exc:
             raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
-        finally:
-            if old_umask is not None:
-                os.umask(old_umask)
+
+    def _check_inherited_path(self, sock: socket.socket) -> None:
+        bound = sock.getsockname()
+        if bound != self.path:
+            log.warning("listening on %s from systemd, but ServerSocket says %s", bound or "an unnamed socket", self.path)
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         self._count += 1
-        if len(self._channels) >= self.max_connections:
-            await self._refuse(out)
+        limit = self.max_connections or max(1, _open_file_limit() - FD_RESERVE)
+        if len(self._channels) >= limit:
+            await self._refuse(out, limit)
             return
         peer = Peer.of_socket(out.get_extra_info("socket"))
         task = asyncio.current_task()
@@ -222,9 +237,9 @@ class Server:
         finally:
             del self._channels[task]
 
-    async def _refuse(self, out: asyncio.StreamWriter) -> None:
+    async def _refuse(self, out: asyncio.StreamWriter, limit: int) -> None:
         """Over MaxConnections: one 503 line, then close; logged at most once a second."""
-        error = p.Unavailable(f"too many connections: MaxConnections ({self.max_connections}) reached")
+        error = p.Unavailable(f"too many connections: MaxConnections ({limit}) reached")
         now = time.monotonic()
         if now - self._last_refusal_log >= 1.0:
             log.warning("client#%d: refused: %s", self._count, error)
@@ -242,6 +257,8 @@ class Server:
         self.stopping.set()
         if self._server is not None:
             self._server.close()
+        if not self._owns_path:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
