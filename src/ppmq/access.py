@@ -17,6 +17,7 @@ path and receive its messages.
 
 from __future__ import annotations
 
+import functools
 import grp
 import logging
 import os
@@ -24,7 +25,6 @@ import pwd
 import socket
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
 
 from . import protocol as p
 from .config import Config, SubscriberConfig
@@ -35,30 +35,42 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_LOGGED_PEERS = 4096  # refusals are logged once per peer; past this many the memory starts over
 
 
-class Peer(NamedTuple):
-    """The process at the other end of a Unix socket, as the kernel vouches for it."""
+class Peer:
+    """The process at the other end of a Unix socket, as the kernel vouches for it.
 
-    uid: int
-    gid: int
-    pid: int  # 0 when unknown (a file's owner)
-    gids: frozenset[int]  # its primary group and the user's supplementary groups
+    Its groups are looked up in the user database only when a rule names a
+    group: a lookup may block (NSS, LDAP), and most connections never need one.
+    """
+
+    def __init__(self, uid: int, gid: int, pid: int) -> None:
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid  # 0 when unknown (a file's owner)
 
     @classmethod
     def of_socket(cls, sock: socket.socket) -> Peer:
         pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-        return cls(uid, gid, pid, _groups_of(uid, gid))
+        return cls(uid, gid, pid)
 
     @classmethod
     def of_uid(cls, uid: int) -> Peer:
-        """The user `uid` with the groups the user database gives it."""
+        """The user `uid`, with its primary group from the user database."""
         try:
-            gid = pwd.getpwuid(uid).pw_gid
+            return cls(uid, pwd.getpwuid(uid).pw_gid, 0)
         except KeyError:
-            gid = -1
-        return cls(uid, gid, 0, _groups_of(uid, gid))
+            return cls(uid, -1, 0)
+
+    @functools.cached_property
+    def gids(self) -> frozenset[int]:
+        """Its primary group and its user's supplementary groups (SO_PEERCRED gives
+        only the first; the others are what `id USER` prints)."""
+        try:
+            return frozenset(os.getgrouplist(pwd.getpwuid(self.uid).pw_name, self.gid)) | {self.gid}
+        except KeyError:
+            return frozenset({self.gid})
 
     def __str__(self) -> str:
-        return f"uid {self.uid} ({_user_name(self.uid)})" + (f" pid {self.pid}" if self.pid else "")
+        return f"uid {self.uid}" + (f" pid {self.pid}" if self.pid else "")
 
 
 def _user_name(uid: int) -> str:
@@ -66,15 +78,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return "no such user"
-
-
-def _groups_of(uid: int, gid: int) -> frozenset[int]:
-    """SO_PEERCRED gives only the primary group; the supplementary ones come
-    from the user database (what `id USER` prints)."""
-    try:
-        return frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)) | {gid}
-    except KeyError:
-        return frozenset({gid})
 
 
 class Rule:
@@ -99,7 +102,7 @@ class Rule:
             self.unknown.append(entry)  # matches nobody: a typo denies, it never allows
 
     def allows(self, peer: Peer) -> bool:
-        return (self.allow_root and peer.uid == 0) or peer.uid in self.uids or not self.gids.isdisjoint(peer.gids)
+        return (self.allow_root and peer.uid == 0) or peer.uid in self.uids or bool(self.gids and not self.gids.isdisjoint(peer.gids))
 
 
 class Policy:
@@ -165,7 +168,10 @@ class Policy:
         if len(self._logged) >= MAX_LOGGED_PEERS:
             self._logged.clear()
         self._logged.add(key)
-        log.warning("%s: refused (403): %s; further refusals of this peer are counted, not logged", where, exc)
+        log.warning(
+            "%s: refused (403) to user %s: %s; further refusals of this peer are counted, not logged",
+            where, _user_name(peer.uid), exc,
+        )
 
     def check_owner(self, sub: SubscriberConfig, uid: int, what: str) -> None:
         """Raise PermissionError unless `uid` may own subscriber `sub`'s socket."""

@@ -53,9 +53,9 @@ async def run(
     try:
         daemon = Daemon(config, store, notifier, config_path)
         loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-        await daemon.start(inherited)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before the socket accepts: a client may stop us at once
             loop.add_signal_handler(sig, stop.set)
+        await daemon.start(inherited)
         await daemon.serve(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
