@@ -148,7 +148,10 @@ async def serve_requests(
                 channel.send(p.error_reply(framer.too_large))
                 log.warning("%s: %s; closing the connection", peer, framer.too_large)
                 return
+            paused_at = time.monotonic()
             await channel.room()
+            if frame_started is not None:  # time we did not read is not the peer's stall
+                frame_started += time.monotonic() - paused_at
         if framer.pending:
             log.info("%s: closed in the middle of a frame; the partial frame is dropped", peer)
         await channel.settled()
