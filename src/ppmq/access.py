@@ -3,8 +3,8 @@
 Every connection's credentials (SO_PEERCRED: uid, gid, pid) are read once, when
 it is accepted, and never change for its lifetime. A topic's `Publishers`, a
 subscriber's `Users` and the top-level `StatusUsers` name user names, `@group`
-names or numeric uids; they are resolved once at startup, so a request costs a
-set lookup. A rule that is not configured lets everyone through, as ppMQ did
+names or numeric uids; they are resolved when the config is taken (at start
+and at every reload), so a request costs a set lookup. A rule that is not configured lets everyone through, as ppMQ did
 (anyone who can open the socket). Root passes every rule unless `AllowRoot:
 false`. Acks and RECONNECT arriving on a subscriber's own delivery connection
 are that subscriber's by construction.
