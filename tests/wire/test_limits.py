@@ -3,7 +3,10 @@ MaxBytes with both overflow policies, and MaxAttempts with DeadLetter."""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -154,9 +157,16 @@ def test_drop_oldest_makes_room_by_dropping_the_oldest_message_of_the_lowest_pri
         "Stored": 3, "Published": 5, "Replaced": 0, "Expired": 0, "StoredBytes": b.status()["Topics"]["t"]["StoredBytes"],
         "Dropped": 2, "Subscribers": None,
     }
+    assert "t: stored 3 (" in status_table(b) and ", dropped 2" in status_table(b)
     sub = broker_factory.subscriber(b, "s")
     sub.wait_messages(3)
     assert sub.payloads() == ["a", "d", "e"]
+
+
+def status_table(b) -> str:
+    """What `ppmq status` prints."""
+    run = subprocess.run([sys.executable, "-m", "ppmq.cli", "status", "-c", str(b.config_path)], capture_output=True, text=True, check=True)
+    return run.stdout
 
 
 def test_drop_oldest_refuses_with_507_when_everything_stored_is_in_flight(broker_factory):
@@ -199,6 +209,7 @@ def test_a_message_delivered_max_attempts_times_without_an_ack_goes_to_the_dead_
         "Expired": 0, "IgnoredAcks": 0, "DeadLettered": 1,
     }
     assert status["dead"]["Published"] == 1
+    assert re.search(r"^  worker +0/0/0 +0 +- +3 +1 +1 +0 +1$", status_table(b), re.M), status_table(b)
     assert [m["Payload"] for m in worker.messages] == ["fine", {"poison": True}, {"poison": True}]
 
 
