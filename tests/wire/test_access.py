@@ -11,6 +11,7 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import socket
 import stat
 import subprocess
@@ -23,7 +24,10 @@ import pytest
 from ppmq.client import ClientError
 from tests.conftest import Subscriber, wait_for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating users and switching to them needs root")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="creating users and switching to them needs root"),
+    pytest.mark.skipif(not shutil.which("useradd"), reason="useradd and groupadd (package passwd) are not installed"),
+]
 
 TIMEOUT_S = 15.0
 
