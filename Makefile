@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench soak fuzz install clean
+.PHONY: serve test bench bench-isolation soak fuzz install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 ## bench: quick figures for ppmq alone (not part of the tests)
 bench: $(STAMP)
 	$(BIN)/python bench/quick.py
+
+## bench-isolation: a good subscriber's rate with and without four misbehaving ones
+bench-isolation: $(STAMP)
+	$(BIN)/python bench/isolation.py
 
 ## soak: 500 kill -9 cycles on one store; prints confirmed messages, losses (must be 0), duplicates
 soak: $(STAMP)
