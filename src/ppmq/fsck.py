@@ -59,6 +59,7 @@ class Snapshot:
     deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, m
     expiry: set[tuple[int, int, int]] = field(default_factory=set)  # expires_ns, t, m
     dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
+    fragment_bytes: Counter = field(default_factory=Counter)  # topic id -> bytes of its messages as delivered
     problems: list[str] = field(default_factory=list)
 
     @cached_property
@@ -126,6 +127,7 @@ def _body(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
     if start + klen > len(value):
         raise ValueError(f"key length {klen} runs past the end")
     msgspec.json.decode(fragment)  # a message must be deliverable as JSON
+    snap.fragment_bytes[key[0]] += len(fragment)
     snap.bodies[key] = Body(prio, publish_ns, expires_ns, value[start : start + klen], fragment if fragments else b"")
 
 
@@ -273,6 +275,8 @@ def _counters_match(snap: Snapshot, config: Config) -> list[str]:
         t = snap.state.topic_ids[topic]
         if stats.stored != stored[t]:
             out.append(f"counters: topic {topic!r} counts {stats.stored} stored, the store holds {stored[t]}")
+        if stats.stored_bytes != snap.fragment_bytes[t]:
+            out.append(f"counters: topic {topic!r} counts {stats.stored_bytes} stored bytes, its messages take {snap.fragment_bytes[t]}")
         for sub, ss in snap.state.subs.get(topic, {}).items():
             s = snap.state.sub_ids.get(sub)
             held = [ready[(t, s, p)] for p in range(len(ss.ready))]

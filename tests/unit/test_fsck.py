@@ -144,6 +144,7 @@ DAMAGES = {
     "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
     "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
+    "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),
     "an in-flight counter off": (with_state(lambda s: setattr(s.subs["g"]["a"], "inflight", 5)), "counts 5 in flight"),
 }
