@@ -16,6 +16,7 @@ from . import daemon
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
+from .fsck import FsckError, fsck
 from .server import ListenError
 from .store import StoreError
 from .systemd import configure_logging, listening_unix_socket
@@ -72,6 +73,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     command("serve", _serve, "run the broker in the foreground")
     command("check", _check, "validate a config file")
+    command("fsck", _fsck, "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
     pub.add_argument("topic")
     pub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
@@ -116,6 +118,21 @@ def _check(args: argparse.Namespace) -> int:
     config = load_config(path)
     print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
     return 0
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    """One line per problem on stdout; exit 0 clean, 1 problems, 2 cannot check."""
+    try:
+        config = load_config(args.config or default_config_path())
+        problems, snap = fsck(config)
+    except (ConfigError, FsckError) as exc:
+        print(f"ppmq fsck: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem)
+    verdict = f"{len(problems)} problems" if problems else "clean"
+    print(f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)", file=sys.stderr)
+    return 1 if problems else 0
 
 
 # --- client side -----------------------------------------------------------------------
@@ -194,7 +211,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED")
+_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED", "DEADLETTERED")
 
 
 def _status_table(body: dict[str, Any]) -> str:
@@ -203,16 +220,20 @@ def _status_table(body: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for table in rows.values() for r in table) for i in range(len(_SUB_COLUMNS))]
     lines = []
     for topic, t in body["Topics"].items():
-        lines.append(f"{topic}: stored {t['Stored']}, published {t['Published']}, replaced {t['Replaced']}, expired {t['Expired']}")
+        lines.append(
+            f"{topic}: stored {t['Stored']} ({t['StoredBytes']} bytes), published {t['Published']},"
+            f" replaced {t['Replaced']}, expired {t['Expired']}, dropped {t['Dropped']}"
+        )
         lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows[topic]]
-    lines.append(f"rejected requests: {body.get('Rejected', 0)}, commits: {body.get('Commits', 0)}")
+    lines.append(f"rejected requests: {body['Rejected']} ({body['Forbidden']} forbidden), commits: {body['Commits']}")
     return "\n".join(lines)
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
     age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
     ready = "/".join(map(str, s["Ready"]))
-    return tuple(map(str, (name, ready, s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"])))
+    counts = (s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])
+    return tuple(map(str, (name, ready, *counts)))
 
 
 def _listen(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ touches the environment: one Txn is one LMDB write transaction.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
@@ -33,6 +34,7 @@ import lmdb
 
 # Bump when a key or value layout changes, and teach Store.open to convert or refuse.
 SCHEMA_VERSION = 1
+DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 _DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
 
 _TM = struct.Struct(">IQ")
@@ -56,6 +58,14 @@ class Body(NamedTuple):
     expires_ns: int  # 0: never
     key: bytes
     fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
+
+
+def _body(raw: bytes | None) -> Body | None:
+    if raw is None:
+        return None
+    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+    start = _BODY_HEAD.size
+    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
 
 class Flight(NamedTuple):
@@ -132,6 +142,17 @@ class Store:
             txn.commit()
         except lmdb.MapFullError:
             raise StoreFullError("LMDB map is full") from None
+        except lmdb.Error as exc:
+            free = self._disk_free_bytes()
+            if free < DISK_LOW_BYTES or os.strerror(errno.ENOSPC) in str(exc):
+                raise StoreFullError(f"disk full: {free} bytes left on the device of {self.path} ({exc})") from None
+            raise
+
+    def _disk_free_bytes(self) -> int:
+        """A commit cut short by a full disk fails with EIO as often as with ENOSPC
+        (LMDB reports a short write as EIO), so the disk itself is asked."""
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
 
     def close(self) -> None:
         self.env.close()
@@ -203,12 +224,7 @@ class Txn:
 
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
-        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
-        if raw is None:
-            return None
-        prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-        start = _BODY_HEAD.size
-        return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+        return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         self._put_in_order(_TM.pack(t, m), _body_value(body), self._bodies)
@@ -216,8 +232,9 @@ class Txn:
     def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
         self._put_all_in_order([(_TM.pack(t, m), _body_value(body)) for m, body in bodies], self._bodies)
 
-    def delete_body(self, t: int, m: int) -> bool:
-        return self.txn.delete(_TM.pack(t, m), db=self._bodies)
+    def delete_body(self, t: int, m: int) -> Body | None:
+        """Delete m; return what it was, or None if it was not stored."""
+        return _body(self.txn.pop(_TM.pack(t, m), db=self._bodies))
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
