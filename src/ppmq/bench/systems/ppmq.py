@@ -89,13 +89,14 @@ class Subscriber:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)  # bound but not listening: the broker is refused
         if not self.backlog:
-            self.start()
+            self.listener.listen(1)
 
     def start(self) -> None:
-        if self.conn is None:
+        """The broker connects once it has messages for us (it may not have yet)."""
+        if self.backlog:
             self.listener.listen(1)
-            self.conn, _ = self.listener.accept()
-            self.conn.settimeout(IDLE_S)
+        self.conn, _ = self.listener.accept()
+        self.conn.settimeout(IDLE_S)
 
     def batches(self) -> Iterator[list[bytes]]:
         decode = msgspec.json.Decoder(_Batch).decode
