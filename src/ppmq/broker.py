@@ -16,7 +16,9 @@ import lmdb
 import msgspec
 
 from . import protocol as p
+from . import events as ev
 from .config import Config, TopicConfig
+from .events import Event
 from .state import NS, State, SubStats, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
@@ -77,6 +79,7 @@ class Step(NamedTuple):
     replies: list[p.Reply | None]  # one per op; None for internal ops
     deliveries: list[Delivery]
     next_tick_ns: int
+    events: list[Event] = []  # for the journal; empty unless the config keeps one
 
 
 class Broker:
@@ -86,6 +89,12 @@ class Broker:
         self.topics = {t.name: t for t in config.topics}
         self.sub_configs = {s.name: s for s in config.subscribers}
         self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+        # Journal events of the current step, by kind, topic, subscriber and reason; a
+        # request collects into its own dict, merged only if it succeeds.
+        self._journaled = config.journaled
+        self._now_ns = now_ns
+        self._batches: dict[tuple, Event] = {}
+        self._events: list[Event] = []
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
@@ -110,7 +119,7 @@ class Broker:
                 for name in tc.subscribers:
                     s = self.state.sub_ids[name]
                     for m, _ in txn.inflight_of(t, s):
-                        self._requeue(txn, t, s, m)
+                        self._requeue(txn, t, s, m, "Unconfirmed")
 
     def _save(self, txn: Txn) -> None:
         txn.put_meta(b"state", snapshot(self.state))
@@ -128,7 +137,7 @@ class Broker:
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
         before = snapshot(self.state)
-        self._open, self._fresh = open_subs, {}
+        self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
@@ -145,25 +154,29 @@ class Broker:
             err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(f"store error: {exc}")
             log.error("commit failed: %s", exc)
             replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
+            self._batches, self._events = {}, []
             return Step(replies, [], now_ns + TICK_NS)
         self._next_tick_ns = next_tick
-        return Step(replies, deliveries, next_tick)
+        return Step(replies, deliveries, next_tick, self._take_events())
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         if isinstance(op, Returned):
             self._return(txn, op)
             return None
         if isinstance(op, Written):
-            self._ack_msgs(txn, op.topic, op.subscriber, op.msgs)
+            self._ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
-            return p.error_reply(op.error, op.id)
+            return self._rejected(p.error_reply(op.error, op.id), None, 0)
         before = snapshot(self.state)
         fresh_before = {key: len(fresh) for key, fresh in self._fresh.items()}
+        step_batches, self._batches = self._batches, {}
         try:
             with txn.savepoint():
-                return self._request(txn, op, now_ns)
+                reply = self._request(txn, op, now_ns)
+            self._events += self._batches.values()
+            return reply
         except p.RequestError as exc:
             error = exc
         except lmdb.MapFullError:
@@ -171,10 +184,33 @@ class Broker:
         except Exception as exc:  # a bug must cost one request, not the broker
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._batches = step_batches
         self.state = restore(before)
         self._fresh = {key: fresh[: fresh_before[key]] for key, fresh in self._fresh.items() if fresh_before.get(key)}
         self.state.rejected += 1
-        return p.error_reply(error, op.id)
+        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+
+    # --- journal events ------------------------------------------------------------------
+
+    def _batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
+        """The event of this kind collecting the current step's (or request's) messages."""
+        key = (kind, topic, sub, reason)
+        event = self._batches.get(key)
+        if event is None:
+            event = self._batches[key] = Event(event=kind, ts=self._now_ns, topic=topic, subscriber=sub, reason=reason)
+        return event
+
+    def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
+        if self._journaled:
+            self._events.append(Event(event=ev.REJECT, ts=self._now_ns, topic=topic, status=reply.status, error=reply.error, count=count))
+        return reply
+
+    def _take_events(self) -> list[Event]:
+        """The step's events; batches that found nothing to do are left out."""
+        events = [e for e in self._events + list(self._batches.values()) if e.ids or e.status]
+        self._batches, self._events = {}, []
+        return events
 
     def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
         """PROTOCOL §2: messages, then acks, then the command; all or nothing."""
@@ -229,11 +265,19 @@ class Broker:
                 continue  # nobody to deliver to, like a fanout exchange without queues
             old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
             if old is None:
-                self._store_new(txn, topic, t, msg, now_ns)
+                m, size = self._store_new(txn, topic, t, msg, now_ns)
             else:
-                self._replace(txn, topic, t, old, msg, now_ns)
+                m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
+            if self._journaled:
+                event = self._batch(ev.PUBLISH, topic.name)
+                event.ids.append(m)
+                event.prio.append(msg.prio)
+                event.bytes.append(size)
+                event.expires_ns.append(msg.expires_ns)
+                event.replaced.append(old is not None)
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, msg: Prepared, now_ns: int) -> None:
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, msg: Prepared, now_ns: int) -> tuple[int, int]:
+        """Store a message with a new id; return the id and the size of its JSON."""
         stats = self.state.topics[topic.name]
         stats.seq += 1
         m = stats.seq
@@ -259,6 +303,7 @@ class Broker:
             stats.ready[msg.prio] += 1
             holders[s] = (msg.prio, m)
         txn.put_holders(t, m, holders)
+        return m, len(fragment)
 
     def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> bytes:
         """Store the message; return its JSON as delivered."""
@@ -268,9 +313,10 @@ class Broker:
             txn.add_expiry(msg.expires_ns, t, m)
         return fragment
 
-    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
+    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> int:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
-        unless it gains priority; in flight or acked ones queue again at the end."""
+        unless it gains priority; in flight or acked ones queue again at the end.
+        Returns the size of the new version's JSON."""
         stats = self.state.topics[topic.name]
         stats.replaced += 1
         old = txn.get_body(t, m)
@@ -300,7 +346,7 @@ class Broker:
             sub.ready[prio] += 1
             holders[s] = (prio, new_pos)
         txn.put_holders(t, m, holders)
-        self._put_body(txn, topic, t, m, msg, now_ns)
+        return len(self._put_body(txn, topic, t, m, msg, now_ns))
 
     # --- acks, completion -----------------------------------------------------------------
 
@@ -316,14 +362,21 @@ class Broker:
             msgs.append(m)
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
-    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None]) -> int:
+    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
         stats = self.state.subs[topic][sub]
+        event = self._batch(ev.ACK, topic, sub, reason) if self._journaled else None
         done = 0
         for m in msgs:
-            if m is None or txn.pop_inflight(t, s, m) is None:
+            flight = txn.pop_inflight(t, s, m) if m is not None else None
+            if flight is None:
                 stats.ignored_acks += 1
                 continue
+            if event is not None:
+                body = txn.get_body(t, m)
+                event.ids.append(m)
+                event.pub_ns.append(body.publish_ns if body else 0)
+                event.attempts.append(flight.attempts)
             stats.inflight -= 1
             stats.acked += 1
             done += 1
@@ -362,9 +415,9 @@ class Broker:
         for tc in topics:
             t, s = self.state.topic_ids[tc.name], self.state.sub_ids[req.subscriber]
             for m, _ in txn.inflight_of(t, s):
-                self._requeue(txn, t, s, m)
+                self._requeue(txn, t, s, m, "Reconnect")
 
-    def _requeue(self, txn: Txn, t: int, s: int, m: int) -> None:
+    def _requeue(self, txn: Txn, t: int, s: int, m: int, reason: str) -> None:
         """Back to its place in the queue, as if it had not been delivered yet."""
         flight = txn.pop_inflight(t, s, m)
         if flight is None:
@@ -374,6 +427,8 @@ class Broker:
         if stats is not None:
             stats.inflight -= 1
             stats.ready[flight.prio] += 1
+            if self._journaled:
+                self._batch(ev.REQUEUE, self._topic_by_id[t], self._sub_by_id[s], reason).ids.append(m)
 
     def _stats(self, t: int, s: int) -> SubStats | None:
         topic, sub = self._topic_by_id.get(t), self._sub_by_id.get(s)
@@ -383,10 +438,13 @@ class Broker:
         """A batch that never reached the subscriber: as if it had not been sent."""
         t, s = self.state.topic_ids[op.topic], self.state.sub_ids[op.subscriber]
         stats = self.state.subs[op.topic][op.subscriber]
+        event = self._batch(ev.RETURN, op.topic, op.subscriber) if self._journaled else None
         for m in op.msgs:
             flight = txn.pop_inflight(t, s, m)
             if flight is None:
                 continue  # acked, expired or replaced meanwhile
+            if event is not None:
+                event.ids.append(m)
             txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts - 1)
             stats.inflight -= 1
             stats.ready[flight.prio] += 1
@@ -403,7 +461,7 @@ class Broker:
             else:
                 self._expire(txn, topic, t, m)
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
-            self._requeue(txn, t, s, m)
+            self._requeue(txn, t, s, m, "AckRetry")
 
     def _topic_name(self, t: int) -> str | None:
         name = self._topic_by_id.get(t)
@@ -413,15 +471,26 @@ class Broker:
         """PROTOCOL §3 Expiry: gone from every queue, also from in flight."""
         holders = txn.get_holders(t, m)
         subs = self.state.subs[topic]
+        body = txn.get_body(t, m) if self._journaled else None
         for s, (prio, pos) in holders.items():
             name = self._sub_by_id.get(s)
             if name not in subs:
                 continue
-            if txn.remove_ready(t, s, prio, pos):
+            attempts = txn.pop_ready(t, s, prio, pos)
+            if attempts is not None:
                 subs[name].ready[prio] -= 1
+                delivered = attempts > 0  # back in the queue after a delivery
             elif txn.pop_inflight(t, s, m) is not None:
                 subs[name].inflight -= 1
+                delivered = True
+            else:
+                delivered = False
             subs[name].expired += 1
+            if body is not None:
+                event = self._batch(ev.EXPIRE, topic, name)
+                event.ids.append(m)
+                event.pub_ns.append(body.publish_ns)
+                event.delivered.append(delivered)
         txn.put_holders(t, m, {})
         self.state.topics[topic].expired += 1
         self._delete_message(txn, topic, t, m)
@@ -455,9 +524,10 @@ class Broker:
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        event = self._batch(ev.DELIVER, topic.name, sub) if self._journaled else None
         fresh = self._fresh.pop((topic.name, sub), [])
         if fresh and sum(stats.ready) == len(fresh):  # nothing older queued: straight into flight
-            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline)
+            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline, event)
         self._queue(txn, t, s, fresh)
         msgs: list[int] = []
         fragments: list[bytes] = []
@@ -479,6 +549,11 @@ class Broker:
             stats.redelivered += entry.attempts > 0
             msgs.append(entry.msg)
             fragments.append(body.fragment)
+            if event is not None:
+                event.ids.append(entry.msg)
+                event.pub_ns.append(body.publish_ns)
+                event.attempts.append(entry.attempts + 1)
+                event.bytes.append(len(body.fragment))
             return True
 
         if not txn.pull_ready(t, s, limit, take) and not expired:
@@ -493,7 +568,9 @@ class Broker:
         frame = p.batch_frame(topic.name, sub, fragments)
         return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
 
-    def _deliver_fresh(self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int) -> Delivery:
+    def _deliver_fresh(
+        self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int, event: Event | None
+    ) -> Delivery:
         """`fresh` in queue order is sub's whole queue: take the head, queue the rest."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
@@ -501,6 +578,11 @@ class Broker:
         for f in taken:
             txn.put_inflight(t, s, f.m, Flight(f.prio, f.m, deadline, 1))
             stats.ready[f.prio] -= 1
+        if event is not None:  # published in this very step
+            event.ids += [f.m for f in taken]
+            event.pub_ns += [self._now_ns] * len(taken)
+            event.attempts += [1] * len(taken)
+            event.bytes += [len(f.fragment) for f in taken]
         stats.inflight += len(taken)
         stats.delivered += len(taken)
         self._queue(txn, t, s, fresh[limit:])

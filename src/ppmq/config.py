@@ -54,6 +54,14 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     expire: bool = False
 
 
+class JournalConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """The delivery journal under DataPath/journal/ (docs/journal.md)."""
+
+    enabled: bool = True  # off anyway with DataPath: mem
+    segment_bytes: Size = Size(64 * MiB)  # a segment this large is closed and gzipped
+    max_bytes: Size = Size(1024 * MiB)  # oldest segments are deleted to stay under this
+
+
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
@@ -64,6 +72,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     max_message_bytes: Size = Size(1 * MiB)  # per payload
     max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
     retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
+    journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
 
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
@@ -71,6 +80,11 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     @property
     def in_memory(self) -> bool:
         return self.data_path == "mem"
+
+    @property
+    def journaled(self) -> bool:
+        """Whether the broker keeps a delivery journal: a throwaway store has none."""
+        return self.journal.enabled and not self.in_memory
 
 
 # --- loading ------------------------------------------------------------------------
@@ -186,6 +200,8 @@ def _check(config: Config) -> list[tuple[str, str]]:
             errors.append((f".Topics[{i}].Subscribers", "lists a subscriber twice"))
     if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    if config.journal.segment_bytes > config.journal.max_bytes:
+        errors.append((".Journal.SegmentBytes", f"must not exceed Journal.MaxBytes ({config.journal.max_bytes})"))
     if not config.data_path:
         errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
     return errors

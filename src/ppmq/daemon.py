@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 
 from .broker import Broker
 from .config import Config
 from .delivery import SubscriberLink
+from .journal import Journal
 from .server import Server
 from .store import Store
 from .writer import Writer
@@ -30,9 +32,13 @@ async def run(config: Config, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     store = Store(config.data_path, sync=config.sync, max_bytes=config.max_store_bytes)
+    journal = None
     try:
         broker = Broker(config, store, time.time_ns())
-        writer = Writer(broker)
+        if config.journaled:
+            jc = config.journal
+            journal = Journal(os.path.join(config.data_path, "journal"), jc.segment_bytes, jc.max_bytes).start()
+        writer = Writer(broker, journal.put if journal else None)
         server = Server(config.server_socket, writer, config.max_frame_bytes)
         await server.start()
         links = [SubscriberLink(s, writer, config.retry_max, config.max_frame_bytes) for s in config.subscribers]
@@ -54,6 +60,8 @@ async def run(config: Config, stop: asyncio.Event | None = None) -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if journal is not None:
+            journal.close()
         store.close()
     log.info("stopped")
 

@@ -249,6 +249,11 @@ class Txn:
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
         return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
 
+    def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
+        """Remove a ready entry; return its attempts so far, or None if there was none."""
+        raw = self.txn.pop(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else _READY_VAL.unpack(raw)[1]
+
     def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
         """Walk s's queue on t by priority then position, deleting each entry that
         `take` accepts, until `limit` are taken; return how many were taken."""

@@ -17,8 +17,10 @@ from typing import Protocol
 
 from . import protocol as p
 from .broker import Broker, Delivery, Op, Returned
+from .events import Event
 
 ReplySink = Callable[[p.Reply], None]
+EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
 
 
@@ -32,8 +34,9 @@ class Writer:
     """Runs the broker's steps on its own thread, one after another, each with
     everything that was queued while the previous one committed."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, journal: EventSink | None = None) -> None:
         self.broker = broker
+        self._journal = journal
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._wake = asyncio.Event()
@@ -76,6 +79,8 @@ class Writer:
                 step = await loop.run_in_executor(self._executor, self.broker.step, ops, open_subs, time.time_ns())
                 self._answer(batch, step.replies)
                 self._dispatch(step.deliveries)
+                if step.events and self._journal is not None:
+                    self._journal(step.events)
         finally:
             self._executor.shutdown(wait=True)
 
