@@ -7,9 +7,10 @@ STAMP  := $(VENV)/.installed
 .PHONY: serve test bench install clean
 
 $(STAMP): pyproject.toml
+	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -53,13 +53,14 @@ time.sleep(0.5)
 """
 
 
-def config(tmp: Path, subs: list[str], sync: bool) -> Path:
+def config(tmp: Path, subs: list[str], sync: bool, **extra: object) -> Path:
     cfg = {
         "ServerSocket": str(tmp / "ppmq.sock"),
         "DataPath": str(tmp / "data"),
         "Sync": sync,
         "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": 100, "Window": 1000} for s in subs],
         "Topics": [{"Name": "bench", "Priorities": 3, "Subscribers": subs}],
+        **extra,
     }
     path = tmp / "ppmq.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -100,11 +101,11 @@ def payload(i: int, size: int) -> str:
     return f"{i:08d}" + "x" * (size - 8)
 
 
-def fanout(n: int, sync: bool) -> tuple[float, float]:
-    """Messages per second, and broker CPU seconds per 10,000 messages."""
+def fanout(n: int, sync: bool, **extra: object) -> tuple[float, float]:
+    """Messages per second, and broker CPU seconds per 10,000 messages; `extra` config keys."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         tmp = Path(d)
-        cfg = config(tmp, ["a", "b"], sync)
+        cfg = config(tmp, ["a", "b"], sync, **extra)
         subs = [subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(tmp / f"{s}.sock"), str(n)], stdout=subprocess.PIPE, text=True) for s in "ab"]
         for s in subs:
             assert s.stdout.readline().strip() == "ready"

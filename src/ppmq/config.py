@@ -60,6 +60,7 @@ class JournalConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True)
     enabled: bool = True  # off anyway with DataPath: mem
     segment_bytes: Size = Size(64 * MiB)  # a segment this large is closed and gzipped
     max_bytes: Size = Size(1024 * MiB)  # oldest segments are deleted to stay under this
+    host: str | None = None  # the Host of every record; default the host's name
 
 
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):

@@ -37,7 +37,7 @@ async def run(config: Config, stop: asyncio.Event | None = None) -> None:
         broker = Broker(config, store, time.time_ns())
         if config.journaled:
             jc = config.journal
-            journal = Journal(os.path.join(config.data_path, "journal"), jc.segment_bytes, jc.max_bytes).start()
+            journal = Journal(os.path.join(config.data_path, "journal"), jc.segment_bytes, jc.max_bytes, jc.host).start()
         writer = Writer(broker, journal.put if journal else None)
         server = Server(config.server_socket, writer, config.max_frame_bytes)
         await server.start()

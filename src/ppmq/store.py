@@ -139,10 +139,39 @@ class Store:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-class Txn:
-    """Typed operations inside one write transaction."""
+class StoreReader:
+    """A read-only view of a store, for another process (a report, a Spark job)
+    while the broker runs: LMDB readers never block the writer, and one
+    `snapshot()` is one consistent read transaction. The process needs write
+    access to lock.mdb, where LMDB registers its readers."""
 
-    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
+        try:
+            self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(_DBS), readahead=False)
+            self.dbs = {name.decode(): self.env.open_db(name, create=False) for name in _DBS}
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
+        with self.snapshot() as txn:
+            found = txn.get_meta(b"schema")
+        if found is None or int(found) != SCHEMA_VERSION:
+            self.env.close()
+            raise StoreError(f"store {path} has schema {found and int(found)}, this ppmq reads {SCHEMA_VERSION}")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Txn]:
+        with self.env.begin() as txn:
+            yield Txn(self, txn)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class Txn:
+    """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
+
+    def __init__(self, store: Store | StoreReader, txn: lmdb.Transaction) -> None:
         self.store = store
         self.txn = txn
         d = store.dbs
@@ -194,11 +223,7 @@ class Txn:
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
         raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
-        if raw is None:
-            return None
-        prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-        start = _BODY_HEAD.size
-        return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+        return None if raw is None else _decode_body(raw)
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
@@ -206,6 +231,16 @@ class Txn:
 
     def delete_body(self, t: int, m: int) -> bool:
         return self.txn.delete(_TM.pack(t, m), db=self._bodies)
+
+    def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
+        """Every stored message of topic t, by id."""
+        prefix = _U32(t)
+        with self.txn.cursor(db=self._bodies) as cur:
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if key[:4] != prefix:
+                        break
+                    yield _TM.unpack(key)[1], _decode_body(raw)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
@@ -249,6 +284,11 @@ class Txn:
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
         return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
 
+    def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
+        """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
+        raw = self.txn.get(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else _READY_VAL.unpack(raw)[1]
+
     def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Remove a ready entry; return its attempts so far, or None if there was none."""
         raw = self.txn.pop(_TSPQ.pack(t, s, prio, pos), db=self._ready)
@@ -289,6 +329,10 @@ class Txn:
         self.txn.put(_TSM.pack(t, s, m), _FLIGHT.pack(*flight), db=self._inflight)
         if flight.deadline_ns:
             self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+
+    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
+        raw = self.txn.get(_TSM.pack(t, s, m), db=self._inflight)
+        return None if raw is None else Flight._make(_FLIGHT.unpack(raw))
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
@@ -360,6 +404,12 @@ class Txn:
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
         self.txn.delete(_U32(t) + key, db=self._dedupe)
+
+
+def _decode_body(raw: bytes) -> Body:
+    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+    start = _BODY_HEAD.size
+    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
 
 def _U32(t: int) -> bytes:
