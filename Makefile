@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench install clean
+.PHONY: serve test test-slow bench install clean
 
 $(STAMP): pyproject.toml
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
@@ -23,6 +23,10 @@ serve: $(STAMP)
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## test-slow: the longer runs kept out of `make test` (spark-submit in a JVM of its own)
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 ## bench: quick figures for ppmq alone (not part of the tests)
 bench: $(STAMP)

@@ -261,18 +261,22 @@ def _listen_connection(conn: socket.socket, ack: bool, via_server: Client | None
 def _report(args: argparse.Namespace) -> int:
     try:
         from pyspark.errors import AnalysisException
+        from pyspark.sql import SparkSession
 
         from .pipeline.report import report
         from .pipeline.session import local_session
     except ImportError as exc:
         raise Failure(f"needs the spark extra (pip install 'ppmq[spark]'): {exc}") from None
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    running = SparkSession.getActiveSession()
     spark = local_session(args.master, "ppmq report")
     try:
         summary = report(spark, args.paths, args.out)
     except AnalysisException as exc:
         raise Failure(str(exc).splitlines()[0]) from None
     finally:
-        spark.stop()
+        if running is None:  # stop only a session this command started
+            spark.stop()
     print(summary.line(args.out))
     return 0
 

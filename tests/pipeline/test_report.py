@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq.pipeline.report import report
+from ppmq.cli import main
 
 from .conftest import SLOW_GROUPS, Workload
 
 
 @pytest.fixture(scope="module")
 def out(spark: SparkSession, workload: Workload, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("report")
-    summary = report(spark, [str(p) for p in workload.journals], str(out))
-    assert summary.hosts == 2
+    """`ppmq report JOURNAL... --out DIR`, run once for the module (on the session's Spark)."""
+    out = tmp_path_factory.mktemp("report") / "out"
+    assert main(["report", *map(str, workload.journals), "--out", str(out)]) == 0
     return out
 
 
@@ -92,6 +92,10 @@ def test_hosts_table_counts_what_was_read(spark, out) -> None:
     assert hosts["beta"]["events"] == 25 * 3  # published, delivered, acked
     assert all(r["journal_dropped"] == 0 and r["unknown_version_records"] == 0 for r in hosts.values())
     assert hosts["beta"]["first"] <= hosts["beta"]["last"]
+
+
+def test_the_output_directory_holds_the_tables_and_the_page(out) -> None:
+    assert sorted(p.name for p in out.iterdir()) == ["hosts", "report.html", "slowest", "subscribers", "throughput", "topics"]
 
 
 def test_report_html_is_one_self_contained_page_with_charts(out) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: render to memory
+import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -41,29 +42,33 @@ def throughput(rows: list[Row], event: str, title: str) -> bytes:
             series[_label(r)][r["minute"]] = r["messages"]
     busiest = sorted(series, key=lambda k: -sum(series[k].values()))[:MAX_SERIES]
     fig, ax = plt.subplots(figsize=(10, 3.6))
+    minutes = sorted({t for name in busiest for t in series[name]})
     for name in busiest:
-        points = sorted(series[name].items())
-        ax.plot([t for t, _ in points], [n for _, n in points], marker="o", markersize=3, label=name)
+        # a minute without a record of this series had none of its messages
+        ax.plot(minutes, [series[name].get(t, 0) for t in minutes], marker="o", markersize=3, label=name)
     ax.set_title(title)
     ax.set_ylabel("messages / minute")
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    if busiest:
+    if minutes:
+        ax.set_xlim(minutes[0] - timedelta(minutes=1), minutes[-1] + timedelta(minutes=1))
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
         ax.legend(fontsize=8, loc="upper left")
-    fig.autofmt_xdate()
     return _png(fig)
 
 
 def latency(subs: list[Row]) -> bytes:
     """Publish-to-ack p50 / p95 / p99 per subscriber, slowest at the top."""
     rows = sorted((r for r in subs if r.get("ack_p95_s") is not None), key=lambda r: r["ack_p95_s"])[-2 * MAX_SERIES :]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
-    names = [_label(r) for r in rows]
-    for key, color in (("ack_p99_s", "#d62728"), ("ack_p95_s", "#ff7f0e"), ("ack_p50_s", "#1f77b4")):
-        ax.barh(names, [r[key] for r in rows], color=color, label=key.split("_")[1])
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.2))
+    y = list(range(len(rows)))
+    for offset, key, color in ((-0.27, "ack_p50_s", "#1f77b4"), (0, "ack_p95_s", "#ff7f0e"), (0.27, "ack_p99_s", "#d62728")):
+        ax.barh([i + offset for i in y], [r[key] for r in rows], height=0.27, color=color, label=key.split("_")[1])
+    ax.set_yticks(y, [_label(r) for r in rows])
     ax.set_xscale("symlog", linthresh=0.01)
     ax.set_xlabel("seconds from publish to ack")
     ax.set_title("Publish-to-ack latency per subscriber")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right", reverse=True)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 

@@ -26,6 +26,7 @@ def local_session(master: str = "local[*]", app: str = "ppmq", **conf: str) -> S
     """A session on this host only; workers run this interpreter, which has ppmq installed."""
     # Without it, workers run the first python3 on PATH, which may lack ppmq, lmdb and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # also quiets the "resolves to a loopback address" warning
     builder = SparkSession.builder.master(master).appName(app)
     for key, value in {**LOOPBACK_CONF, **conf}.items():
         builder = builder.config(key, value)
