@@ -373,9 +373,8 @@ class Broker:
                 stats.ignored_acks += 1
                 continue
             if event is not None:
-                body = txn.get_body(t, m)
                 event.ids.append(m)
-                event.pub_ns.append(body.publish_ns if body else 0)
+                event.pub_ns.append(txn.publish_ns(t, m))
                 event.attempts.append(flight.attempts)
             stats.inflight -= 1
             stats.acked += 1

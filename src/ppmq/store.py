@@ -225,6 +225,11 @@ class Txn:
         raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
         return None if raw is None else _decode_body(raw)
 
+    def publish_ns(self, t: int, m: int) -> int:
+        """When m was published (0 if it is gone); reads the header only."""
+        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
+        return 0 if raw is None else _BODY_HEAD.unpack_from(raw)[1]
+
     def put_body(self, t: int, m: int, body: Body) -> None:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
         self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
