@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 
 # Before any JVM starts: workers must run this interpreter (it has ppmq), on loopback.
@@ -19,6 +20,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
+from ppmq.client import ClientError  # noqa: E402
 from ppmq.pipeline.datasource import PpmqDataSource  # noqa: E402
 from ppmq.pipeline.session import local_session  # noqa: E402
 
@@ -61,8 +63,7 @@ def _start(tmp: Path, topics: list[dict], subs: list, host: str) -> BrokerProces
 
 
 def _size(message: dict) -> int:
-    import msgspec
-
+    """A delivered message's size as the journal counts it: its compact JSON."""
     return len(msgspec.json.encode({k: v for k, v in message.items() if k != "Topic"}))
 
 
@@ -117,8 +118,6 @@ def _alpha(tmp: Path, w: Workload) -> None:
 
 def _reject(b: BrokerProcess) -> None:
     """A publish the broker rejects whole: its second message's priority is out of range."""
-    from ppmq.client import ClientError
-
     with b.client() as c, pytest.raises(ClientError, match="Priority"):
         c.publish("orders", [{"Payload": "x"}, {"Payload": "y", "Priority": 3}])
 

@@ -8,8 +8,9 @@
 Reading opens the store read-only and takes one LMDB read transaction: one
 consistent snapshot, also while the broker runs (readers never block its
 writer). It is read in one partition, because one transaction cannot span
-processes. Writing publishes each partition's rows through the broker's socket
-in confirmed batches; a batch the broker rejects fails the job with the
+processes. Writing (with mode("append"): Spark offers Python data sources only
+append and overwrite, and a topic cannot be overwritten) publishes each
+partition's rows through the broker's socket in confirmed batches; a batch the broker rejects fails the job with the
 broker's error. Publishing is not transactional: batches confirmed before a
 failure stay published, so a job that may be retried should use a dedupe
 topic with stable keys.
