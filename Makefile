@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-slow bench install clean
+.PHONY: serve test test-slow bench bench-isolation install clean
 
 $(STAMP): pyproject.toml
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
@@ -22,6 +22,7 @@ serve: $(STAMP)
 
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
+	bash tests/systemd/setup.sh
 	$(BIN)/python -m pytest -q
 
 ## test-slow: the longer runs kept out of `make test` (spark-submit in a JVM of its own)
@@ -32,5 +33,9 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/quick.py
 
+## bench-isolation: a good subscriber's rate with and without four misbehaving ones
+bench-isolation: $(STAMP)
+	$(BIN)/python bench/isolation.py
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .hypothesis build/system-venv

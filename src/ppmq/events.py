@@ -13,9 +13,10 @@ import msgspec
 PUBLISH = "publish"  # stored by a publish: Ids, Prio, Bytes, ExpiresNs, Replaced
 DELIVER = "deliver"  # pushed to a subscriber: Ids, PubNs, Attempts, Bytes
 ACK = "ack"  # acknowledged (or written, with Reason "AutoAck"): Ids, PubNs, Attempts
-REQUEUE = "requeue"  # back to ready after delivery: Ids; Reason AckRetry, Reconnect or Unconfirmed
+REQUEUE = "requeue"  # back to ready after delivery: Ids; Reason AckRetry, Reconnect, Unconfirmed, or MaxAttempts (given up)
 RETURN = "return"  # a batch that never reached the subscriber: Ids; it is not counted as delivered
 EXPIRE = "expire"  # expired for a subscriber: Ids, PubNs, Delivered
+OVERFLOW = "overflow"  # dropped by OverflowPolicy drop-oldest, for a subscriber: Ids, PubNs, Delivered
 REJECT = "reject"  # a request answered with an error: Status, Error, Count (messages in it)
 DROPPED = "dropped"  # written by the journal itself: Count events lost to a full queue or disk
 
@@ -35,7 +36,7 @@ class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
     prio: list[int] = []
     expires_ns: list[int] = []  # 0: never
     replaced: list[bool] = []  # the publish replaced an unfinished message with the same Key
-    delivered: list[bool] = []  # the expired message had been pushed to the subscriber
+    delivered: list[bool] = []  # the expired (or dropped) message had been pushed to the subscriber
     status: int | None = None
     error: str | None = None
     count: int | None = None

@@ -58,6 +58,14 @@ class Body(NamedTuple):
     fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
 
 
+def _body(raw: bytes | None) -> Body | None:
+    if raw is None:
+        return None
+    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+    start = _BODY_HEAD.size
+    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+
+
 class Flight(NamedTuple):
     """An in-flight delivery and the queue place it returns to."""
 
@@ -222,8 +230,7 @@ class Txn:
 
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
-        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
-        return None if raw is None else _decode_body(raw)
+        return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
 
     def publish_ns(self, t: int, m: int) -> int:
         """When m was published (0 if it is gone); reads the header only."""
@@ -234,8 +241,9 @@ class Txn:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
         self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
 
-    def delete_body(self, t: int, m: int) -> bool:
-        return self.txn.delete(_TM.pack(t, m), db=self._bodies)
+    def delete_body(self, t: int, m: int) -> Body | None:
+        """Delete m; return what it was, or None if it was not stored."""
+        return _body(self.txn.pop(_TM.pack(t, m), db=self._bodies))
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id."""
@@ -245,7 +253,7 @@ class Txn:
                 for key, raw in cur:
                     if key[:4] != prefix:
                         break
-                    yield _TM.unpack(key)[1], _decode_body(raw)
+                    yield _TM.unpack(key)[1], _body(raw)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
@@ -409,12 +417,6 @@ class Txn:
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
         self.txn.delete(_U32(t) + key, db=self._dedupe)
-
-
-def _decode_body(raw: bytes) -> Body:
-    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-    start = _BODY_HEAD.size
-    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
 
 def _U32(t: int) -> bytes:

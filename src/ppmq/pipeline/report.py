@@ -24,7 +24,7 @@ Row = dict[str, Any]
 SUBSCRIBER_COLUMNS = [
     "host", "topic", "subscriber", "messages", "bytes", "delivered", "redelivered", "redelivery_rate", "acked",
     "ack_p50_s", "ack_p95_s", "ack_p99_s", "deliver_p50_s", "deliver_p95_s", "deliver_p99_s",
-    "expired", "expired_before_delivery", "ack_timeouts", "replaced",
+    "expired", "expired_before_delivery", "overflowed", "ack_timeouts", "replaced",
 ]  # fmt: skip
 
 

@@ -101,6 +101,7 @@ def subscribers(records: DataFrame) -> DataFrame:
             _count("ack").alias("acked"),
             _count("expire").alias("expired"),
             _count("expire", F.filter("Delivered", lambda d: ~d)).alias("expired_before_delivery"),
+            _count("overflow").alias("overflowed"),
             F.sum(F.when((F.col("Event") == "requeue") & (F.col("Reason") == "AckRetry"), _size(F.col("Ids"))).otherwise(0)).alias("ack_timeouts"),
         )
         .withColumn("redelivery_rate", F.when(F.col("delivered") > 0, F.col("redelivered") / F.col("delivered")))
