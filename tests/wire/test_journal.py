@@ -113,3 +113,30 @@ def test_the_journal_can_be_turned_off(broker_factory) -> None:
         c.publish("t", [{"Payload": 1}])
     assert b.stop() == 0
     assert not Path(b.config["DataPath"], "journal").exists()
+
+
+def test_overflow_drops_and_dead_letters_are_journaled(broker_factory) -> None:
+    """Given a topic that keeps 2 messages and drops the oldest, and one that gives
+    up on a message after one delivery, then the journal says what was dropped
+    and what went to the dead-letter topic."""
+    b = broker_factory(
+        [
+            {"Name": "small", "MaxMessages": 2, "OverflowPolicy": "drop-oldest", "Subscribers": ["away"]},
+            {"Name": "once", "MaxAttempts": 1, "DeadLetter": "dead", "Subscribers": ["slow"]},
+            {"Name": "dead"},
+        ],
+        ["away", "slow"],
+    )
+    slow = broker_factory.subscriber(b, "slow", ack=None)
+    with b.client() as c:
+        c.publish("small", [{"Payload": i} for i in range(3)])
+        c.publish("once", [{"Payload": "x"}])
+        slow.wait_messages(1)
+        c.reconnect("slow")
+    assert b.stop() == 0
+    records = journal_records(b.config["DataPath"])
+    first = column(of(records, "publish", Topic="small"), "Ids")[0]
+    [overflow] = of(records, "overflow", Topic="small", Subscriber="away")
+    assert (overflow["Ids"], overflow["Delivered"]) == ([first], [False])
+    [given_up] = of(records, "requeue", Topic="once", Subscriber="slow")
+    assert given_up["Reason"] == "MaxAttempts" and given_up["Ids"] == [int(slow.messages[0]["Key"])]
