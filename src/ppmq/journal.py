@@ -137,7 +137,8 @@ class Journal:
 
     def _open(self) -> None:
         # Names sort by creation time, so the oldest segment is the first name.
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time_ns() % 1_000_000_000:09d}Z"
+        now_ns = time.time_ns()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 1_000_000_000)) + f"{now_ns % 1_000_000_000:09d}Z"
         self._file = open(self.directory / f"journal-{stamp}{ACTIVE_SUFFIX}", "ab")
         self._size = 0
 
