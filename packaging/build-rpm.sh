@@ -4,6 +4,8 @@
 # for EL is built on EL (see the spec's header).
 #
 # Usage: packaging/build-rpm.sh [OUTDIR]
+# Environment: PPMQ_STAGE, a tree made by stage.sh to pack instead of making one;
+# PPMQ_PYTHON as for stage.sh.
 set -euo pipefail
 umask 022
 
@@ -12,6 +14,7 @@ out=$(mkdir -p "${1:-$here/../dist}" && cd "${1:-$here/../dist}" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$here/stage.sh" "$work/stage"
-rpmbuild --quiet -bb --define "_topdir $work/rpmbuild" --define "stagedir $work/stage" "$here/rpm/ppmq.spec"
+stage=${PPMQ_STAGE:-$work/stage}
+[ -n "${PPMQ_STAGE:-}" ] || "$here/stage.sh" "$stage"
+rpmbuild --quiet -bb --define "_topdir $work/rpmbuild" --define "stagedir $(cd "$stage" && pwd)" "$here/rpm/ppmq.spec"
 cp "$work"/rpmbuild/RPMS/*/ppmq-*.rpm "$out/"
