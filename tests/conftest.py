@@ -138,14 +138,23 @@ class BrokerProcess:
     def sub_socket(self, name: str) -> str:
         return next(s["Socket"] for s in self.config["Subscribers"] if s["Name"] == name)
 
-    def start(self) -> BrokerProcess:
+    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> BrokerProcess:
+        """Run `ppmq serve`; `env` adds variables (NOTIFY_SOCKET, WATCHDOG_USEC...)."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ppmq.cli", "serve", "-c", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         )
-        wait_for(self._accepting, what=f"broker socket {self.socket}; log:\n{self.log}")
+        if wait:
+            wait_for(self._accepting, what=f"broker socket {self.socket}; log:\n{self.log}")
         return self
+
+    def reload(self, config: dict | str) -> None:
+        """Rewrite the config file and send SIGHUP, as `systemctl reload` does."""
+        self.config_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+        if not isinstance(config, str):
+            self.config = config
+        self.proc.send_signal(signal.SIGHUP)
 
     def _accepting(self) -> bool:
         if self.proc.poll() is not None:
@@ -221,3 +230,58 @@ def broker_factory(short_tmp: Path) -> Iterator[Callable[..., BrokerProcess]]:
     for b in started:
         if b.alive():
             b.kill()
+
+
+class NotifyListener:
+    """A NOTIFY_SOCKET of our own, as systemd binds it: every datagram the broker
+    sends, with the sender's pid (SO_PASSCRED) and when it arrived."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.received: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, pid, fields)
+        self.on_message: Callable[[dict[str, str]], None] | None = None
+        self._stop = False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": self.path, **extra}
+
+    def _read(self) -> None:
+        creds_size = socket.CMSG_LEN(12)
+        while not self._stop:
+            try:
+                data, ancdata, _, _ = self.sock.recvmsg(4096, creds_size)
+            except (TimeoutError, OSError):
+                continue
+            pid = next((int.from_bytes(d[:4], "little") for lvl, typ, d in ancdata if typ == socket.SCM_CREDENTIALS), -1)
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            if self.on_message is not None:
+                self.on_message(fields)
+            self.received.append((time.monotonic(), pid, fields))
+
+    def messages(self, key: str) -> list[dict[str, str]]:
+        return [f for _, _, f in list(self.received) if key in f]
+
+    def wait(self, key: str, value: str | None = None, count: int = 1, timeout_s: float = WAIT_S) -> list[dict[str, str]]:
+        def found() -> list[dict[str, str]]:
+            hits = [f for f in self.messages(key) if value is None or f[key] == value]
+            return hits if len(hits) >= count else []
+
+        return wait_for(found, timeout_s, f"{count}x {key}={value or '*'} on NOTIFY_SOCKET (got {self.received[-5:]})")
+
+    def close(self) -> None:
+        self._stop = True
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def notify_socket(short_tmp: Path) -> Iterator[NotifyListener]:
+    listener = NotifyListener(short_tmp / "notify")
+    yield listener
+    listener.close()

@@ -16,8 +16,8 @@ import lmdb
 import msgspec
 
 from . import protocol as p
-from .config import Config, TopicConfig
-from .state import NS, State, SubStats, restore, snapshot, status_body
+from .config import Config, ConfigError, TopicConfig
+from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
 
@@ -50,7 +50,13 @@ class Invalid(NamedTuple):
     id: msgspec.Raw | msgspec.UnsetType
 
 
-Op = p.Request | Returned | Written | Invalid
+class Reconfigure(NamedTuple):
+    """Switch to a new config (SIGHUP) in this transaction, or refuse it whole."""
+
+    config: Config
+
+
+Op = p.Request | Returned | Written | Invalid | Reconfigure
 
 
 class Fresh(NamedTuple):
@@ -81,17 +87,13 @@ class Step(NamedTuple):
 
 class Broker:
     def __init__(self, config: Config, store: Store, now_ns: int) -> None:
-        self.config = config
+        """Open the broker on a store; ConfigError if the config would drop messages."""
         self.store = store
-        self.topics = {t.name: t for t in config.topics}
-        self.sub_configs = {s.name: s for s in config.subscribers}
-        self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+        self.topics: dict[str, TopicConfig] = {}
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
-            self.state.register(config)
-            self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
-            self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
+            self._switch(txn, config)
             self._requeue_unconfirmed(txn)
             self._save(txn)
         self._next_tick_ns = now_ns
@@ -100,6 +102,40 @@ class Broker:
         # queue (no put, no walk, no re-read); what is left goes there at the end.
         self._fresh: dict[tuple[str, str], list[Fresh]] = {}
         self._open: set[str] = set()
+
+    def _switch(self, txn: Txn, config: Config) -> None:
+        """Make `config` the broker's, dropping what it says goes (PROTOCOL §6 DropTopics)."""
+        errors = refused_changes(self.state, self.topics, config)
+        if errors:
+            raise ConfigError(errors)
+        for topic, subs in list(self.state.subs.items()):
+            tc = next((t for t in config.topics if t.name == topic), None)
+            for sub in [s for s in subs if tc is None or s not in tc.subscribers]:
+                self._drop_subscription(txn, topic, sub)
+            if tc is None:
+                log.warning("topic %s removed from the config: forgotten", topic)
+                del self.state.subs[topic], self.state.topics[topic]
+        self.config = config
+        self.topics = {t.name: t for t in config.topics}
+        self.sub_configs = {s.name: s for s in config.subscribers}
+        self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+        self.state.register(config)
+        self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
+        self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
+
+    def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:
+        """sub no longer takes topic: what it still had there is released, and
+        messages nobody else holds are deleted (like deleting a bound queue)."""
+        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        msgs: list[int] = []
+        txn.pull_ready(t, s, 1 << 62, lambda entry: msgs.append(entry.msg) or True)
+        for m, _ in txn.inflight_of(t, s):
+            txn.pop_inflight(t, s, m)
+            msgs.append(m)
+        for m in msgs:
+            self._release(txn, topic, t, s, m)
+        del self.state.subs[topic][sub]
+        log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
     def _requeue_unconfirmed(self, txn: Txn) -> None:
         """On an `AckRequired: false` topic nothing will ever ack what a previous run
@@ -150,15 +186,19 @@ class Broker:
         return Step(replies, deliveries, next_tick)
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
-        if isinstance(op, Returned):
-            self._return(txn, op)
-            return None
-        if isinstance(op, Written):
-            self._ack_msgs(txn, op.topic, op.subscriber, op.msgs)
+        if isinstance(op, (Returned, Written)):
+            if op.subscriber not in self.state.subs.get(op.topic, {}):
+                return None  # the subscription was dropped by a reload meanwhile
+            if isinstance(op, Returned):
+                self._return(txn, op)
+            else:
+                self._ack_msgs(txn, op.topic, op.subscriber, op.msgs)
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
             return p.error_reply(op.error, op.id)
+        if isinstance(op, Reconfigure):
+            return self._reconfigure(txn, op.config)
         before = snapshot(self.state)
         fresh_before = {key: len(fresh) for key, fresh in self._fresh.items()}
         try:
@@ -175,6 +215,14 @@ class Broker:
         self._fresh = {key: fresh[: fresh_before[key]] for key, fresh in self._fresh.items() if fresh_before.get(key)}
         self.state.rejected += 1
         return p.error_reply(error, op.id)
+
+    def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
+        """All of the new config, or none of it (the old one keeps running)."""
+        try:
+            self._switch(txn, config)  # refuses before it changes anything
+        except ConfigError as exc:
+            return p.error_reply(p.BadRequest(str(exc)))
+        return p.Reply(status=200)
 
     def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
         """PROTOCOL §2: messages, then acks, then the command; all or nothing."""
@@ -336,12 +384,13 @@ class Broker:
             self._delete_message(txn, topic, t, m)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
-        tc = self.topics[topic]
-        if tc.expire or tc.dedupe:  # only then is there an index entry to remove
+        tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
+        expire, dedupe = (tc.expire, tc.dedupe) if tc is not None else (True, True)
+        if expire or dedupe:  # only then is there an index entry to remove
             body = txn.get_body(t, m)
-            if body is not None and body.expires_ns and tc.expire:
+            if body is not None and body.expires_ns and expire:
                 txn.remove_expiry(body.expires_ns, t, m)
-            if body is not None and tc.dedupe:
+            if body is not None and dedupe:
                 txn.delete_dedupe(t, body.key)
         if txn.delete_body(t, m):
             self.state.topics[topic].stored -= 1

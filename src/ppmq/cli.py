@@ -18,6 +18,7 @@ from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .server import ListenError
 from .store import StoreError
+from .systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq")
 STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
@@ -29,7 +30,7 @@ class Failure(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         return args.func(args) or 0
     except (Failure, ConfigError, ClientError) as exc:
@@ -92,11 +93,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def _serve(args: argparse.Namespace) -> int:
-    config = load_config(args.config or default_config_path())
+    path = args.config or default_config_path()
+    config = load_config(path)
     if args.socket:
         config.server_socket = args.socket
+    inherited = listening_unix_socket("server")  # before any thread starts
     try:
-        asyncio.run(daemon.run(config))
+        asyncio.run(daemon.run(config, config_path=path, inherited=inherited))
     except (StoreError, ListenError) as exc:
         raise Failure(str(exc)) from None
     return 0

@@ -64,6 +64,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     max_message_bytes: Size = Size(1 * MiB)  # per payload
     max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
     retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
+    drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
 
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
@@ -184,6 +185,10 @@ def _check(config: Config) -> list[tuple[str, str]]:
                 errors.append((f".Topics[{i}].Subscribers[{j}]", f"unknown subscriber {name!r}"))
         if len(set(topic.subscribers)) != len(topic.subscribers):
             errors.append((f".Topics[{i}].Subscribers", "lists a subscriber twice"))
+    topic_names = {t.name for t in config.topics}
+    for i, name in enumerate(config.drop_topics):
+        if name in topic_names:
+            errors.append((f".DropTopics[{i}]", f"topic {name!r} is still in Topics; remove it there to drop it"))
     if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if not config.data_path:

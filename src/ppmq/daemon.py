@@ -2,6 +2,9 @@
 
 Nothing else builds these objects, and none of them is a global: a test can
 run a whole broker in-process, and `ppmq serve` is this module plus a logger.
+It is also where the broker meets systemd: READY once the store is open and the
+socket accepts, STATUS kept current, WATCHDOG only while the writer is healthy,
+RELOADING/READY around a SIGHUP reload, STOPPING on SIGTERM.
 """
 
 from __future__ import annotations
@@ -9,60 +12,244 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
+from pathlib import Path
 
-from .broker import Broker
-from .config import Config
+from .broker import Broker, Reconfigure
+from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
 from .server import Server
 from .store import Store
+from .systemd import Notifier
 from .writer import Writer
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
+STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
+# Changing these needs a restart: they are the environment the others run in.
+RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes")
 
 
-async def run(config: Config, stop: asyncio.Event | None = None) -> None:
-    """Serve until `stop` is set or SIGTERM/SIGINT arrives, then shut down cleanly."""
+async def run(
+    config: Config,
+    stop: asyncio.Event | None = None,
+    *,
+    config_path: str | Path | None = None,
+    inherited: socket.socket | None = None,
+) -> None:
+    """Serve until `stop` is set or SIGTERM/SIGINT arrives, then shut down cleanly.
+
+    With `config_path`, SIGHUP re-reads it; `inherited` is a listening socket
+    from systemd to use instead of binding ServerSocket.
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    notifier = Notifier()
     store = Store(config.data_path, sync=config.sync, max_bytes=config.max_store_bytes)
+    daemon = None
     try:
-        broker = Broker(config, store, time.time_ns())
-        writer = Writer(broker)
-        server = Server(config.server_socket, writer, config.max_frame_bytes)
-        await server.start()
-        links = [SubscriberLink(s, writer, config.retry_max, config.max_frame_bytes) for s in config.subscribers]
-        writing = asyncio.create_task(writer.run(), name="writer")
-        linking = [asyncio.create_task(link.run(), name=f"subscriber {link.name}") for link in links]
-        log.info(
-            "serving on %s: %d topics, %d subscribers, data in %s (sync %s)",
-            config.server_socket, len(config.topics), len(config.subscribers), store.path, "on" if config.sync else "off",
-        )
-        await _until(stop, writing)
-        log.info("stopping")
-        await server.stop()
-        for task in linking:
-            task.cancel()
-        await asyncio.gather(*linking, return_exceptions=True)
-        writer.stop()
-        await writing
-        await server.close_connections(STOP_GRACE_S)
-    finally:
+        daemon = Daemon(config, store, notifier, config_path)
+        loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
+        await daemon.start(inherited)
         for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await daemon.serve(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        if daemon is not None:
+            await daemon.shutdown()
         store.close()
     log.info("stopped")
 
 
-async def _until(stop: asyncio.Event, writing: asyncio.Task) -> None:
-    """Wait for a stop request; a writer that dies takes the broker down with it."""
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({stopping, writing}, return_when=asyncio.FIRST_COMPLETED)
-    if writing.done():
-        stopping.cancel()
-        writing.result()  # raise what killed it
-        raise RuntimeError("the writer stopped unexpectedly")
+class Daemon:
+    """The running broker: its parts, its subscribers' links, and its systemd face."""
+
+    def __init__(self, config: Config, store: Store, notifier: Notifier, config_path: str | Path | None) -> None:
+        self.config = config
+        self.store = store
+        self.notifier = notifier
+        self.config_path = config_path
+        self.broker = Broker(config, store, time.time_ns())
+        self.writer = Writer(self.broker)
+        self.server = Server(config.server_socket, self.writer, config.max_frame_bytes)
+        self.links: dict[str, tuple[SubscriberLink, asyncio.Task]] = {}
+        self.last_error = ""
+        self._tasks: list[asyncio.Task] = []
+        self._writing: asyncio.Task | None = None
+        self._reload_wanted = asyncio.Event()
+
+    async def start(self, inherited: socket.socket | None) -> None:
+        await self.server.start(inherited)
+        self._writing = asyncio.create_task(self.writer.run(), name="writer")
+        for sub in self.config.subscribers:
+            self._link(sub)
+        self._tasks = [
+            asyncio.create_task(self._reloads(), name="reloads"),
+            asyncio.create_task(self._report_status(), name="status"),
+        ]
+        if self.notifier.watchdog_interval_s:
+            self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval_s), name="watchdog"))
+        log.info(
+            "serving on %s%s: %d topics, %d subscribers, data in %s (sync %s)",
+            self.config.server_socket, " (from systemd)" if inherited is not None else "",
+            len(self.config.topics), len(self.config.subscribers), self.store.path, "on" if self.config.sync else "off",
+        )
+        self.notifier.ready(self.status_text())
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Until a stop request; a writer that dies takes the broker down with it."""
+        stopping = asyncio.create_task(stop.wait())
+        assert self._writing is not None, "serve() after start()"
+        await asyncio.wait({stopping, self._writing}, return_when=asyncio.FIRST_COMPLETED)
+        if self._writing.done():
+            stopping.cancel()
+            self._writing.result()  # raise what killed it
+            raise RuntimeError("the writer stopped unexpectedly")
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish the transaction in flight, answer what committed."""
+        log.info("stopping")
+        self.notifier.stopping()
+        for task in self._tasks:
+            task.cancel()
+        await self.server.stop()
+        await self._unlink(list(self.links))
+        self.writer.stop()
+        if self._writing is not None:
+            await asyncio.gather(self._writing, *self._tasks, return_exceptions=True)
+        await self.server.close_connections(STOP_GRACE_S)
+
+    # --- subscribers ----------------------------------------------------------------------
+
+    def _link(self, sub: SubscriberConfig) -> None:
+        link = SubscriberLink(sub, self.writer, self.config.retry_max, self.config.max_frame_bytes)
+        self.links[sub.name] = (link, asyncio.create_task(link.run(), name=f"subscriber {sub.name}"))
+
+    async def _unlink(self, names: list[str]) -> None:
+        tasks = [self.links.pop(name)[1] for name in names]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _relink(self, config: Config) -> None:
+        """Links follow the new config: new ones start, removed ones stop, a moved
+        socket reconnects; the others keep their connection and take the new limits."""
+        wanted = {s.name: s for s in config.subscribers}
+        moved = [n for n, (link, _) in self.links.items() if n in wanted and wanted[n].socket != link.config.socket]
+        await self._unlink([n for n in self.links if n not in wanted] + moved)
+        for name, sub in wanted.items():
+            if name not in self.links:
+                self._link(sub)
+                continue
+            link = self.links[name][0]
+            link.config, link.retry_max_s, link.max_frame_bytes = sub, config.retry_max, config.max_frame_bytes
+
+    # --- reload (SIGHUP) --------------------------------------------------------------------
+
+    def request_reload(self) -> None:
+        self._reload_wanted.set()
+
+    async def _reloads(self) -> None:
+        """One reload at a time; SIGHUPs during one fold into the next."""
+        while True:
+            await self._reload_wanted.wait()
+            self._reload_wanted.clear()
+            self.notifier.reloading()
+            try:
+                await self.reload()
+            except Exception as exc:  # the broker keeps running on the old config
+                log.exception("reload failed")
+                self.last_error = f"reload failed: {exc}"
+            self.notifier.ready(self.status_text())
+
+    async def reload(self) -> None:
+        if self.config_path is None:
+            log.warning("SIGHUP ignored: the broker was not started from a config file")
+            return
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            self._reload_refused(exc.errors)
+            return
+        self._keep_restart_only(config)
+        reply = await self.writer.call(Reconfigure(config))
+        if reply.status != 200:
+            self._reload_refused(str(reply.error).splitlines())
+            return
+        old, self.config = self.config, config
+        await self._relink(config)
+        self.server.max_frame_bytes = config.max_frame_bytes
+        self.last_error = ""
+        log.info("config reloaded: %s", _summary(old, config))
+
+    def _reload_refused(self, errors: list[str]) -> None:
+        for line in errors:
+            log.error("reload: %s", line)
+        log.error("reload refused; still running the previous config")
+        self.last_error = f"reload refused: {errors[0]}" + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else "")
+
+    def _keep_restart_only(self, config: Config) -> None:
+        for key in RESTART_ONLY:
+            if getattr(config, key) != getattr(self.config, key):
+                log.warning("reload: %s changed; it takes effect at the next restart", _pascal(key))
+                setattr(config, key, getattr(self.config, key))
+
+    # --- systemd ------------------------------------------------------------------------------
+
+    def status_text(self) -> str:
+        """The STATUS= line: what `systemctl status ppmq` shows an operator."""
+        state = self.broker.state
+        ready = sum(sum(s.ready) for subs in state.subs.values() for s in subs.values())
+        inflight = sum(s.inflight for subs in state.subs.values() for s in subs.values())
+        connected = sum(link.connected for link, _ in self.links.values())
+        text = (
+            f"{len(self.config.topics)} topics, {ready} ready, {inflight} in flight,"
+            f" {connected}/{len(self.links)} subscribers connected"
+        )
+        return f"{text}; last error: {self.last_error}" if self.last_error else text
+
+    async def _report_status(self) -> None:
+        """Refresh STATUS= when it changed; read only between steps, when the
+        writer thread is not changing the counters."""
+        shown = ""
+        while True:
+            await asyncio.sleep(STATUS_EVERY_S)
+            if self.writer.busy:
+                continue
+            text = self.status_text()
+            if text != shown:
+                self.notifier.status(text)
+                shown = text
+
+    async def _watchdog(self, interval_s: float) -> None:
+        """WATCHDOG=1 from the event loop, only while the writer commits or idles
+        normally: a stuck loop or a stuck disk stops the pings, and systemd restarts us."""
+        while True:
+            if self.writer.healthy(interval_s):
+                self.notifier.watchdog()
+            else:
+                log.error("writer stuck for over %.1fs; withholding the watchdog ping", interval_s)
+            await asyncio.sleep(interval_s)
+
+
+def _pascal(key: str) -> str:
+    return "".join(part.capitalize() for part in key.split("_"))
+
+
+def _summary(old: Config, new: Config) -> str:
+    """What a reload changed, in a line."""
+    parts = []
+    for kind, before, after in (
+        ("topics", {t.name for t in old.topics}, {t.name for t in new.topics}),
+        ("subscribers", {s.name for s in old.subscribers}, {s.name for s in new.subscribers}),
+    ):
+        added, removed = sorted(after - before), sorted(before - after)
+        if added:
+            parts.append(f"{kind} added: {', '.join(added)}")
+        if removed:
+            parts.append(f"{kind} removed: {', '.join(removed)}")
+    return "; ".join(parts) or "no topics or subscribers added or removed"

@@ -34,6 +34,7 @@ class SubscriberLink:
         self.retry_max_s = retry_max_s
         self.max_frame_bytes = max_frame_bytes
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.connected = False
 
     def push(self, delivery: Delivery) -> None:
         """Called by the writer with a committed batch."""
@@ -55,9 +56,11 @@ class SubscriberLink:
                 continue
             log.info("subscriber %s: connected to %s", self.name, self.config.socket)
             delay, last_error = FIRST_RETRY_S, None
+            self.connected = True
             try:
                 await self._serve(reader, out)
             finally:
+                self.connected = False
                 out.close()
             log.info("subscriber %s: connection lost", self.name)
 

@@ -25,6 +25,7 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 16
+LISTEN_BACKLOG = 1024
 MAX_OUTSTANDING = 1000  # requests of one connection waiting for commit before it is paused
 
 
@@ -143,13 +144,26 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
+        self._owns_path = False  # we bound ServerSocket, so we remove it
 
-    async def start(self) -> None:
+    async def start(self, inherited: socket.socket | None = None) -> None:
+        """Listen on ServerSocket, or on the socket systemd passed (never unlinked:
+        it is systemd's, and producers may already be waiting in its backlog)."""
         try:
+            if inherited is not None:
+                self._server = await asyncio.start_unix_server(self._handle, sock=inherited, backlog=LISTEN_BACKLOG)
+                self._check_inherited_path(inherited)
+                return
             _claim_socket_path(self.path)
-            self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=1024)
+            self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=LISTEN_BACKLOG)
+            self._owns_path = True
         except OSError as exc:
             raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
+
+    def _check_inherited_path(self, sock: socket.socket) -> None:
+        bound = sock.getsockname()
+        if bound != self.path:
+            log.warning("listening on %s from systemd, but ServerSocket says %s", bound or "an unnamed socket", self.path)
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         self._count += 1
@@ -165,6 +179,8 @@ class Server:
         self.stopping.set()
         if self._server is not None:
             self._server.close()
+        if not self._owns_path:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:

@@ -59,6 +59,30 @@ class State(msgspec.Struct):
                 self.sub_ids[sc.name] = max(self.sub_ids.values(), default=0) + 1
 
 
+def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Config) -> list[str]:
+    """Why `config` may not replace the running one, if it would lose messages
+    the operator did not name, or change what a held message was stored for."""
+    errors = []
+    names = {tc.name for tc in config.topics}
+    for topic, stats in state.topics.items():
+        if topic not in names and stats.stored and topic not in config.drop_topics:
+            errors.append(
+                f"Topics: topic {topic!r} was removed but holds {stats.stored} messages;"
+                " list it in DropTopics to delete them"
+            )
+    for tc in config.topics:
+        old, stats = old_topics.get(tc.name), state.topics.get(tc.name)
+        if old is None or stats is None or not stats.stored:
+            continue
+        for key in ("dedupe", "expire"):
+            if getattr(old, key) != getattr(tc, key):
+                errors.append(
+                    f"Topics[{tc.name}].{key.capitalize()}: cannot change while the topic holds"
+                    f" {stats.stored} messages (drain it, or drop and re-create it)"
+                )
+    return errors
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(State)
 

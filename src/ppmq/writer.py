@@ -39,6 +39,25 @@ class Writer:
         self._wake = asyncio.Event()
         self._stopping = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-writer")
+        self._heartbeat = time.monotonic()  # last time the loop below went round
+        self._busy_since: float | None = None  # a step is running on the thread since then
+
+    def healthy(self, max_age_s: float) -> bool:
+        """Committing or idling normally: no step stuck (on a lock or a dead disk)
+        and the loop going round; what the systemd watchdog vouches for."""
+        since = self._busy_since if self._busy_since is not None else self._heartbeat
+        return time.monotonic() - since < max_age_s
+
+    @property
+    def busy(self) -> bool:
+        """A step is running: the broker's state belongs to the writer thread."""
+        return self._busy_since is not None
+
+    async def call(self, op: Op) -> p.Reply:
+        """Submit `op` and wait for its reply."""
+        done: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self.submit(op, done.set_result)
+        return await done
 
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
         """Queue an op for the next transaction; `sink` receives its reply after commit."""
@@ -62,6 +81,7 @@ class Writer:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                self._heartbeat = time.monotonic()
                 if not self._pending:
                     if self._stopping:
                         return
@@ -73,7 +93,11 @@ class Writer:
                 del self._pending[:MAX_OPS_PER_STEP]
                 open_subs = set() if self._stopping else set(self._open)
                 ops = [op for op, _ in batch]
-                step = await loop.run_in_executor(self._executor, self.broker.step, ops, open_subs, time.time_ns())
+                self._busy_since = time.monotonic()
+                try:
+                    step = await loop.run_in_executor(self._executor, self.broker.step, ops, open_subs, time.time_ns())
+                finally:
+                    self._busy_since = None
                 self._answer(batch, step.replies)
                 self._dispatch(step.deliveries)
         finally:
