@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import wait_for
+from tests.conftest import NotifyListener, wait_for
 from tests.packaging.conftest import Machine, Packages, run
 
 UNITS = Path("/usr/lib/systemd/system")
@@ -143,6 +143,48 @@ def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machin
             listener.wait()
             broker.send_signal(signal.SIGTERM)
             assert broker.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
+
+
+def test_the_service_command_serves_the_packaged_config_from_the_socket_units_socket(
+    installed: Machine, ppmq_dir: Path
+) -> None:
+    """ppmq.service's ExecStart as systemd runs it: as ppmq, on the packaged config,
+    with ppmq.socket's listening socket inherited and a NOTIFY_SOCKET. The store lands
+    in /var/lib/ppmq and a batch reaches the subscriber socket /run/ppmq/sub/printer.sock,
+    which ppmq-subscriber@printer.socket would hold (here `ppmq listen`, handed to ppmq
+    as SocketUser= and SocketMode= say)."""
+    config = yaml.safe_load(CONFIG.read_text())
+    (exec_start,) = unit_values("ppmq.service", "ExecStart")
+    (fdname,) = unit_values("ppmq.socket", "FileDescriptorName")
+    printer = Path(next(s["Socket"] for s in config["Subscribers"] if s["Name"] == "printer"))
+    notify = NotifyListener(ppmq_dir / "notify")
+    os.chmod(notify.path, 0o666)
+    with open(ppmq_dir / "broker.log", "wb") as log, open(ppmq_dir / "batches", "wb") as batches:
+        listener = subprocess.Popen(["/usr/bin/ppmq", "listen", printer, "--ack"], stdout=batches, stderr=log)
+        wait_for(printer.exists, what=f"{printer}")
+        os.chown(printer, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
+        os.chmod(printer, 0o600)
+        activator = subprocess.Popen(
+            ["systemd-socket-activate", "-l", config["ServerSocket"], f"--fdname={fdname}",
+             f"--setenv=NOTIFY_SOCKET={notify.path}", *AS_PPMQ, *exec_start.split()],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: Path(config["ServerSocket"]).exists(), what="the socket")
+            run("/usr/bin/ppmq", "publish", "-c", CONFIG, "filescan", "--key", "k", "hello")
+            notify.wait("READY", "1")
+            line = wait_for(lambda: (ppmq_dir / "batches").read_text(), what=f"a batch at {printer}")
+            assert [m["Payload"] for m in json.loads(line)["Messages"]] == ["hello"]
+            assert owner(Path("/var/lib/ppmq/data.mdb"))[0] == "ppmq"
+            assert f"serving on {config['ServerSocket']} (from systemd)" in (ppmq_dir / "broker.log").read_text()
+        finally:
+            listener.kill()
+            listener.wait()
+            activator.send_signal(signal.SIGTERM)  # the activator exec'd the broker: same pid
+            assert activator.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
+            notify.close()
+            for sock in (Path(config["ServerSocket"]), printer):
+                sock.unlink(missing_ok=True)
 
 
 def acked(config: Path, topic: str, subscriber: str) -> int:
