@@ -26,8 +26,7 @@ fail() { echo "stage.sh: $*" >&2; exit 1; }
 # Build ppmq's wheel, then install it with its dependencies into a venv at its final
 # path inside STAGE; pip is removed afterwards since nothing installs into it later.
 build_venv() {
-    local wheels
-    wheels=$(mktemp -d)
+    local wheels=$stage.wheels
     "$python" -m venv "$venv"
     "$venv/bin/pip" --quiet --disable-pip-version-check wheel --no-deps -w "$wheels" "$src"
     "$venv/bin/pip" --quiet --disable-pip-version-check install --no-compile "$wheels"/ppmq-*.whl
@@ -81,7 +80,7 @@ system_files() {
     ln -s /opt/ppmq/bin/ppmq "$stage/usr/bin/ppmq"
 }
 
-rm -rf "$stage"
+rm -rf "$stage" "$stage.wheels"
 build_venv
 relocate
 compile

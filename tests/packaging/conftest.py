@@ -71,8 +71,13 @@ class Machine:
         run("dpkg", "--purge", "ppmq", env={**os.environ, **env})
 
     def restore(self) -> None:
-        if package_state() not in ("", "not-installed"):
-            self.purge()
+        try:
+            if package_state() not in ("", "not-installed"):
+                self.purge()
+        finally:
+            self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
         for path in LEFT_BEHIND:
             if path not in self.had_paths:
                 shutil.rmtree(path, ignore_errors=True)
