@@ -1,7 +1,8 @@
 """The .deb installed into this machine: its files where the units and the config
-expect them, what postinst sets up, and the packaged broker serving a message as
-the ppmq user. (No systemd runs here: the units are checked with systemd-analyze,
-and the broker is started as ppmq.service would start it.)"""
+expect them, what postinst sets up, and the packaged broker serving messages as
+the ppmq user, on a test config and on the packaged one. No systemd runs here:
+systemd-analyze checks the units, and systemd-socket-activate hands the broker its
+socket as ppmq.socket would."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def owner(path: Path) -> tuple[str, str, int]:
 def test_the_units_find_the_command_the_config_and_the_documentation(installed: Machine) -> None:
     for key in ("ExecStart", "ExecReload"):
         for command in unit_values("ppmq.service", key):
-            program = Path(command.split()[0])
-            assert os.access(program, os.X_OK), f"{key}={command}: {program} is not executable"
-            if "-c" in command.split():
-                assert command.split()[command.split().index("-c") + 1] == str(CONFIG)
+            words = command.split()
+            assert os.access(words[0], os.X_OK), f"{key}={command}: {words[0]} is not executable"
+            if "-c" in words:
+                assert words[words.index("-c") + 1] == str(CONFIG)
     for unit in ("ppmq.service", "ppmq.socket", "ppmq-subscriber@.socket", "ppmq-subscriber@.service"):
         (doc,) = unit_values(unit, "Documentation")
         assert Path(doc.removeprefix("file:")).is_file(), f"{unit}: Documentation={doc} is missing"
