@@ -21,6 +21,7 @@ serve: $(STAMP)
 
 ## test: set up the virtualenv and run the whole test suite
 test: $(STAMP)
+	bash tests/systemd/setup.sh
 	$(BIN)/python -m pytest -q
 
 ## bench: quick figures for ppmq alone (not part of the tests)
@@ -42,4 +43,4 @@ test-package: $(STAMP)
 	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
 
 clean:
-	rm -rf $(VENV) var dist .pytest_cache .hypothesis
+	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv
