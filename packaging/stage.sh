@@ -7,7 +7,8 @@
 #   /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
 #   /etc/ppmq/ppmq.yaml       ppmq.example.yaml with the service's paths
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
-#                             and copyright, with the bundled packages' licenses
+#                             copyright, with the bundled packages' licenses, and
+#                             examples/subscriber, which README.md walks through
 #
 # Usage: packaging/stage.sh STAGE
 # Environment: PPMQ_PYTHON, the interpreter the venv is built on (default: what
@@ -76,6 +77,9 @@ system_files() {
     install -D -m 0644 "$src/systemd/sysusers.d/ppmq.conf" "$stage/usr/lib/sysusers.d/ppmq.conf"
     install -D -m 0644 "$src/systemd/tmpfiles.d/ppmq.conf" "$stage/usr/lib/tmpfiles.d/ppmq.conf"
     install -D -m 0644 -t "$stage/usr/share/doc/ppmq" "$src/README.md" "$src/packaging/copyright"
+    mkdir "$stage/usr/share/doc/ppmq/examples"
+    cp -r "$src/examples/subscriber" "$stage/usr/share/doc/ppmq/examples/"
+    find "$stage/usr/share/doc/ppmq/examples" -type f -exec chmod 0644 {} +
     mkdir -p "$stage/usr/bin"
     ln -s /opt/ppmq/bin/ppmq "$stage/usr/bin/ppmq"
 }

@@ -10,6 +10,7 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
@@ -26,6 +27,7 @@ from tests.packaging.conftest import Machine, Packages, run
 UNITS = Path("/usr/lib/systemd/system")
 CONFIG = Path("/etc/ppmq/ppmq.yaml")
 AS_PPMQ = ("setpriv", "--reuid=ppmq", "--regid=ppmq", "--init-groups")
+EXAMPLE_SUBSCRIBER = Path("/usr/share/doc/ppmq/examples/subscriber/archive")
 
 
 @pytest.fixture(scope="module")
@@ -146,46 +148,57 @@ def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machin
             assert broker.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
 
 
-def test_the_service_command_serves_the_packaged_config_from_the_socket_units_socket(
+def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_subscriber(
     installed: Machine, ppmq_dir: Path
 ) -> None:
     """ppmq.service's ExecStart as systemd runs it: as ppmq, on the packaged config,
     with ppmq.socket's listening socket inherited and a NOTIFY_SOCKET. The store lands
-    in /var/lib/ppmq and a batch reaches the subscriber socket /run/ppmq/sub/printer.sock,
-    which ppmq-subscriber@printer.socket would hold (here `ppmq listen`, handed to ppmq
-    as SocketUser= and SocketMode= say)."""
+    in /var/lib/ppmq, and the example subscriber the package ships, installed as the
+    README says as the handler of `printer`, gets the batch on
+    /run/ppmq/sub/printer.sock (handed to ppmq as SocketUser= and SocketMode= of
+    ppmq-subscriber@.socket would) and acks it."""
     config = yaml.safe_load(CONFIG.read_text())
     (exec_start,) = unit_values("ppmq.service", "ExecStart")
     (fdname,) = unit_values("ppmq.socket", "FileDescriptorName")
     printer = Path(next(s["Socket"] for s in config["Subscribers"] if s["Name"] == "printer"))
+    handler = Path("/etc/ppmq/subscribers/printer")
+    handler.parent.mkdir()
+    shutil.copy(EXAMPLE_SUBSCRIBER, handler)
+    handler.chmod(0o755)
     notify = NotifyListener(ppmq_dir / "notify")
     os.chmod(notify.path, 0o666)
-    with open(ppmq_dir / "broker.log", "wb") as log, open(ppmq_dir / "batches", "wb") as batches:
-        listener = subprocess.Popen(["/usr/bin/ppmq", "listen", printer, "--ack"], stdout=batches, stderr=log)
-        wait_for(printer.exists, what=f"{printer}")
-        os.chown(printer, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
-        os.chmod(printer, 0o600)
+    with open(ppmq_dir / "broker.log", "wb") as log:
         activator = subprocess.Popen(
             ["systemd-socket-activate", "-l", config["ServerSocket"], f"--fdname={fdname}",
              f"--setenv=NOTIFY_SOCKET={notify.path}", *AS_PPMQ, *exec_start.split()],
             stdout=log, stderr=subprocess.STDOUT,
         )
+        wait_for(lambda: Path(config["ServerSocket"]).exists(), what="the socket")
+        subscriber = subprocess.Popen(
+            [handler, "--name", "printer", "-c", CONFIG],
+            env={**os.environ, "STATE_DIRECTORY": str(ppmq_dir)}, stdout=log, stderr=subprocess.STDOUT,
+        )
         try:
-            wait_for(lambda: Path(config["ServerSocket"]).exists(), what="the socket")
+            wait_for(printer.exists, what=f"{printer}")
+            os.chown(printer, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
+            os.chmod(printer, 0o600)
             run("/usr/bin/ppmq", "publish", "-c", CONFIG, "filescan", "--key", "k", "hello")
             notify.wait("READY", "1")
-            line = wait_for(lambda: (ppmq_dir / "batches").read_text(), what=f"a batch at {printer}")
-            assert [m["Payload"] for m in json.loads(line)["Messages"]] == ["hello"]
+            line = wait_for(lambda: (ppmq_dir / "messages.jsonl").exists() and (ppmq_dir / "messages.jsonl").read_text(),
+                            what=f"the example subscriber's messages.jsonl; log:\n{(ppmq_dir / 'broker.log').read_text()}")
+            assert json.loads(line) == {"Topic": "filescan", "Key": "k", "Priority": 0, "Payload": "hello"}
+            wait_for(lambda: acked(CONFIG, "filescan", "printer") == 1, what="the ack")
             assert owner(Path("/var/lib/ppmq/data.mdb"))[0] == "ppmq"
             assert f"serving on {config['ServerSocket']} (from systemd)" in (ppmq_dir / "broker.log").read_text()
         finally:
-            listener.kill()
-            listener.wait()
+            subscriber.terminate()
+            subscriber.wait(timeout=30)
             activator.send_signal(signal.SIGTERM)  # the activator exec'd the broker: same pid
             assert activator.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
             notify.close()
-            for sock in (Path(config["ServerSocket"]), printer):
-                sock.unlink(missing_ok=True)
+            for leftover in (Path(config["ServerSocket"]), printer, handler):
+                leftover.unlink(missing_ok=True)
+            handler.parent.rmdir()
 
 
 def acked(config: Path, topic: str, subscriber: str) -> int:
