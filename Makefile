@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench install clean package rpm test-package
+.PHONY: serve test bench bench-isolation install clean package rpm test-package
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ rpm:
 test-package: $(STAMP)
 	packaging/install-tools.sh $(VENV)
 	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
+
+## bench-isolation: a good subscriber's rate with and without four misbehaving ones
+bench-isolation: $(STAMP)
+	$(BIN)/python bench/isolation.py
 
 clean:
 	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv

@@ -90,18 +90,18 @@ class Broker:
         """Open the broker on a store; ConfigError if the config would drop messages."""
         self.store = store
         self.topics: dict[str, TopicConfig] = {}
-        with store.write() as txn:
-            raw = txn.get_meta(b"state")
-            self.state = restore(raw) if raw else State()
-            self._switch(txn, config)
-            self._requeue_unconfirmed(txn)
-            self._save(txn)
-        self._next_tick_ns = now_ns
         # Messages published in the current step for open subscribers with nothing
         # older queued: if a batch takes them in the same step they skip the ready
         # queue (no put, no walk, no re-read); what is left goes there at the end.
         self._fresh: dict[tuple[str, str], list[Fresh]] = {}
         self._open: set[str] = set()
+        with store.write() as txn:
+            raw = txn.get_meta(b"state")
+            self.state = restore(raw) if raw else State()
+            self._switch(txn, config)
+            self._requeue_unconfirmed(txn, now_ns)
+            self._save(txn)
+        self._next_tick_ns = now_ns
 
     def _switch(self, txn: Txn, config: Config) -> None:
         """Make `config` the broker's, dropping what it says goes (PROTOCOL §6 DropTopics)."""
@@ -137,7 +137,7 @@ class Broker:
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
-    def _requeue_unconfirmed(self, txn: Txn) -> None:
+    def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
         """On an `AckRequired: false` topic nothing will ever ack what a previous run
         pushed without seeing the write finish: deliver it again (at least once)."""
         for tc in self.config.topics:
@@ -146,7 +146,7 @@ class Broker:
                 for name in tc.subscribers:
                     s = self.state.sub_ids[name]
                     for m, _ in txn.inflight_of(t, s):
-                        self._requeue(txn, t, s, m)
+                        self._requeue(txn, t, s, m, now_ns)
 
     def _save(self, txn: Txn) -> None:
         txn.put_meta(b"state", snapshot(self.state))
@@ -156,6 +156,20 @@ class Broker:
         return self._next_tick_ns
 
     # --- the step ---------------------------------------------------------------------
+
+    def has_pending(self, sub: str) -> bool:
+        """sub has messages ready or unacknowledged: worth connecting to (and
+        starting) it; it will RECONNECT to get what it left unacknowledged.
+
+        Read from the event loop while a step may run: it only looks values up,
+        and a stale answer costs one step's delay.
+        """
+        subs = self.state.subs
+        for t in self.sub_topics.get(sub, ()):
+            stats = subs.get(t.name, {}).get(sub)
+            if stats is not None and (stats.inflight or any(stats.ready)):
+                return True
+        return False
 
     def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
         """Whether a step with no requests would do anything now."""
@@ -196,6 +210,7 @@ class Broker:
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
+            self.state.forbidden += op.error.status == p.Forbidden.status
             return p.error_reply(op.error, op.id)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
@@ -241,7 +256,7 @@ class Broker:
         if req.command is not None:
             command = req.command.upper()
             if command in ("RECONNECT", "CONNECT"):
-                self._reconnect(txn, req)
+                self._reconnect(txn, req, now_ns)
             elif command == "STATUS":
                 self._queue_fresh(txn)  # so that OldestReadyAge sees them
                 body = status_body(self.config, self.state, txn, now_ns)
@@ -271,28 +286,33 @@ class Broker:
     def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
         stats = self.state.topics[topic.name]
         t = self.state.topic_ids[topic.name]
-        for msg in prepared:
+        for i, msg in enumerate(prepared):
+            if topic.subscribers:  # else nobody to deliver to, like a fanout exchange without queues
+                old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+                if old is not None:
+                    self._replace(txn, topic, t, old, msg, now_ns)
+                else:
+                    try:
+                        self._store_new(txn, topic, t, msg, now_ns)
+                    except p.StoreFull as exc:
+                        raise p.StoreFull(f"Messages[{i}]: {exc}") from None
             stats.published += 1
-            if not topic.subscribers:
-                continue  # nobody to deliver to, like a fanout exchange without queues
-            old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
-            if old is None:
-                self._store_new(txn, topic, t, msg, now_ns)
-            else:
-                self._replace(txn, topic, t, old, msg, now_ns)
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, msg: Prepared, now_ns: int) -> None:
         stats = self.state.topics[topic.name]
-        stats.seq += 1
-        m = stats.seq
-        stats.stored += 1
+        m = stats.seq + 1
         if msg.key is None:
             msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
-        else:
+        fragment = _fragment(msg)
+        self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
+        stats.seq = m
+        stats.stored += 1
+        stats.stored_bytes += len(fragment)
+        if topic.dedupe:
             txn.put_dedupe(t, msg.key, m)
-        fragment = self._put_body(txn, topic, t, m, msg, now_ns)
-        # A dedupe replacement or an expiry in this step would look for it in the queue.
-        may_skip_queue = not topic.dedupe and not (topic.expire and 0 < msg.expires_ns <= now_ns)
+        self._put_body(txn, topic, t, m, msg, fragment, now_ns)
+        # A dedupe replacement, an expiry or a drop in this step would look for it in the queue.
+        may_skip_queue = not topic.dedupe and not topic.limited and not (topic.expire and 0 < msg.expires_ns <= now_ns)
         holders = {}
         for name in topic.subscribers:
             s = self.state.sub_ids[name]
@@ -308,20 +328,54 @@ class Broker:
             holders[s] = (msg.prio, m)
         txn.put_holders(t, m, holders)
 
-    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> bytes:
-        """Store the message; return its JSON as delivered."""
-        fragment = p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)
+    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, fragment: bytes, now_ns: int) -> None:
         txn.put_body(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
         if msg.expires_ns and topic.expire:
             txn.add_expiry(msg.expires_ns, t, m)
-        return fragment
+
+    # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
+
+    def _make_room(self, txn: Txn, topic: TopicConfig, t: int, size: int) -> None:
+        """Room for one more message of `size` bytes, or StoreFull; under
+        `drop-oldest` the oldest message of the lowest priority waiting in a
+        queue goes first. Raises before any change if nothing can be dropped."""
+        if not topic.limited:
+            return
+        stats = self.state.topics[topic.name]
+        if topic.max_bytes and size > topic.max_bytes:
+            raise p.StoreFull(f"{size} bytes exceeds MaxBytes ({topic.max_bytes}) of topic {topic.name!r}")
+        while True:
+            if topic.max_messages and stats.stored >= topic.max_messages:
+                limit = f"MaxMessages ({topic.max_messages})"
+            elif topic.max_bytes and stats.stored_bytes + size > topic.max_bytes:
+                limit = f"MaxBytes ({topic.max_bytes})"
+            else:
+                return
+            victim = self._oldest_lowest(txn, topic, t) if topic.overflow_policy == "drop-oldest" else None
+            if victim is None:
+                raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
+            self._discard(txn, topic.name, t, victim)
+            stats.dropped += 1
+
+    def _oldest_lowest(self, txn: Txn, topic: TopicConfig, t: int) -> int | None:
+        """The message at the head of the lowest non-empty priority of any of the
+        topic's queues (the smallest position among them); None if all are empty."""
+        for prio in reversed(range(topic.priorities)):
+            heads = [txn.first_ready(t, self.state.sub_ids[name], prio) for name in topic.subscribers]
+            heads = [h for h in heads if h is not None]
+            if heads:
+                return min(heads, key=lambda h: h.pos).msg
+        return None
 
     def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
         unless it gains priority; in flight or acked ones queue again at the end."""
         stats = self.state.topics[topic.name]
         stats.replaced += 1
+        fragment = _fragment(msg)
         old = txn.get_body(t, m)
+        if old is not None:
+            stats.stored_bytes += len(fragment) - len(old.fragment)
         if old is not None and old.expires_ns and topic.expire:
             txn.remove_expiry(old.expires_ns, t, m)
         holders = txn.get_holders(t, m)
@@ -348,7 +402,7 @@ class Broker:
             sub.ready[prio] += 1
             holders[s] = (prio, new_pos)
         txn.put_holders(t, m, holders)
-        self._put_body(txn, topic, t, m, msg, now_ns)
+        self._put_body(txn, topic, t, m, msg, fragment, now_ns)
 
     # --- acks, completion -----------------------------------------------------------------
 
@@ -384,20 +438,22 @@ class Broker:
             self._delete_message(txn, topic, t, m)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
+        body = txn.delete_body(t, m)
+        if body is None:
+            return
         tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        expire, dedupe = (tc.expire, tc.dedupe) if tc is not None else (True, True)
-        if expire or dedupe:  # only then is there an index entry to remove
-            body = txn.get_body(t, m)
-            if body is not None and body.expires_ns and expire:
-                txn.remove_expiry(body.expires_ns, t, m)
-            if body is not None and dedupe:
-                txn.delete_dedupe(t, body.key)
-        if txn.delete_body(t, m):
-            self.state.topics[topic].stored -= 1
+        if body.expires_ns and (tc is None or tc.expire):
+            txn.remove_expiry(body.expires_ns, t, m)
+        if tc is None or tc.dedupe:
+            txn.delete_dedupe(t, body.key)
+        stats = self.state.topics[topic]
+        stats.stored -= 1
+        # max(): a store written before this counter existed holds uncounted bytes
+        stats.stored_bytes = max(0, stats.stored_bytes - len(body.fragment))
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
-    def _reconnect(self, txn: Txn, req: p.Request) -> None:
+    def _reconnect(self, txn: Txn, req: p.Request, now_ns: int) -> None:
         """PROTOCOL §3 RECONNECT: everything in flight to the subscriber goes back to its place."""
         if req.subscriber is None:
             raise p.BadRequest("Subscriber: required with RECONNECT")
@@ -411,18 +467,46 @@ class Broker:
         for tc in topics:
             t, s = self.state.topic_ids[tc.name], self.state.sub_ids[req.subscriber]
             for m, _ in txn.inflight_of(t, s):
-                self._requeue(txn, t, s, m)
+                self._requeue(txn, t, s, m, now_ns)
 
-    def _requeue(self, txn: Txn, t: int, s: int, m: int) -> None:
-        """Back to its place in the queue, as if it had not been delivered yet."""
+    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int) -> None:
+        """Back to its place in the queue, as if it had not been delivered yet;
+        after MaxAttempts deliveries, to the dead-letter topic instead."""
         flight = txn.pop_inflight(t, s, m)
         if flight is None:
             return
-        txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
         stats = self._stats(t, s)
-        if stats is not None:
-            stats.inflight -= 1
+        if stats is None:
+            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
+            return
+        stats.inflight -= 1
+        topic = self.topics[self._topic_by_id[t]]
+        if topic.max_attempts and flight.attempts >= topic.max_attempts:
+            stats.dead_lettered += 1
+            self._dead_letter(txn, topic, t, s, m, now_ns)
+        else:
+            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
             stats.ready[flight.prio] += 1
+
+    def _dead_letter(self, txn: Txn, topic: TopicConfig, t: int, s: int, m: int, now_ns: int) -> None:
+        """PROTOCOL §3 extension: subscriber s gives up on m; a copy goes to the
+        topic's DeadLetter topic (with no expiry), or is dropped with a log record."""
+        body = txn.get_body(t, m)
+        sub = self._sub_by_id[s]
+        self._release(txn, topic.name, t, s, m)
+        if body is None:
+            return
+        target = self.topics.get(topic.dead_letter) if topic.dead_letter else None
+        if target is None:
+            log.warning("topic %s: message %s dropped for subscriber %s after %d deliveries without an ack (no DeadLetter)",
+                        topic.name, body.key.decode(errors="replace"), sub, topic.max_attempts)
+            return
+        copy = Prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment))
+        try:
+            self._publish(txn, target, [copy], now_ns)
+        except p.StoreFull as exc:
+            log.warning("topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
+                        topic.name, body.key.decode(errors="replace"), sub, exc)
 
     def _stats(self, t: int, s: int) -> SubStats | None:
         topic, sub = self._topic_by_id.get(t), self._sub_by_id.get(s)
@@ -452,7 +536,7 @@ class Broker:
             else:
                 self._expire(txn, topic, t, m)
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
-            self._requeue(txn, t, s, m)
+            self._requeue(txn, t, s, m, now_ns)
 
     def _topic_name(self, t: int) -> str | None:
         name = self._topic_by_id.get(t)
@@ -460,8 +544,16 @@ class Broker:
 
     def _expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
         """PROTOCOL §3 Expiry: gone from every queue, also from in flight."""
+        for stats in self._discard(txn, topic, t, m):
+            stats.expired += 1
+        self.state.topics[topic].expired += 1
+
+    def _discard(self, txn: Txn, topic: str, t: int, m: int) -> list[SubStats]:
+        """Remove m from every queue and from in flight, and delete it; return the
+        counters of the subscribers that still held it."""
         holders = txn.get_holders(t, m)
         subs = self.state.subs[topic]
+        held = []
         for s, (prio, pos) in holders.items():
             name = self._sub_by_id.get(s)
             if name not in subs:
@@ -470,10 +562,10 @@ class Broker:
                 subs[name].ready[prio] -= 1
             elif txn.pop_inflight(t, s, m) is not None:
                 subs[name].inflight -= 1
-            subs[name].expired += 1
+            held.append(subs[name])
         txn.put_holders(t, m, {})
-        self.state.topics[topic].expired += 1
         self._delete_message(txn, topic, t, m)
+        return held
 
     def _next_tick(self, txn: Txn, now_ns: int) -> int:
         candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_deadline_ns()]
@@ -566,3 +658,8 @@ class Broker:
     def _queue(txn: Txn, t: int, s: int, fresh: list[Fresh]) -> None:
         for f in fresh:
             txn.push_ready(t, s, f.prio, f.m, f.m, 0)
+
+
+def _fragment(msg: Prepared) -> bytes:
+    """A message's JSON as delivered (its key already assigned)."""
+    return p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)

@@ -188,7 +188,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED")
+_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED", "DEADLETTERED")
 
 
 def _status_table(body: dict[str, Any]) -> str:
@@ -197,16 +197,20 @@ def _status_table(body: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for table in rows.values() for r in table) for i in range(len(_SUB_COLUMNS))]
     lines = []
     for topic, t in body["Topics"].items():
-        lines.append(f"{topic}: stored {t['Stored']}, published {t['Published']}, replaced {t['Replaced']}, expired {t['Expired']}")
+        lines.append(
+            f"{topic}: stored {t['Stored']} ({t['StoredBytes']} bytes), published {t['Published']},"
+            f" replaced {t['Replaced']}, expired {t['Expired']}, dropped {t['Dropped']}"
+        )
         lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows[topic]]
-    lines.append(f"rejected requests: {body.get('Rejected', 0)}, commits: {body.get('Commits', 0)}")
+    lines.append(f"rejected requests: {body['Rejected']} ({body['Forbidden']} forbidden), commits: {body['Commits']}")
     return "\n".join(lines)
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
     age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
     ready = "/".join(map(str, s["Ready"]))
-    return tuple(map(str, (name, ready, s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"])))
+    counts = (s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])
+    return tuple(map(str, (name, ready, *counts)))
 
 
 def _listen(args: argparse.Namespace) -> int:

@@ -29,6 +29,10 @@ class Size(int):
     """Bytes; written as integers or with a unit ("16MiB", "4GiB", "512KB")."""
 
 
+class FileMode(int):
+    """Permission bits, written in octal: 0660 (YAML reads it as octal) or "0660"."""
+
+
 class ConfigError(Exception):
     """The config cannot be used; `errors` holds one line per problem."""
 
@@ -42,6 +46,12 @@ class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=Tr
     socket: str
     batch_size: int = 50  # messages per pushed batch, as in ppMQ
     window: int | None = None  # messages in flight per topic; default batch_size
+    users: list[str | int] | None = None  # who may ack or RECONNECT as this subscriber; None: anyone
+    check_owner: bool | None = None  # the socket's owner must be root or in Users; default: Users is set
+
+    @property
+    def owner_checked(self) -> bool:
+        return self.check_owner if self.check_owner is not None else self.users is not None
 
 
 class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
@@ -52,6 +62,16 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     dedupe: bool = False
     priorities: int = 1
     expire: bool = False
+    max_messages: int = 0  # stored messages at most; 0 = no limit
+    max_bytes: Size | None = None  # stored message bytes at most; None = no limit
+    overflow_policy: str = "reject"  # when full: "reject" (507) or "drop-oldest"
+    max_attempts: int = 0  # deliveries without an ack before dead-lettering; 0 = unlimited
+    dead_letter: str | None = None  # topic that receives dead-lettered messages; None: dropped
+    publishers: list[str | int] | None = None  # who may publish; None: anyone
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.max_messages or self.max_bytes)
 
 
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
@@ -64,6 +84,12 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     max_message_bytes: Size = Size(1 * MiB)  # per payload
     max_store_bytes: Size = Size(4096 * MiB)  # LMDB grows on demand up to this; then 507
     retry_max: Duration = Duration(5.0)  # cap of the reconnect backoff to subscribers
+    max_connections: int = 0  # open connections on ServerSocket, more are refused; 0: from the open-file limit
+    read_timeout: Duration = Duration(30.0)  # a frame must arrive whole within this of its first byte
+    socket_mode: FileMode = FileMode(0o660)  # of ServerSocket when the broker binds it
+    socket_group: str | None = None  # group of ServerSocket; None: the broker's own group
+    status_users: list[str | int] | None = None  # who may ask STATUS; None: anyone
+    allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
     drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
 
     def window(self, sub: SubscriberConfig) -> int:
@@ -114,6 +140,8 @@ def _decode_unit(tp: type, obj: Any) -> Any:
         return Duration(parse_duration(obj))
     if tp is Size:
         return Size(parse_size(obj))
+    if tp is FileMode:
+        return FileMode(parse_mode(obj))
     raise NotImplementedError
 
 
@@ -158,6 +186,18 @@ def parse_size(value: Any) -> int:
     return value
 
 
+def parse_mode(value: Any) -> int:
+    """Permission bits as YAML's octal integer (0660) or an octal string ("0660", "660")."""
+    if isinstance(value, str) and re.fullmatch(r"0?o?[0-7]{3,4}", value.strip()):
+        return int(value.strip().replace("o", ""), 8)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o7777:
+        return value
+    raise ValueError(f"invalid mode {value!r} (write it in octal, e.g. 0660)")
+
+
+OVERFLOW_POLICIES = ("reject", "drop-oldest")
+
+
 def _check(config: Config) -> list[tuple[str, str]]:
     """Checks across fields: (path, message) pairs, paths as msgspec writes them."""
     errors: list[tuple[str, str]] = []
@@ -185,6 +225,9 @@ def _check(config: Config) -> list[tuple[str, str]]:
                 errors.append((f".Topics[{i}].Subscribers[{j}]", f"unknown subscriber {name!r}"))
         if len(set(topic.subscribers)) != len(topic.subscribers):
             errors.append((f".Topics[{i}].Subscribers", "lists a subscriber twice"))
+        errors += [(f".Topics[{i}]{where}", msg) for where, msg in _check_limits(config, topic)]
+    if config.max_connections < 0:
+        errors.append((".MaxConnections", f"must not be negative, got {config.max_connections}"))
     topic_names = {t.name for t in config.topics}
     for i, name in enumerate(config.drop_topics):
         if name in topic_names:
@@ -193,6 +236,29 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if not config.data_path:
         errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
+    return errors
+
+
+def _check_limits(config: Config, topic: TopicConfig) -> list[tuple[str, str]]:
+    """Per-topic limits and dead-lettering; a DeadLetter chain must not come back."""
+    errors = []
+    if topic.max_messages < 0:
+        errors.append((".MaxMessages", f"must not be negative, got {topic.max_messages}"))
+    if topic.overflow_policy not in OVERFLOW_POLICIES:
+        errors.append((".OverflowPolicy", f"must be one of {', '.join(OVERFLOW_POLICIES)}, got {topic.overflow_policy!r}"))
+    if topic.max_attempts < 0:
+        errors.append((".MaxAttempts", f"must not be negative, got {topic.max_attempts}"))
+    topics = {t.name: t for t in config.topics}
+    seen, target = {topic.name}, topic.dead_letter
+    while target is not None:
+        if target not in topics:
+            errors.append((".DeadLetter", f"unknown topic {target!r}"))
+            break
+        if target in seen:
+            errors.append((".DeadLetter", f"leads back to topic {target!r}"))
+            break
+        seen.add(target)
+        target = topics[target].dead_letter
     return errors
 
 

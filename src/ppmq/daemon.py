@@ -16,6 +16,7 @@ import socket
 import time
 from pathlib import Path
 
+from .access import Policy
 from .broker import Broker, Reconfigure
 from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
 STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 # Changing these needs a restart: they are the environment the others run in.
-RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes")
+RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group")
 
 
 async def run(
@@ -52,9 +53,9 @@ async def run(
     try:
         daemon = Daemon(config, store, notifier, config_path)
         loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-        await daemon.start(inherited)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before the socket accepts: a client may stop us at once
             loop.add_signal_handler(sig, stop.set)
+        await daemon.start(inherited)
         await daemon.serve(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -75,7 +76,11 @@ class Daemon:
         self.config_path = config_path
         self.broker = Broker(config, store, time.time_ns())
         self.writer = Writer(self.broker)
-        self.server = Server(config.server_socket, self.writer, config.max_frame_bytes)
+        self.policy = Policy(config)
+        self.server = Server(
+            config.server_socket, self.writer, config.max_frame_bytes,
+            max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy,
+        )
         self.links: dict[str, tuple[SubscriberLink, asyncio.Task]] = {}
         self.last_error = ""
         self._tasks: list[asyncio.Task] = []
@@ -83,7 +88,7 @@ class Daemon:
         self._reload_wanted = asyncio.Event()
 
     async def start(self, inherited: socket.socket | None) -> None:
-        await self.server.start(inherited)
+        await self.server.start(inherited, self.config.socket_mode, self.config.socket_group)
         self._writing = asyncio.create_task(self.writer.run(), name="writer")
         for sub in self.config.subscribers:
             self._link(sub)
@@ -126,7 +131,10 @@ class Daemon:
     # --- subscribers ----------------------------------------------------------------------
 
     def _link(self, sub: SubscriberConfig) -> None:
-        link = SubscriberLink(sub, self.writer, self.config.retry_max, self.config.max_frame_bytes)
+        link = SubscriberLink(
+            sub, self.writer, self.config.retry_max, self.config.max_frame_bytes,
+            read_timeout_s=self.config.read_timeout, policy=self.policy,
+        )
         self.links[sub.name] = (link, asyncio.create_task(link.run(), name=f"subscriber {sub.name}"))
 
     async def _unlink(self, names: list[str]) -> None:
@@ -147,6 +155,7 @@ class Daemon:
                 continue
             link = self.links[name][0]
             link.config, link.retry_max_s, link.max_frame_bytes = sub, config.retry_max, config.max_frame_bytes
+            link.read_timeout_s = config.read_timeout
 
     # --- reload (SIGHUP) --------------------------------------------------------------------
 
@@ -181,8 +190,10 @@ class Daemon:
             self._reload_refused(str(reply.error).splitlines())
             return
         old, self.config = self.config, config
+        self.policy.configure(config)  # open connections follow the new rules too
         await self._relink(config)
         self.server.max_frame_bytes = config.max_frame_bytes
+        self.server.read_timeout_s, self.server.max_connections = config.read_timeout, config.max_connections
         self.last_error = ""
         log.info("config reloaded: %s", _summary(old, config))
 

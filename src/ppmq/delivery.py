@@ -1,19 +1,28 @@
 """One task per subscriber: connect to its socket, push batches, read acks back.
 
+The broker connects only while it holds something for the subscriber (ready,
+or in flight and unacknowledged), so that a socket-activated subscriber that
+exits when idle is started again by systemd only when there is work for it.
+
 PROTOCOL §3 Connections: while the socket is missing or refuses, retry with
 exponential backoff from 100 ms capped at RetryMax (with jitter, so that many
 subscribers coming back at once do not retry in step), logging only when the
-state changes. A batch not written whole goes back to ready; a batch written
+state changes; a subscriber that accepts and drops every connection is backed
+off the same way. A batch not written whole goes back to ready; a batch written
 stays in flight when the connection breaks later. A slow subscriber only ever
-holds its own task and its own window.
+holds its own task and its own window. With CheckOwner, a socket owned by
+someone else (see access) is refused like a missing one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import time
 
+from .access import Peer, Policy
 from .broker import Delivery, Returned, Written
 from .config import SubscriberConfig
 from .server import ReplyChannel, serve_requests
@@ -22,17 +31,29 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 0.1
+STABLE_S = 1.0  # a connection that lasted this long resets the backoff
 
 
 class SubscriberLink:
     """The broker's side of one subscriber's socket."""
 
-    def __init__(self, config: SubscriberConfig, writer: Writer, retry_max_s: float, max_frame_bytes: int) -> None:
+    def __init__(
+        self,
+        config: SubscriberConfig,
+        writer: Writer,
+        retry_max_s: float,
+        max_frame_bytes: int,
+        *,
+        read_timeout_s: float = 0.0,
+        policy: Policy | None = None,
+    ) -> None:
         self.config = config
         self.name = config.name
         self.writer = writer
         self.retry_max_s = retry_max_s
         self.max_frame_bytes = max_frame_bytes
+        self.read_timeout_s = read_timeout_s
+        self.policy = policy
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self.connected = False
 
@@ -44,8 +65,9 @@ class SubscriberLink:
         delay = FIRST_RETRY_S
         last_error = None
         while True:
+            await self.writer.wanted(self.name)
             try:
-                reader, out = await asyncio.open_unix_connection(self.config.socket)
+                reader, out, peer = await self._connect()
             except OSError as exc:
                 error = f"{type(exc).__name__}: {exc.strerror or exc}"
                 if error != last_error:
@@ -54,20 +76,47 @@ class SubscriberLink:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.retry_max_s)
                 continue
-            log.info("subscriber %s: connected to %s", self.name, self.config.socket)
-            delay, last_error = FIRST_RETRY_S, None
+            if last_error is not None or delay == FIRST_RETRY_S:
+                log.info("subscriber %s: connected to %s", self.name, self.config.socket)
+            last_error = None
+            started = time.monotonic()
             self.connected = True
             try:
-                await self._serve(reader, out)
+                await self._serve(reader, out, peer)
             finally:
                 self.connected = False
                 out.close()
-            log.info("subscriber %s: connection lost", self.name)
+            if time.monotonic() - started >= STABLE_S:
+                log.info("subscriber %s: connection lost", self.name)
+                delay = FIRST_RETRY_S
+            else:  # dropped at once: do not hammer it
+                if delay == FIRST_RETRY_S:
+                    log.warning("subscriber %s: connection dropped at once; backing off", self.name)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, self.retry_max_s)
 
-    async def _serve(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Peer]:
+        """Connect; with CheckOwner, only to a socket of an allowed owner."""
+        check = self.policy.check_owner if self.policy is not None and self.config.owner_checked else None
+        if check is not None:
+            check(self.config, os.stat(self.config.socket).st_uid, "the socket's owner")
+        reader, out = await asyncio.open_unix_connection(self.config.socket)
+        peer = Peer.of_socket(out.get_extra_info("socket"))
+        if check is not None:
+            try:  # the listener itself: a path swapped after the stat is caught here
+                check(self.config, peer.uid, "the listening process")
+            except OSError:
+                out.close()
+                raise
+        return reader, out, peer
+
+    async def _serve(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter, peer: Peer) -> None:
         """Push batches until the subscriber closes; acks it sends back are served too."""
-        channel = ReplyChannel(out, f"subscriber {self.name}")
-        acks = asyncio.create_task(serve_requests(reader, channel, self.writer, self.max_frame_bytes))
+        channel = ReplyChannel(out, f"subscriber {self.name} ({peer})")
+        authorize = self.policy.guard(peer, channel.peer, own=self.name) if self.policy is not None else None
+        acks = asyncio.create_task(
+            serve_requests(reader, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize)
+        )
         self.writer.open(self.name, self)
         batch: asyncio.Task | None = None
         try:

@@ -32,16 +32,34 @@ class BadRequest(RequestError):
     status = 400
 
 
+class Forbidden(RequestError):
+    """The peer's credentials (SO_PEERCRED) do not allow the request."""
+
+    status = 403
+
+
 class NotFound(RequestError):
     status = 404
+
+
+class ReadTimeout(RequestError):
+    """A frame did not arrive whole within ReadTimeout of its first byte."""
+
+    status = 408
 
 
 class TooLarge(RequestError):
     status = 413
 
 
-class ShuttingDown(RequestError):
+class Unavailable(RequestError):
+    """The broker cannot take the request now (too many connections)."""
+
     status = 503
+
+
+class ShuttingDown(Unavailable):
+    pass
 
 
 class StoreFull(RequestError):
@@ -319,6 +337,18 @@ def message_fragment(key: str, payload: bytes, priority: int, expires: int) -> b
         parts += [b',"Expires":"', format_expires(expires).encode(), b'"']
     parts.append(b"}")
     return b"".join(parts)
+
+
+class _Fragment(msgspec.Struct, rename="pascal"):
+    payload: Raw
+
+
+_fragment_decoder = msgspec.json.Decoder(_Fragment)
+
+
+def fragment_payload(fragment: bytes) -> bytes:
+    """The raw Payload of a message built by message_fragment, byte for byte."""
+    return bytes(_fragment_decoder.decode(fragment).payload)
 
 
 def batch_frame(topic: str, subscriber: str, fragments: list[bytes]) -> bytes:

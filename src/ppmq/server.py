@@ -10,14 +10,18 @@ client sends cannot grow the broker's memory without bound.
 from __future__ import annotations
 
 import asyncio
+import grp
 import logging
 import os
+import resource
 import socket
 import time
+from collections.abc import Callable
 
 from msgspec import UNSET
 
 from . import protocol as p
+from .access import Peer, Policy
 from .broker import Invalid
 from .framing import Framer
 from .writer import Writer
@@ -27,6 +31,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 16
 LISTEN_BACKLOG = 1024
 MAX_OUTSTANDING = 1000  # requests of one connection waiting for commit before it is paused
+FD_RESERVE = 64  # descriptors kept for the store, subscribers and logs when MaxConnections is 0
 
 
 class ListenError(Exception):
@@ -94,16 +99,34 @@ async def serve_requests(
     writer: Writer,
     max_frame_bytes: int,
     stopping: asyncio.Event | None = None,
+    read_timeout_s: float = 0.0,
+    authorize: Callable[[p.Request], None] | None = None,
 ) -> None:
-    """Read frames until EOF; each becomes an op for the writer, replied to in order."""
+    """Read frames until EOF; each becomes an op for the writer, replied to in order.
+
+    A frame must arrive whole within `read_timeout_s` of its first byte (0: no
+    limit), so a peer stalled in the middle of one is answered 408 and closed
+    while an idle one between frames may wait for ever. `authorize` raises
+    Forbidden for a request the peer may not make.
+    """
     framer = Framer(max_frame_bytes)
     peer = channel.peer
+    frame_started = None  # monotonic time the pending partial frame began
     try:
         while True:
-            data = await reader.read(READ_CHUNK)
+            data = await _read(reader, frame_started and frame_started + read_timeout_s)
+            if data is None:
+                await channel.settled()
+                channel.send(p.error_reply(p.ReadTimeout(f"frame not complete within ReadTimeout ({read_timeout_s:g}s)")))
+                log.warning("%s: stalled in the middle of a frame for %gs; closing the connection", peer, read_timeout_s)
+                return
             if not data:
                 break
             frames = framer.feed(data)
+            if not read_timeout_s or not framer.pending:
+                frame_started = None
+            elif frame_started is None or frames:
+                frame_started = time.monotonic()
             if stopping is not None and stopping.is_set():
                 await channel.settled()
                 for frame in frames:
@@ -114,7 +137,9 @@ async def serve_requests(
             for frame in frames:
                 try:
                     op = p.decode_request(frame)
-                except p.BadRequest as exc:
+                    if authorize is not None:
+                        authorize(op)
+                except (p.BadRequest, p.Forbidden) as exc:
                     op = Invalid(exc, getattr(exc, "request_id", UNSET))
                 channel.expect()
                 writer.submit(op, channel.reply)
@@ -123,7 +148,10 @@ async def serve_requests(
                 channel.send(p.error_reply(framer.too_large))
                 log.warning("%s: %s; closing the connection", peer, framer.too_large)
                 return
+            paused_at = time.monotonic()
             await channel.room()
+            if frame_started is not None:  # time we did not read is not the peer's stall
+                frame_started += time.monotonic() - paused_at
         if framer.pending:
             log.info("%s: closed in the middle of a frame; the partial frame is dropped", peer)
         await channel.settled()
@@ -133,30 +161,62 @@ async def serve_requests(
         channel.out.close()
 
 
+async def _read(reader: asyncio.StreamReader, deadline: float | None) -> bytes | None:
+    """The next chunk; None if the monotonic `deadline` passes first."""
+    if not deadline:
+        return await reader.read(READ_CHUNK)
+    try:
+        return await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        return None
+
+
 class Server:
     """Listens on ServerSocket and serves every connection with serve_requests."""
 
-    def __init__(self, path: str, writer: Writer, max_frame_bytes: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        writer: Writer,
+        max_frame_bytes: int,
+        *,
+        max_connections: int = 0,
+        read_timeout_s: float = 0.0,
+        policy: Policy | None = None,
+    ) -> None:
         self.path = path
         self.writer = writer
         self.max_frame_bytes = max_frame_bytes
+        self.max_connections = max_connections  # 0: the open-file limit less FD_RESERVE
+        self.read_timeout_s = read_timeout_s
+        self.policy = policy
+        self._last_refusal_log = 0.0
         self.stopping = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
         self._owns_path = False  # we bound ServerSocket, so we remove it
 
-    async def start(self, inherited: socket.socket | None = None) -> None:
+    async def start(self, inherited: socket.socket | None = None, mode: int | None = None, group: str | None = None) -> None:
         """Listen on ServerSocket, or on the socket systemd passed (never unlinked:
-        it is systemd's, and producers may already be waiting in its backlog)."""
+        it is systemd's, and producers may already be waiting in its backlog).
+        A socket we bind ourselves gets `mode` (and `group`); it is bound with a
+        umask that lets nobody but root in until then."""
         try:
             if inherited is not None:
                 self._server = await asyncio.start_unix_server(self._handle, sock=inherited, backlog=LISTEN_BACKLOG)
                 self._check_inherited_path(inherited)
                 return
+            gid = _group_id(group) if group is not None else None
             _claim_socket_path(self.path)
-            self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=LISTEN_BACKLOG)
+            old_umask = os.umask(0o177)
+            try:
+                self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=LISTEN_BACKLOG)
+            finally:
+                os.umask(old_umask)
             self._owns_path = True
+            if mode is not None:
+                set_socket_access(self.path, mode, gid)
         except OSError as exc:
             raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
@@ -167,12 +227,33 @@ class Server:
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
         self._count += 1
+        limit = self.max_connections or max(1, _open_file_limit() - FD_RESERVE)
+        if len(self._channels) >= limit:
+            await self._refuse(out, limit)
+            return
+        peer = Peer.of_socket(out.get_extra_info("socket"))
         task = asyncio.current_task()
-        channel = self._channels[task] = ReplyChannel(out, f"client#{self._count}")
+        channel = self._channels[task] = ReplyChannel(out, f"client#{self._count} ({peer})")
+        authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
         try:
-            await serve_requests(reader, channel, self.writer, self.max_frame_bytes, self.stopping)
+            await serve_requests(reader, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize)
         finally:
             del self._channels[task]
+
+    async def _refuse(self, out: asyncio.StreamWriter, limit: int) -> None:
+        """Over MaxConnections: one 503 line, then close; logged at most once a second."""
+        error = p.Unavailable(f"too many connections: MaxConnections ({limit}) reached")
+        now = time.monotonic()
+        if now - self._last_refusal_log >= 1.0:
+            log.warning("client#%d: refused: %s", self._count, error)
+            self._last_refusal_log = now
+        try:
+            out.write(p.encode_reply(p.error_reply(error)))
+            await asyncio.wait_for(out.drain(), 1.0)
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        finally:
+            out.close()
 
     async def stop(self) -> None:
         """Stop accepting; connections answer 503 to anything new and close."""
@@ -199,6 +280,28 @@ class Server:
         for task in channels:
             task.cancel()
         await asyncio.gather(*channels, return_exceptions=True)
+
+
+def _open_file_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def set_socket_access(path: str, mode: int, gid: int | None) -> None:
+    """SocketMode and SocketGroup of a socket the broker bound itself (one that
+    systemd passes in is systemd's business)."""
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
+
+
+def _group_id(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ListenError(f"SocketGroup: no group {group!r} on this host") from None
 
 
 def _claim_socket_path(path: str) -> None:

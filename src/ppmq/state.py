@@ -22,6 +22,8 @@ class TopicStats(msgspec.Struct):
     published: int = 0
     replaced: int = 0
     expired: int = 0
+    stored_bytes: int = 0  # JSON of the stored messages as delivered (MaxBytes counts these)
+    dropped: int = 0  # by OverflowPolicy: drop-oldest
 
 
 class SubStats(msgspec.Struct):
@@ -32,6 +34,7 @@ class SubStats(msgspec.Struct):
     redelivered: int = 0
     expired: int = 0
     ignored_acks: int = 0
+    dead_lettered: int = 0  # given up after MaxAttempts deliveries without an ack
 
 
 class State(msgspec.Struct):
@@ -39,6 +42,7 @@ class State(msgspec.Struct):
 
     rejected: int = 0  # requests answered with an error status
     commits: int = 0  # write transactions; requests per commit shows group commit at work
+    forbidden: int = 0  # requests refused for the peer's credentials (also counted in rejected)
     topic_ids: dict[str, int] = {}
     sub_ids: dict[str, int] = {}
     topics: dict[str, TopicStats] = {}
@@ -112,15 +116,18 @@ def status_body(config: Config, state: State, txn: Txn, now_ns: int) -> dict:
                 "Redelivered": st.redelivered,
                 "Expired": st.expired,
                 "IgnoredAcks": st.ignored_acks,
+                "DeadLettered": st.dead_lettered,
             }
         topics[tc.name] = {
             "Stored": ts.stored,
             "Published": ts.published,
             "Replaced": ts.replaced,
             "Expired": ts.expired,
+            "StoredBytes": ts.stored_bytes,
+            "Dropped": ts.dropped,
             "Subscribers": subs,
         }
-    return {"Topics": topics, "Rejected": state.rejected, "Commits": state.commits}
+    return {"Topics": topics, "Rejected": state.rejected, "Forbidden": state.forbidden, "Commits": state.commits}
 
 
 def _oldest_ready_age(state: State, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:

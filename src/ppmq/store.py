@@ -58,6 +58,14 @@ class Body(NamedTuple):
     fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
 
 
+def _body(raw: bytes | None) -> Body | None:
+    if raw is None:
+        return None
+    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+    start = _BODY_HEAD.size
+    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+
+
 class Flight(NamedTuple):
     """An in-flight delivery and the queue place it returns to."""
 
@@ -193,19 +201,15 @@ class Txn:
 
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
-        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
-        if raw is None:
-            return None
-        prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-        start = _BODY_HEAD.size
-        return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+        return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
         self._put_in_order(_TM.pack(t, m), b"".join((head, body.key, body.fragment)), self._bodies)
 
-    def delete_body(self, t: int, m: int) -> bool:
-        return self.txn.delete(_TM.pack(t, m), db=self._bodies)
+    def delete_body(self, t: int, m: int) -> Body | None:
+        """Delete m; return what it was, or None if it was not stored."""
+        return _body(self.txn.pop(_TM.pack(t, m), db=self._bodies))
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:

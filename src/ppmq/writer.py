@@ -41,6 +41,7 @@ class Writer:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-writer")
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
+        self._stepped = asyncio.Event()  # set after each step, then replaced
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
@@ -52,6 +53,11 @@ class Writer:
     def busy(self) -> bool:
         """A step is running: the broker's state belongs to the writer thread."""
         return self._busy_since is not None
+
+    async def wanted(self, subscriber: str) -> None:
+        """Return once the broker holds something for subscriber."""
+        while not self.broker.has_pending(subscriber):
+            await self._stepped.wait()
 
     async def call(self, op: Op) -> p.Reply:
         """Submit `op` and wait for its reply."""
@@ -100,6 +106,8 @@ class Writer:
                     self._busy_since = None
                 self._answer(batch, step.replies)
                 self._dispatch(step.deliveries)
+                self._stepped.set()
+                self._stepped = asyncio.Event()
         finally:
             self._executor.shutdown(wait=True)
 

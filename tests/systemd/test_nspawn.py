@@ -167,11 +167,6 @@ def test_the_broker_was_never_restarted_and_shows_its_status(container):
     assert report["broker_end"]["StatusText"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the broker reconnects as soon as a subscriber closes, so systemd starts an idle subscriber "
-    "again at once; delivery should connect only when it has a batch to push",
-)
 def test_an_idle_subscriber_exits_and_systemd_does_not_start_it_again_while_nothing_is_queued(container):
     report, journal = container
     assert report["idle_after"], "the subscriber neither exited nor was restarted"

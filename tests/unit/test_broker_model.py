@@ -3,13 +3,15 @@
 Hypothesis drives the real Broker on a real LMDB store with random publishes
 (some with a bad message, some replacing a dedupe key), deliveries to open
 subscribers, acks, RECONNECTs, returned batches, confirmed writes on an
-`AckRequired: false` topic, clock steps and restarts. After every step the
+`AckRequired: false` topic, clock steps and restarts; topics have MaxMessages or
+MaxBytes with either OverflowPolicy, and MaxAttempts with or without DeadLetter. After every step the
 batches pushed must be exactly the ones the model predicts (topic, order,
 contents) and every STATUS counter must agree. Only the clock is fake.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -32,10 +34,16 @@ from ppmq.store import Store
 
 SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
 TOPICS = [
-    TopicConfig(name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True),
-    TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True),
-    TopicConfig(name="auto", subscribers=["s2"], ack_required=False),
+    TopicConfig(
+        name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True,
+        max_messages=6, overflow_policy="drop-oldest", max_attempts=2, dead_letter="dead",
+    ),
+    TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True, max_bytes=150, max_attempts=3),
+    TopicConfig(name="auto", subscribers=["s2"], ack_required=False, max_messages=4),
+    TopicConfig(name="dead", subscribers=["s1"], priorities=2, max_messages=3),
 ]
+TOPIC_IDS = {t.name: i for i, t in enumerate(TOPICS, 1)}
+SUB_IDS = {s: i for i, s in enumerate(SUBS, 1)}
 KEYS = ["a", "b", "c"]
 START_NS = 1_800_000_000 * NS
 
@@ -45,6 +53,12 @@ class Msg:
     payload: int
     prio: int
     expires_ns: int  # 0: never
+    m: int = 0  # the broker's message id, given when it is stored
+    key: str = ""  # as delivered
+
+    def size(self) -> int:
+        """What MaxBytes counts: the message's JSON as delivered."""
+        return len(p.message_fragment(self.key, b"%d" % self.payload, self.prio, self.expires_ns))
 
 
 @dataclass
@@ -54,6 +68,7 @@ class Counters:
     redelivered: int = 0
     expired: int = 0
     ignored: int = 0
+    dead_lettered: int = 0
 
 
 @dataclass
@@ -67,6 +82,7 @@ class TopicModel:
     published: int = 0
     replaced: int = 0
     expired: int = 0
+    dropped: int = 0
 
     def __post_init__(self) -> None:
         for s in self.config.subscribers:
@@ -76,14 +92,19 @@ class TopicModel:
         self.seq += 1
         return self.seq
 
-    def publish(self, ident: object, msg: Msg) -> None:
-        """PROTOCOL §3 Fan-out and Dedupe."""
-        self.published += 1
+    def publish(self, ident: object, msg: Msg) -> bool:
+        """PROTOCOL §3 Fan-out and Dedupe; False when the topic is full."""
         if ident not in self.msgs:
+            msg.m = self.seq + 1
+            msg.key = ident if self.config.dedupe else str(msg.m)
+            if not self.make_room(msg.size()):
+                return False
             pos = self.next_pos()
             for s in self.config.subscribers:
                 self.ready[s][ident] = (msg.prio, pos, 0)
         else:
+            old = self.msgs[ident]
+            msg.m, msg.key = old.m, old.key
             self.replaced += 1
             new_pos = None
             for s in self.config.subscribers:
@@ -96,6 +117,30 @@ class TopicModel:
                 new_pos = new_pos or self.next_pos()
                 self.ready[s][ident] = (msg.prio, new_pos, 0)
         self.msgs[ident] = msg
+        self.published += 1
+        return True
+
+    def stored_bytes(self) -> int:
+        return sum(msg.size() for msg in self.msgs.values())
+
+    def make_room(self, size: int) -> bool:
+        """MaxMessages / MaxBytes: drop the oldest of the lowest priority, or refuse."""
+        c = self.config
+        if c.max_bytes and size > c.max_bytes:
+            return False
+        while (c.max_messages and len(self.msgs) >= c.max_messages) or (c.max_bytes and self.stored_bytes() + size > c.max_bytes):
+            waiting = [(-prio, pos, ident) for s in c.subscribers for ident, (prio, pos, _) in self.ready[s].items()]
+            if c.overflow_policy != "drop-oldest" or not waiting:
+                return False
+            self.discard(min(waiting)[2])
+            self.dropped += 1
+        return True
+
+    def discard(self, ident: object) -> list[str]:
+        """Gone from every queue and from in flight; the subscribers that held it."""
+        held = [s for s in self.config.subscribers if self.ready[s].pop(ident, None) or self.inflight[s].pop(ident, None)]
+        del self.msgs[ident]
+        return held
 
     def holds(self, ident: object) -> bool:
         return any(ident in self.ready[s] or ident in self.inflight[s] for s in self.config.subscribers)
@@ -106,23 +151,35 @@ class TopicModel:
         if not self.holds(ident):
             del self.msgs[ident]
 
-    def tick(self, now_ns: int) -> None:
+    def expire(self, now_ns: int) -> None:
         if self.config.expire:
             for ident, msg in list(self.msgs.items()):
                 if msg.expires_ns and msg.expires_ns <= now_ns:
                     self.expired += 1
-                    for s in self.config.subscribers:
-                        if self.ready[s].pop(ident, None) or self.inflight[s].pop(ident, None):
-                            self.counters[s].expired += 1
-                    del self.msgs[ident]
-        for s in self.config.subscribers:
-            for ident, (_prio, _pos, deadline, _attempts) in list(self.inflight[s].items()):
-                if deadline and deadline <= now_ns:
-                    self.requeue(s, ident)
+                    for s in self.discard(ident):
+                        self.counters[s].expired += 1
 
-    def requeue(self, s: str, ident: object) -> None:
+    def due(self, now_ns: int) -> list[tuple]:
+        """In-flight entries past AckRetry, as the broker's deadline index orders them."""
+        t = TOPIC_IDS[self.config.name]
+        return [
+            (deadline, t, SUB_IDS[s], self.msgs[ident].m, self.config.name, s, ident)
+            for s in self.config.subscribers
+            for ident, (_, _, deadline, _) in self.inflight[s].items()
+            if deadline and deadline <= now_ns
+        ]
+
+    def requeue(self, s: str, ident: object) -> Msg | None:
+        """Back to its place; after MaxAttempts deliveries, given up: returns the message."""
         prio, pos, _, attempts = self.inflight[s].pop(ident)
+        if self.config.max_attempts and attempts >= self.config.max_attempts:
+            self.counters[s].dead_lettered += 1
+            msg = self.msgs[ident]
+            if not self.holds(ident):
+                del self.msgs[ident]
+            return msg
         self.ready[s][ident] = (prio, pos, attempts)
+        return None
 
     def pull(self, s: str, now_ns: int) -> list[object]:
         batch, window = SUBS[s]
@@ -165,8 +222,7 @@ class BrokerMachine(RuleBasedStateMachine):
         result = self.broker.step(ops, set(open_subs), self.now)
         if apply is not None:
             apply(result.replies)
-        for tm in self.model.values():
-            tm.tick(self.now)
+        self.tick()
         expected = []
         for s in sorted(open_subs):
             for tm in self.model.values():
@@ -192,13 +248,12 @@ class BrokerMachine(RuleBasedStateMachine):
             for ident, m in zip(order, messages):
                 known = self.keys.setdefault((topic, ident), m["Key"])
                 assert m["Key"] == known
-                if topic == "dd":
-                    assert m["Key"] == ident
+                assert m["Key"] == self.model[topic].msgs[ident].key
 
     # --- rules ----------------------------------------------------------------------
 
     @rule(
-        topic=st.sampled_from(["plain", "dd", "auto"]),
+        topic=st.sampled_from(["plain", "dd", "auto", "dead"]),
         spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=6),
         bad_at=st.none() | st.integers(0, 5),
         subs=st.sets(st.sampled_from(sorted(SUBS))),
@@ -219,11 +274,29 @@ class BrokerMachine(RuleBasedStateMachine):
             if bad_at is not None and bad_at < len(spec):
                 assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
                 return
-            assert (reply.status, reply.accepted) == (200, len(spec))
-            for ident, msg in idents:
-                tm.publish(ident, msg)
+            trial = copy.deepcopy(tm)
+            full_at = next((i for i, (ident, msg) in enumerate(idents) if not trial.publish(ident, msg)), None)
+            if full_at is None:
+                assert (reply.status, reply.accepted) == (200, len(spec))
+                self.model[topic] = trial
+            else:  # the whole publish is refused; nothing dropped for it stays dropped
+                assert reply.status == 507 and reply.error.startswith(f"Messages[{full_at}]: "), reply
 
         self.step([req], subs, apply)
+
+    def requeue(self, tm: TopicModel, s: str, ident: object) -> None:
+        """The model of Broker._requeue: a message given up goes to DeadLetter, if it has room."""
+        msg = tm.requeue(s, ident)
+        if msg is not None and tm.config.dead_letter:
+            target = self.model[tm.config.dead_letter]
+            prio = min(msg.prio, target.config.priorities - 1)
+            target.publish((msg.payload, s), Msg(msg.payload, prio, 0))
+
+    def tick(self) -> None:
+        for tm in self.model.values():
+            tm.expire(self.now)
+        for *_, topic, s, ident in sorted(e for tm in self.model.values() for e in tm.due(self.now)):
+            self.requeue(self.model[topic], s, ident)
 
     @rule(subs=st.sets(st.sampled_from(sorted(SUBS)), min_size=1))
     def deliver(self, subs: set[str]) -> None:
@@ -255,10 +328,12 @@ class BrokerMachine(RuleBasedStateMachine):
                     tm.finish(d.subscriber, ident)
         self.unconfirmed = []
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd"]), sub=st.sampled_from(sorted(SUBS)))
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dead"]), sub=st.sampled_from(sorted(SUBS)))
     def ack(self, data, topic: str, sub: str) -> None:
         """Acks of in-flight keys apply; unknown, ready-only and repeated keys are ignored."""
         tm = self.model[topic]
+        if sub not in tm.config.subscribers:
+            return
         inflight_keys = {self.keys[(topic, i)]: i for i in tm.inflight[sub]}
         chosen = data.draw(st.lists(st.sampled_from(sorted(inflight_keys)), unique=True)) if inflight_keys else []
         ready_keys = [self.keys[(topic, i)] for i in tm.ready[sub] if (topic, i) in self.keys]
@@ -278,8 +353,8 @@ class BrokerMachine(RuleBasedStateMachine):
         assert reply.status == 200
         for tm in self.model.values():
             if sub in tm.config.subscribers and topic in (None, tm.config.name):
-                for ident in list(tm.inflight[sub]):
-                    tm.requeue(sub, ident)
+                for ident in sorted(tm.inflight[sub], key=lambda i: tm.msgs[i].m):
+                    self.requeue(tm, sub, ident)
         self.unconfirmed = [u for u in self.unconfirmed if u[0].subscriber != sub]
 
     @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 7]))
@@ -296,8 +371,8 @@ class BrokerMachine(RuleBasedStateMachine):
         for tm in self.model.values():
             if not tm.config.ack_required:
                 for s in tm.config.subscribers:
-                    for ident in list(tm.inflight[s]):
-                        tm.requeue(s, ident)
+                    for ident in sorted(tm.inflight[s], key=lambda i: tm.msgs[i].m):
+                        self.requeue(tm, s, ident)
         self.unconfirmed = []
 
     # --- invariants ---------------------------------------------------------------------
@@ -308,7 +383,8 @@ class BrokerMachine(RuleBasedStateMachine):
         topics = reply.body["Topics"]
         for name, tm in self.model.items():
             got = topics[name]
-            assert (got["Stored"], got["Published"], got["Replaced"], got["Expired"]) == (len(tm.msgs), tm.published, tm.replaced, tm.expired), name
+            counts = (got["Stored"], got["Published"], got["Replaced"], got["Expired"], got["StoredBytes"], got["Dropped"])
+            assert counts == (len(tm.msgs), tm.published, tm.replaced, tm.expired, tm.stored_bytes(), tm.dropped), name
             for s in tm.config.subscribers:
                 sub = got["Subscribers"][s]
                 ready = [0] * tm.config.priorities
@@ -317,8 +393,8 @@ class BrokerMachine(RuleBasedStateMachine):
                 c = tm.counters[s]
                 assert sub["Ready"] == ready, (name, s)
                 assert sub["InFlight"] == len(tm.inflight[s]), (name, s)
-                counts = (sub["Delivered"], sub["Acked"], sub["Redelivered"], sub["Expired"], sub["IgnoredAcks"])
-                assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored), (name, s)
+                counts = (sub["Delivered"], sub["Acked"], sub["Redelivered"], sub["Expired"], sub["IgnoredAcks"], sub["DeadLettered"])
+                assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored, c.dead_lettered), (name, s)
 
 
 BrokerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)

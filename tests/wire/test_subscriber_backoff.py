@@ -36,6 +36,8 @@ def test_a_socket_that_refuses_changes_the_logged_state_once(broker_factory):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     dead.bind(path)
     b.start()
+    with b.client() as c:
+        c.publish("t", [{"Payload": 1}])
     wait_for(lambda: "down.sock (ConnectionRefusedError" in b.log, what="the refusal to be logged")
     time.sleep(1.0)
     assert b.log.count("subscriber down: cannot connect") == 1
@@ -43,6 +45,19 @@ def test_a_socket_that_refuses_changes_the_logged_state_once(broker_factory):
     os.unlink(path)
     wait_for(lambda: "down.sock (FileNotFoundError" in b.log, what="the new state (socket gone) to be logged")
     assert b.log.count("subscriber down: cannot connect") == 2, b.log
+
+
+def test_a_subscriber_with_nothing_pending_is_not_connected_to(broker_factory):
+    """So that systemd starts a socket-activated subscriber only when there is work."""
+    b = broker_factory(TOPICS, ["up", "down"], RetryMax="100ms")
+    up = broker_factory.subscriber(b, "up")
+    time.sleep(1.0)
+    assert up.connections == 0 and "cannot connect" not in b.log
+    with b.client() as c:
+        c.publish("t", [{"Payload": 1}])
+    up.wait_messages(1)
+    wait_for(lambda: b.sub_status("t", "up")["InFlight"] == 0, what="the ack")
+    assert up.connections == 1
 
 
 def test_a_failing_subscriber_does_not_slow_the_others(broker_factory):

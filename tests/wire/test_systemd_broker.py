@@ -216,6 +216,8 @@ def test_under_journald_lines_carry_syslog_priorities_and_no_timestamps(broker_f
     b = broker_factory(TOPIC, [{"Name": "worker", "Socket": "/nonexistent/worker.sock"}], start=False)
     b.log_path.touch()
     b.start(env=_journal_env(b.log_path))
+    with b.client() as c:
+        c.publish("jobs", [{"Payload": 1}])
     wait_for(lambda: "cannot connect" in b.log, what="the missing subscriber's warning")
     lines = [line for line in b.log.splitlines() if line]
     assert any(line.startswith("<6>ppmq.daemon: serving on ") for line in lines)

@@ -1,0 +1,190 @@
+"""Who may do what: peer credentials against the config's access rules.
+
+Every connection's credentials (SO_PEERCRED: uid, gid, pid) are read once, when
+it is accepted, and never change for its lifetime. A topic's `Publishers`, a
+subscriber's `Users` and the top-level `StatusUsers` name user names, `@group`
+names or numeric uids; they are resolved when the config is taken (at start
+and at every reload), so a request costs a set lookup. A rule that is not configured lets everyone through, as ppMQ did
+(anyone who can open the socket). Root passes every rule unless `AllowRoot:
+false`. Acks and RECONNECT arriving on a subscriber's own delivery connection
+are that subscriber's by construction.
+
+Before the broker connects to a subscriber's socket, the socket's owner (and,
+once connected, the listening peer) must be root, the broker's own user, or a
+user of the subscriber's `Users`, so that another local user cannot squat the
+path and receive its messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import grp
+import logging
+import os
+import pwd
+import socket
+import struct
+from collections.abc import Callable
+
+from . import protocol as p
+from .config import Config, SubscriberConfig
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_LOGGED_PEERS = 4096  # refusals are logged once per peer; past this many the memory starts over
+
+
+class Peer:
+    """The process at the other end of a Unix socket, as the kernel vouches for it.
+
+    Its groups are looked up in the user database only when a rule names a
+    group: a lookup may block (NSS, LDAP), and most connections never need one.
+    """
+
+    def __init__(self, uid: int, gid: int, pid: int) -> None:
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid  # 0 when unknown (a file's owner)
+
+    @classmethod
+    def of_socket(cls, sock: socket.socket) -> Peer:
+        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        return cls(uid, gid, pid)
+
+    @classmethod
+    def of_uid(cls, uid: int) -> Peer:
+        """The user `uid`, with its primary group from the user database."""
+        try:
+            return cls(uid, pwd.getpwuid(uid).pw_gid, 0)
+        except KeyError:
+            return cls(uid, -1, 0)
+
+    @functools.cached_property
+    def gids(self) -> frozenset[int]:
+        """Its primary group and its user's supplementary groups (SO_PEERCRED gives
+        only the first; the others are what `id USER` prints)."""
+        try:
+            return frozenset(os.getgrouplist(pwd.getpwuid(self.uid).pw_name, self.gid)) | {self.gid}
+        except KeyError:
+            return frozenset({self.gid})
+
+    def __str__(self) -> str:
+        return f"uid {self.uid}" + (f" pid {self.pid}" if self.pid else "")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+class Rule:
+    """One list of user names, `@group` names and uids, resolved to numbers."""
+
+    def __init__(self, entries: list[str | int], allow_root: bool) -> None:
+        self.allow_root = allow_root
+        self.uids: set[int] = set()
+        self.gids: set[int] = set()
+        self.unknown: list[str] = []
+        for entry in entries:
+            self._add(str(entry).strip())
+
+    def _add(self, entry: str) -> None:
+        try:
+            if entry.startswith("@"):
+                name = entry[1:]
+                self.gids.add(int(name) if name.isdigit() else grp.getgrnam(name).gr_gid)
+            else:
+                self.uids.add(int(entry) if entry.isdigit() else pwd.getpwnam(entry).pw_uid)
+        except KeyError:
+            self.unknown.append(entry)  # matches nobody: a typo denies, it never allows
+
+    def allows(self, peer: Peer) -> bool:
+        return (self.allow_root and peer.uid == 0) or peer.uid in self.uids or bool(self.gids and not self.gids.isdisjoint(peer.gids))
+
+
+class Policy:
+    """Every access rule of a config, and the log of refusals."""
+
+    def __init__(self, config: Config) -> None:
+        self._logged: set[tuple[int, int]] = set()
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Take the rules of `config` (at start, and at every reload)."""
+        root = config.allow_root
+        self.publishers = {t.name: Rule(t.publishers, root) for t in config.topics if t.publishers is not None}
+        self.users = {s.name: Rule(s.users, root) for s in config.subscribers if s.users is not None}
+        self.status = Rule(config.status_users, root) if config.status_users is not None else None
+        # The socket's owner: root (systemd's sockets), the broker itself, or a user of Users.
+        self.owners = {s.name: _owner_rule(s) for s in config.subscribers if s.owner_checked}
+        for what, rule in self._named_rules():
+            for entry in rule.unknown:
+                log.warning("%s: no user or group %r on this host; it matches nobody", what, entry)
+
+    def _named_rules(self) -> list[tuple[str, Rule]]:
+        named = [(f"topic {t} Publishers", r) for t, r in self.publishers.items()]
+        named += [(f"subscriber {s} Users", r) for s, r in self.users.items()]
+        return named + ([("StatusUsers", self.status)] if self.status else [])
+
+    def check(self, peer: Peer, req: p.Request, own: str | None = None) -> None:
+        """Raise Forbidden naming the first part of `req` that `peer` may not do.
+
+        `own` is the subscriber whose delivery connection carried the request.
+        Unknown topics and subscribers pass: the broker answers them with 404.
+        """
+        rule = self.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
+        if rule is not None and not rule.allows(peer):
+            raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
+        acting = req.acks is not None or (req.command or "").upper() in ("RECONNECT", "CONNECT")
+        rule = self.users.get(req.subscriber) if acting and req.subscriber != own else None
+        if rule is not None and not rule.allows(peer):
+            field = "Acks" if req.acks is not None else "Command"
+            raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
+        if self.status is not None and (req.command or "").upper() == "STATUS" and not self.status.allows(peer):
+            raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
+
+    def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
+        """The check for every request of one connection: a refusal raises
+        Forbidden carrying the request's Id, and is logged once per peer."""
+
+        def authorize(req: p.Request) -> None:
+            try:
+                self.check(peer, req, own)
+            except p.Forbidden as exc:
+                exc.request_id = req.id
+                self._refused(peer, where, exc)
+                raise
+
+        return authorize
+
+    def _refused(self, peer: Peer, where: str, exc: p.Forbidden) -> None:
+        """Log a refusal, once per peer process."""
+        key = (peer.uid, peer.pid)
+        if key in self._logged:
+            return
+        if len(self._logged) >= MAX_LOGGED_PEERS:
+            self._logged.clear()
+        self._logged.add(key)
+        log.warning(
+            "%s: refused (403) to user %s: %s; further refusals of this peer are counted, not logged",
+            where, _user_name(peer.uid), exc,
+        )
+
+    def check_owner(self, sub: SubscriberConfig, uid: int, what: str) -> None:
+        """Raise PermissionError unless `uid` may own subscriber `sub`'s socket."""
+        rule = self.owners.get(sub.name)
+        if rule is not None and not rule.allows(Peer.of_uid(uid)):
+            raise PermissionError(f"{what} is uid {uid} ({_user_name(uid)}), not root or one of the subscriber's Users (CheckOwner)")
+
+
+def _who(peer: Peer) -> str:
+    return f"uid {peer.uid}"
+
+
+def _owner_rule(sub: SubscriberConfig) -> Rule:
+    rule = Rule(sub.users or [], allow_root=True)
+    rule.uids.add(os.geteuid())
+    return rule

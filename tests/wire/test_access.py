@@ -1,0 +1,273 @@
+"""Access control by peer credentials (docs/security.md), with real users.
+
+Each test run creates throwaway users and a group (removed afterwards, also on
+failure), and talks to a real broker from child processes that switch to those
+users: the broker reads SO_PEERCRED, exactly as it would for any local process.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import pytest
+
+from ppmq.client import ClientError
+from tests.conftest import Subscriber, wait_for
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="creating users and switching to them needs root"),
+    pytest.mark.skipif(not shutil.which("useradd"), reason="useradd and groupadd (package passwd) are not installed"),
+]
+
+TIMEOUT_S = 15.0
+
+
+class User(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+class Users(NamedTuple):
+    alice: User  # member of `group`
+    bob: User  # not a member
+    group: str
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[Users]:
+    tag = uuid.uuid4().hex[:6]
+    group, made_users, made_group = f"ppmqg{tag}", [], False
+    try:
+        subprocess.run(["groupadd", group], check=True)
+        made_group = True
+        for name, extra in ((f"ppmqa{tag}", ["-G", group]), (f"ppmqb{tag}", [])):
+            subprocess.run(["useradd", "-M", "-U", "-s", "/usr/sbin/nologin", *extra, name], check=True)
+            made_users.append(name)
+        alice, bob = (pwd.getpwnam(n) for n in made_users)
+        yield Users(User(alice.pw_name, alice.pw_uid, alice.pw_gid), User(bob.pw_name, bob.pw_uid, bob.pw_gid), group)
+    finally:
+        for name in made_users:
+            subprocess.run(["userdel", name], check=False)
+        if made_group:
+            subprocess.run(["groupdel", group], check=False)
+
+
+def as_user(user: User, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    """Run fn(*args) in a forked child that has become `user`; return a function
+    that waits for the child and gives fn's JSON-able result (or raises its error)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(r)
+        try:
+            os.setgroups(os.getgrouplist(user.name, user.gid))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            out = {"ok": fn(*args)}
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+
+    def result() -> Any:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        out = json.loads(data)
+        if "error" in out:
+            raise OSError(out["error"])
+        return out["ok"]
+
+    return result
+
+
+def _ask(path: str, wrappers: list[dict]) -> list[dict]:
+    """In the child: send each wrapper (each with an Id), return the replies."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT_S)
+    s.connect(path)
+    s.sendall(b"".join(json.dumps(w).encode() + b"\n" for w in wrappers))
+    f = s.makefile("rb")
+    replies = [json.loads(f.readline()) for _ in wrappers]
+    s.close()
+    return replies
+
+
+def ask(user: User, path: str, *wrappers: dict) -> list[dict]:
+    return as_user(user, _ask, path, [dict(w, Id=i) for i, w in enumerate(wrappers)])()
+
+
+def _listen(path: str, seconds: float) -> list[str]:
+    """In the child: listen at path for a while; return the lines received."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    srv.settimeout(seconds)
+    try:
+        conn, _ = srv.accept()
+    except TimeoutError:
+        return []
+    finally:
+        srv.close()
+        os.unlink(path)
+    conn.settimeout(seconds)
+    line = conn.makefile("rb").readline()
+    conn.close()
+    return [line.decode()] if line else []
+
+
+def publish(topic: str, payload: str = "secret payload") -> dict:
+    return {"Topic": topic, "Messages": [{"Payload": payload}]}
+
+
+@pytest.fixture
+def open_tmp(short_tmp):
+    """Other users must reach the sockets in the test's directory."""
+    os.chmod(short_tmp, 0o755)
+    (short_tmp / "sub").mkdir(exist_ok=True)
+    os.chmod(short_tmp / "sub", 0o1777)
+    return short_tmp
+
+
+# --- the socket and the store ---------------------------------------------------------------
+
+
+def test_by_default_the_socket_is_0660_for_the_brokers_group_and_the_store_0700_so_others_cannot_connect(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t"}])
+    st = os.stat(b.socket)
+    assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, os.getegid())
+    assert stat.S_IMODE(os.stat(open_tmp / "data").st_mode) == 0o700
+    with pytest.raises(OSError, match="PermissionError"):
+        ask(users.bob, b.socket, {"Command": "STATUS"})
+
+
+def test_socket_mode_and_group_from_the_config_let_the_groups_members_in(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t"}], SocketMode="0660", SocketGroup=users.group)
+    st = os.stat(b.socket)
+    assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, grp.getgrnam(users.group).gr_gid)
+    assert ask(users.alice, b.socket, {"Command": "STATUS"})[0]["Status"] == 200
+    with pytest.raises(OSError, match="PermissionError"):
+        ask(users.bob, b.socket, {"Command": "STATUS"})
+
+
+def test_an_unknown_socket_group_stops_the_broker_with_a_clear_error(broker_factory, open_tmp):
+    b = broker_factory([{"Name": "t"}], SocketGroup="no-such-group-ppmq", start=False)
+    with pytest.raises(AssertionError, match="SocketGroup: no group 'no-such-group-ppmq'"):
+        b.start()
+
+
+# --- who may publish, ack, RECONNECT and ask STATUS -----------------------------------------
+
+
+def test_without_access_keys_anyone_who_can_open_the_socket_may_do_anything(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], SocketMode="0666")
+    replies = ask(users.bob, b.socket, publish("t"), {"Subscriber": "s", "Command": "RECONNECT"}, {"Command": "STATUS"})
+    assert [r["Status"] for r in replies] == [200, 200, 200]
+
+
+def test_publishers_admit_named_users_groups_and_uids_and_refuse_others_with_403_logged_once(broker_factory, open_tmp, users):
+    topics = [
+        {"Name": "by-name", "Publishers": [users.alice.name]},
+        {"Name": "by-group", "Publishers": [f"@{users.group}"]},
+        {"Name": "by-uid", "Publishers": [users.bob.uid]},
+        {"Name": "open"},
+    ]
+    b = broker_factory(topics, SocketMode="0666")
+    alice = ask(users.alice, b.socket, *(publish(t["Name"]) for t in topics))
+    bob = ask(users.bob, b.socket, *(publish(t["Name"]) for t in topics), publish("by-name"))
+    assert [r["Status"] for r in alice] == [200, 200, 403, 200]
+    assert [r["Status"] for r in bob] == [403, 403, 200, 200, 403]
+    assert bob[0]["Error"] == f"Messages: uid {users.bob.uid} may not publish to topic 'by-name' (Publishers)"
+    assert all("secret" not in r.get("Error", "") for r in alice + bob)
+    status = b.status()
+    assert status["Forbidden"] == 4 and status["Rejected"] == 4
+    assert {t: status["Topics"][t]["Published"] for t in status["Topics"]} == {"by-name": 1, "by-group": 1, "by-uid": 1, "open": 2}
+    # One log line per refused peer process, however often it was refused
+    assert b.log.count(f"refused (403) to user {users.bob.name}") == 1
+    assert b.log.count(f"refused (403) to user {users.alice.name}") == 1
+
+
+@pytest.mark.parametrize("allow_root", [True, False])
+def test_root_passes_every_rule_unless_allow_root_is_false(broker_factory, open_tmp, users, allow_root):
+    b = broker_factory([{"Name": "t", "Publishers": [users.alice.name]}], SocketMode="0666", AllowRoot=allow_root)
+    with b.client() as c:
+        if allow_root:
+            assert c.publish("t", [{"Payload": 1}]) == 1
+        else:
+            with pytest.raises(ClientError, match="403: Messages: uid 0 may not publish"):
+                c.publish("t", [{"Payload": 1}])
+
+
+def test_subscriber_users_decide_who_may_ack_or_reconnect_as_it(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666")
+    ack = {"Topic": "t", "Subscriber": "s", "Acks": ["1"]}
+    reconnect = {"Subscriber": "s", "Command": "RECONNECT"}
+    assert [r["Status"] for r in ask(users.alice, b.socket, ack, reconnect)] == [200, 200]
+    refused = ask(users.bob, b.socket, ack, reconnect)
+    assert [r["Status"] for r in refused] == [403, 403]
+    assert refused[0]["Error"] == f"Acks: uid {users.bob.uid} may not act as subscriber 's' (Users)"
+    assert refused[1]["Error"] == f"Command: uid {users.bob.uid} may not act as subscriber 's' (Users)"
+    assert b.status()["Forbidden"] == 2
+
+
+def test_status_users_limit_who_may_ask_status(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t"}], SocketMode="0666", StatusUsers=[f"@{users.group}"])
+    assert ask(users.alice, b.socket, {"Command": "STATUS"})[0]["Status"] == 200
+    refused = ask(users.bob, b.socket, {"Command": "STATUS"})[0]
+    assert (refused["Status"], refused["Error"]) == (403, f"Command: uid {users.bob.uid} may not ask STATUS (StatusUsers)")
+    assert "Body" not in refused
+
+
+def test_acks_on_a_subscribers_own_delivery_connection_are_its_own_whoever_runs_it(broker_factory, open_tmp, users):
+    # Given a subscriber whose Users does not name root, run by root with the owner check off
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], AllowRoot=False)
+    sub = Subscriber(b.sub_socket("s"), ack="connection")
+    try:
+        with b.client() as c:
+            with pytest.raises(ClientError, match="403: Acks"):  # through ServerSocket root is refused
+                c.ack("t", "s", ["1"])
+            c.publish("t", [{"Payload": "m"}])
+        sub.wait_messages(1)
+        wait_for(lambda: b.sub_status("t", "s")["Acked"] == 1, what="the ack on the delivery connection")
+    finally:
+        sub.close()
+
+
+# --- the owner of a subscriber's socket -------------------------------------------------------
+
+
+def test_a_subscriber_socket_owned_by_another_user_is_refused_until_its_own_user_listens(broker_factory, open_tmp, users):
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name]}], RetryMax="300ms",
+    )
+    with b.client() as c:
+        c.publish("t", [{"Payload": "for alice only"}])
+    squatter = as_user(users.bob, _listen, b.sub_socket("s"), 3.0)
+    assert squatter() == []  # bob's socket never got a connection
+    assert b.log.count("not root or one of the subscriber's Users (CheckOwner)") == 1
+    owner = as_user(users.alice, _listen, b.sub_socket("s"), TIMEOUT_S)
+    (line,) = owner()
+    assert json.loads(line)["Messages"][0]["Payload"] == "for alice only"
+
+
+def test_a_reload_applies_new_access_rules_to_connections_already_open(broker_factory, open_tmp):
+    b = broker_factory([{"Name": "t", "Publishers": ["nobody-ppmq"]}], AllowRoot=False)
+    with b.client() as c:
+        with pytest.raises(ClientError, match="403: Messages: uid 0 may not publish"):
+            c.publish("t", [{"Payload": 1}])
+        b.reload(dict(b.config, AllowRoot=True))
+        wait_for(lambda: "config reloaded" in b.log, what="the reload")
+        assert c.publish("t", [{"Payload": 2}]) == 1
+    assert "no user or group 'nobody-ppmq' on this host; it matches nobody" in b.log

@@ -1,0 +1,257 @@
+"""Limits on a real broker: MaxConnections, ReadTimeout, per-topic MaxMessages and
+MaxBytes with both overflow policies, and MaxAttempts with DeadLetter."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ppmq.client import ClientError
+from ppmq.config import ConfigError, parse_config
+from tests.conftest import wait_for
+
+TIMEOUT_S = 15.0
+
+
+class Conn:
+    """A raw connection that sends bytes and reads reply lines."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(TIMEOUT_S)
+        self.sock.connect(path)
+        self.file = self.sock.makefile("rb")
+
+    def ask(self, wrapper: dict) -> dict:
+        self.sock.sendall(msgspec.json.encode(wrapper) + b"\n")
+        return self.reply()
+
+    def reply(self) -> dict:
+        line = self.file.readline()
+        assert line, "the broker closed the connection"
+        return msgspec.json.decode(line)
+
+    def closed_by_broker(self) -> bool:
+        return self.file.readline() == b""
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+def test_a_connection_over_max_connections_gets_503_and_is_closed_and_logged_then_room_frees(broker_factory):
+    b = broker_factory([{"Name": "t"}], MaxConnections=3)
+    held = []
+    try:
+        for _ in range(3):  # each is being served (once the connections of the start-up probe are gone)
+            held.append(wait_for(lambda: _served(b.socket, keep=True), what="a connection to be served"))
+        extra = Conn(b.socket)
+        reply = extra.reply()
+        assert (reply["Status"], reply["Error"]) == (503, "too many connections: MaxConnections (3) reached")
+        assert extra.closed_by_broker()
+        extra.close()
+        assert "MaxConnections (3) reached" in b.log
+        held.pop().close()
+        wait_for(lambda: _served(b.socket), what="a connection to be served again")
+    finally:
+        for c in held:
+            c.close()
+
+
+def _served(path: str, keep: bool = False) -> Conn | None:
+    """A connection that got its STATUS answered (kept open if `keep`), or None."""
+    c = Conn(path)
+    try:
+        served = c.ask({"Id": 1, "Command": "STATUS"})["Status"] == 200
+    except OSError:
+        served = False
+    if not (keep and served):
+        c.close()
+    return c if served else None
+
+
+def test_a_connection_stalled_in_the_middle_of_a_frame_gets_408_and_is_closed_but_an_idle_one_stays(broker_factory):
+    b = broker_factory([{"Name": "t"}], ReadTimeout="1s")
+    idle, stalled = Conn(b.socket), Conn(b.socket)
+    try:
+        stalled.sock.sendall(b'{"Id": "x", "Topic": "t", "Messages": [{"Payl')
+        started = time.monotonic()
+        reply = stalled.reply()
+        assert reply == {"Status": 408, "Error": "frame not complete within ReadTimeout (1s)"}
+        assert 0.9 < time.monotonic() - started < 10
+        assert stalled.closed_by_broker()
+        time.sleep(0.5)  # the idle connection has now waited longer than ReadTimeout
+        assert idle.ask({"Id": 2, "Command": "STATUS"})["Body"]["Topics"]["t"]["Published"] == 0
+        assert "stalled in the middle of a frame" in b.log
+    finally:
+        idle.close()
+        stalled.close()
+
+
+def test_a_peer_trickling_a_frame_byte_by_byte_is_cut_off_at_read_timeout_from_its_first_byte(broker_factory):
+    b = broker_factory([{"Name": "t"}], ReadTimeout="1s")
+    c = Conn(b.socket)
+    try:
+        c.sock.sendall(b'{"Id": "x", ')
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                c.sock.sendall(b" ")
+            except OSError:
+                break  # closed by the broker
+            time.sleep(0.1)
+        assert c.reply()["Status"] == 408
+    finally:
+        c.close()
+
+
+# --- per-topic limits ---------------------------------------------------------------------------
+
+
+def test_a_full_topic_with_reject_answers_507_naming_the_message_and_the_limit_and_stores_nothing_of_it(broker_factory):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"], "MaxMessages": 3}], ["s"])
+    with b.client() as c:
+        assert c.publish("t", [{"Payload": i} for i in range(2)]) == 2
+        with pytest.raises(ClientError) as err:
+            c.publish("t", [{"Payload": "fits"}, {"Payload": "does not"}])
+    assert (err.value.status, err.value.error) == (507, "Messages[1]: topic 't' is full: MaxMessages (3) reached")
+    assert b.status()["Topics"]["t"]["Stored"] == 2
+    sub = broker_factory.subscriber(b, "s")
+    sub.wait_messages(2)
+    wait_for(lambda: b.status()["Topics"]["t"]["Stored"] == 0, what="acks to free the topic")
+    with b.client() as c:  # room again once messages are done
+        assert c.publish("t", [{"Payload": i} for i in range(3)]) == 3
+
+
+def test_max_bytes_counts_the_stored_messages_as_delivered(broker_factory):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"], "MaxBytes": 200}], ["s"])
+    with b.client() as c:
+        c.publish("t", [{"Payload": "x" * 100}])
+        stored = b.status()["Topics"]["t"]["StoredBytes"]
+        assert 100 < stored < 200
+        with pytest.raises(ClientError, match=r"507: Messages\[0\]: topic 't' is full: MaxBytes \(200\) reached"):
+            c.publish("t", [{"Payload": "y" * 100}])
+        with pytest.raises(ClientError, match=r"507: Messages\[0\]: \d+ bytes exceeds MaxBytes \(200\) of topic 't'"):
+            c.publish("t", [{"Payload": "z" * 300}])
+    assert b.status()["Topics"]["t"]["StoredBytes"] == stored
+
+
+def test_drop_oldest_makes_room_by_dropping_the_oldest_message_of_the_lowest_priority(broker_factory):
+    topic = {"Name": "t", "Subscribers": ["s"], "Priorities": 2, "MaxMessages": 3, "OverflowPolicy": "drop-oldest"}
+    b = broker_factory([topic], ["s"])
+    with b.client() as c:
+        c.publish("t", [{"Payload": "a", "Priority": 0}, {"Payload": "b", "Priority": 1}, {"Payload": "c", "Priority": 1}])
+        c.publish("t", [{"Payload": "d", "Priority": 0}])  # b goes
+        c.publish("t", [{"Payload": "e", "Priority": 0}])  # c goes
+    assert b.status()["Topics"]["t"] | {"Subscribers": None} == {
+        "Stored": 3, "Published": 5, "Replaced": 0, "Expired": 0, "StoredBytes": b.status()["Topics"]["t"]["StoredBytes"],
+        "Dropped": 2, "Subscribers": None,
+    }
+    assert "t: stored 3 (" in status_table(b) and ", dropped 2" in status_table(b)
+    sub = broker_factory.subscriber(b, "s")
+    sub.wait_messages(3)
+    assert sub.payloads() == ["a", "d", "e"]
+
+
+def status_table(b) -> str:
+    """What `ppmq status` prints."""
+    run = subprocess.run([sys.executable, "-m", "ppmq.cli", "status", "-c", str(b.config_path)], capture_output=True, text=True, check=True)
+    return run.stdout
+
+
+def test_drop_oldest_refuses_with_507_when_everything_stored_is_in_flight(broker_factory):
+    topic = {"Name": "t", "Subscribers": ["s"], "MaxMessages": 2, "OverflowPolicy": "drop-oldest"}
+    b = broker_factory([topic], ["s"])
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": 1}, {"Payload": 2}])
+        sub.wait_messages(2)
+        with pytest.raises(ClientError, match="507: Messages.0.: topic 't' is full: MaxMessages .2. reached"):
+            c.publish("t", [{"Payload": 3}])
+    assert b.status()["Topics"]["t"]["Dropped"] == 0
+
+
+# --- poison messages -----------------------------------------------------------------------------
+
+
+def test_a_message_delivered_max_attempts_times_without_an_ack_goes_to_the_dead_letter_topic(broker_factory):
+    topics = [
+        {"Name": "jobs", "Subscribers": ["worker"], "MaxAttempts": 2, "DeadLetter": "dead", "Priorities": 3},
+        {"Name": "dead", "Subscribers": ["morgue"]},
+    ]
+    b = broker_factory(topics, ["worker", "morgue"])
+    worker = broker_factory.subscriber(b, "worker", ack=None)
+    morgue = broker_factory.subscriber(b, "morgue")
+    with b.client() as c:
+        c.publish("jobs", [{"Payload": {"poison": True}, "Priority": 2}, {"Payload": "fine"}])
+        worker.wait_messages(2)
+        c.ack("jobs", "worker", [m["Key"] for m in worker.messages if m["Payload"] == "fine"])
+        c.reconnect("worker")  # the second delivery
+        worker.wait_messages(3)
+        c.reconnect("worker")  # two deliveries without an ack: given up
+    (dead,) = morgue.wait_messages(1)
+    assert (dead["Payload"], dead["Priority"], dead["Topic"]) == ({"poison": True}, 0, "dead")
+    wait_for(lambda: b.status()["Topics"]["dead"]["Stored"] == 0, what="the morgue's ack")
+    status = b.status()["Topics"]
+    assert status["jobs"]["Stored"] == 0
+    assert status["jobs"]["Subscribers"]["worker"] | {"OldestReadyAge": None} == {
+        "Ready": [0, 0, 0], "InFlight": 0, "OldestReadyAge": None, "Delivered": 3, "Acked": 1, "Redelivered": 1,
+        "Expired": 0, "IgnoredAcks": 0, "DeadLettered": 1,
+    }
+    assert status["dead"]["Published"] == 1
+    assert re.search(r"^  worker +0/0/0 +0 +- +3 +1 +1 +0 +1$", status_table(b), re.M), status_table(b)
+    assert [m["Payload"] for m in worker.messages] == ["fine", {"poison": True}, {"poison": True}]
+
+
+def test_without_a_dead_letter_topic_a_poison_message_is_dropped_with_a_log_record(broker_factory):
+    b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"], "MaxAttempts": 1, "AckRetry": "1s"}], ["worker"])
+    worker = broker_factory.subscriber(b, "worker", ack=None)
+    with b.client() as c:
+        c.publish("jobs", [{"Payload": "poison"}])
+    worker.wait_messages(1)
+    wait_for(lambda: b.sub_status("jobs", "worker")["DeadLettered"] == 1, what="AckRetry to give the message up")
+    assert b.status()["Topics"]["jobs"]["Stored"] == 0
+    assert "topic jobs: message 1 dropped for subscriber worker after 1 deliveries without an ack (no DeadLetter)" in b.log
+    time.sleep(1.5)  # past another AckRetry: never delivered again
+    assert len(worker.messages) == 1
+
+
+# --- configuration ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "topics, error",
+    [
+        ("[{Name: a, DeadLetter: nowhere}]", "Topics[0].DeadLetter: unknown topic 'nowhere'"),
+        ("[{Name: a, DeadLetter: b}, {Name: b, DeadLetter: a}]", "Topics[0].DeadLetter: leads back to topic 'a'"),
+        ("[{Name: a, DeadLetter: a}]", "Topics[0].DeadLetter: leads back to topic 'a'"),
+        ("[{Name: a, OverflowPolicy: drop-newest}]", "Topics[0].OverflowPolicy: must be one of reject, drop-oldest, got 'drop-newest'"),
+        ("[{Name: a, MaxMessages: -1}]", "Topics[0].MaxMessages: must not be negative, got -1"),
+        ("[{Name: a, MaxBytes: 12XB}]", "Topics[0].MaxBytes: invalid size '12XB'"),
+    ],
+)
+def test_limit_keys_that_cannot_work_are_configuration_errors_naming_the_key(topics: str, error: str):
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"ServerSocket: /tmp/s\nDataPath: mem\nTopics: {topics}\n", Path("/etc/ppmq.yaml"))
+    assert error in str(err.value)
+
+
+@pytest.mark.parametrize("mode, parsed", [("0640", 0o640), ("0o600", 0o600), (0o660, 0o660)])
+def test_socket_mode_is_read_in_octal(mode, parsed):
+    config = parse_config(f"ServerSocket: /tmp/s\nDataPath: mem\nSocketMode: {mode!r}\n".replace("'", '"'), Path("/x.yaml"))
+    assert config.socket_mode == parsed
+
+
+def test_a_socket_mode_that_is_not_octal_permission_bits_is_a_configuration_error():
+    with pytest.raises(ConfigError, match="SocketMode: invalid mode 'rw-rw----'"):
+        parse_config("ServerSocket: /tmp/s\nDataPath: mem\nSocketMode: rw-rw----\n", Path("/x.yaml"))
