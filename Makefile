@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench bench-isolation install clean package rpm test-package
+.PHONY: serve test bench bench-isolation soak fuzz install clean package rpm test-package
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ test-package: $(STAMP)
 ## bench-isolation: a good subscriber's rate with and without four misbehaving ones
 bench-isolation: $(STAMP)
 	$(BIN)/python bench/isolation.py
+
+## soak: 500 kill -9 cycles on one store; prints confirmed messages, losses (must be 0), duplicates
+soak: $(STAMP)
+	$(BIN)/python bench/crash_soak.py
+
+## fuzz: the wire fuzzing with 5000 hypothesis examples per test instead of 200
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_long.py
 
 clean:
 	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv
