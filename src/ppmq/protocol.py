@@ -180,8 +180,20 @@ def _has_mark(value: Any) -> bool:
     return False
 
 
+_ID = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+
+
 def _is_id(raw: Raw) -> bool:
-    return bytes(raw)[:1] in (b'"', b"-", *(b"%d" % d for d in range(10)))
+    """A JSON string or number in UTF-8: what a reply can echo byte for byte and
+    still be JSON. An Id dug out of a broken frame may be neither."""
+    data = bytes(raw)
+    if _ID.fullmatch(data) is None:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _fold_keys(frame: bytes) -> bytes:

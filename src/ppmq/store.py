@@ -21,6 +21,7 @@ touches the environment: one Txn is one LMDB write transaction.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
@@ -33,6 +34,7 @@ import lmdb
 
 # Bump when a key or value layout changes, and teach Store.open to convert or refuse.
 SCHEMA_VERSION = 1
+DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 _DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
 
 _TM = struct.Struct(">IQ")
@@ -140,6 +142,17 @@ class Store:
             txn.commit()
         except lmdb.MapFullError:
             raise StoreFullError("LMDB map is full") from None
+        except lmdb.Error as exc:
+            free = self._disk_free_bytes()
+            if free < DISK_LOW_BYTES or os.strerror(errno.ENOSPC) in str(exc):
+                raise StoreFullError(f"disk full: {free} bytes left on the device of {self.path} ({exc})") from None
+            raise
+
+    def _disk_free_bytes(self) -> int:
+        """A commit cut short by a full disk fails with EIO as often as with ENOSPC
+        (LMDB reports a short write as EIO), so the disk itself is asked."""
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
 
     def close(self) -> None:
         self.env.close()

@@ -22,6 +22,8 @@ from ..conftest import WAIT_S, wait_for
 
 MAX_MESSAGE_BYTES = 1024
 MAX_FRAME_BYTES = 65536
+# A reply this late means a stalled client held the others up (a busy CI host stays well below it).
+SLOW_S = 2.5
 TOPICS = [
     {"Name": "t", "Priorities": 2, "Expire": True, "Subscribers": ["s"]},
     {"Name": "d", "Dedupe": True, "Subscribers": ["s"]},
@@ -378,7 +380,7 @@ def test_a_client_stalled_in_the_middle_of_a_frame_does_not_delay_other_clients(
         stalled.send(whole[: len(whole) // 2])
         started = time.monotonic()
         reply = other.ask(publish("t", "other", rid="other"))
-        assert reply["Status"] == 200 and time.monotonic() - started < 1.0
+        assert reply["Status"] == 200 and time.monotonic() - started < SLOW_S
         # When the stalled client goes on, its request completes normally
         assert stalled.ask(whole[len(whole) // 2 :]) == {"Id": "stalled", "Status": 200, "Accepted": 1}
     sub.wait_messages(2)
@@ -402,15 +404,15 @@ def test_a_client_stalled_in_a_large_frame_while_trickling_newlines_does_not_del
         try:
             # When another client publishes for a few seconds meanwhile
             worst, until = 0.0, time.monotonic() + 3.0
-            while time.monotonic() < until and worst < 1.0:
+            while time.monotonic() < until and worst < SLOW_S:
                 started = time.monotonic()
                 assert other.ask(publish("t", "other"))["Status"] == 200
                 worst = max(worst, time.monotonic() - started)
         finally:
             stop.set()
             trickling.join(WAIT_S)
-    # Then every publish was answered within a second
-    assert worst < 1.0, f"a publish took {worst:.2f}s"
+    # Then no publish waited on the stalled frame
+    assert worst < SLOW_S, f"a publish took {worst:.2f}s"
 
 
 # --- many connections ----------------------------------------------------------------------

@@ -1,0 +1,293 @@
+"""`ppmq fsck`: do the store's indexes, messages and counters agree?
+
+The store (schema in store.py) keeps every fact twice: a message's place in a
+subscriber's queue is in `ready` or `inflight` and in its `holders`, its expiry
+and dedupe key in their indexes, and the counters STATUS shows in `meta`. A bug
+or a damaged file shows up as two copies that disagree, which is what this
+checks. It opens the environment read-only and reads one LMDB snapshot, so it
+runs beside a live broker (which keeps writing meanwhile) as well as on a
+stopped one; it never writes, and refuses a DataPath that is not a ppmq store.
+It holds the indexes (not the payloads) in memory, a hundred bytes or so per
+entry, and while it reads, the broker cannot reuse the pages of its snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import lmdb
+import msgspec
+
+from .config import Config
+from .state import State, restore
+from .store import (
+    _BODY_HEAD,
+    _DBS,
+    _DTSM,
+    _ETM,
+    _FLIGHT,
+    _HOLDER,
+    _READY_VAL,
+    _TM,
+    _TSM,
+    _TSPQ,
+    _U64,
+    SCHEMA_VERSION,
+    Body,
+    Flight,
+)
+
+
+class FsckError(Exception):
+    """The store cannot be checked at all (exit status 2)."""
+
+
+@dataclass
+class Snapshot:
+    """Every database of one read transaction, decoded; entries that do not decode
+    are kept out and reported in `problems` instead."""
+
+    state: State
+    bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
+    holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
+    ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
+    inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)
+    deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, m
+    expiry: set[tuple[int, int, int]] = field(default_factory=set)  # expires_ns, t, m
+    dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
+    fragment_bytes: Counter = field(default_factory=Counter)  # topic id -> bytes of its messages as delivered
+    problems: list[str] = field(default_factory=list)
+
+    @cached_property
+    def topic_names(self) -> dict[int, str]:
+        return {i: n for n, i in self.state.topic_ids.items()}
+
+    @cached_property
+    def sub_names(self) -> dict[int, str]:
+        return {i: n for n, i in self.state.sub_ids.items()}
+
+    def topic(self, t: int) -> str:
+        return repr(self.topic_names[t]) if t in self.topic_names else f"#{t} (unknown id)"
+
+    def sub(self, s: int) -> str:
+        return repr(self.sub_names[s]) if s in self.sub_names else f"#{s} (unknown id)"
+
+    def msg(self, t: int, m: int) -> str:
+        return f"topic {self.topic(t)} message {m}"
+
+
+def read_snapshot(data_path: str, *, fragments: bool = False) -> Snapshot:
+    """Open DataPath read-only and decode it; FsckError if it is not a ppmq store."""
+    if data_path == "mem":
+        raise FsckError("DataPath is 'mem': a throwaway store that lives only inside the running broker")
+    if not os.path.isfile(os.path.join(data_path, "data.mdb")):
+        raise FsckError(f"no store at {data_path} (no data.mdb)")
+    try:
+        env = lmdb.open(data_path, readonly=True, lock=True, max_dbs=len(_DBS), readahead=False)
+    except lmdb.Error as exc:
+        raise FsckError(f"cannot open the LMDB environment at {data_path}: {exc}") from None
+    try:
+        with env.begin() as txn:
+            try:
+                dbs = {name.decode(): env.open_db(name, txn=txn, create=False) for name in _DBS}
+            except lmdb.NotFoundError:
+                raise FsckError(f"{data_path} is an LMDB environment but not a ppmq store (databases missing)") from None
+            return _decode(txn, dbs, fragments)
+    finally:
+        env.close()
+
+
+def _decode(txn: lmdb.Transaction, dbs: dict, fragments: bool) -> Snapshot:
+    schema = txn.get(b"schema", db=dbs["meta"])
+    if schema is None or schema != b"%d" % SCHEMA_VERSION:
+        raise FsckError(f"store schema is {schema!r}, this ppmq reads {SCHEMA_VERSION}")
+    raw_state = txn.get(b"state", db=dbs["meta"])
+    try:
+        state = restore(raw_state) if raw_state is not None else State()
+    except msgspec.DecodeError as exc:
+        raise FsckError(f"the persisted counters (meta 'state') do not decode: {exc}") from None
+    snap = Snapshot(state)
+    for name, key_layout, decode in _LAYOUTS:
+        for key, value in txn.cursor(db=dbs[name]):
+            try:
+                decode(snap, key_layout.unpack(key) if key_layout else key, value, fragments)
+            except (struct.error, ValueError, msgspec.DecodeError) as exc:
+                snap.problems.append(f"{name}: entry {key.hex()} does not decode: {exc}")
+    return snap
+
+
+def _body(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(value)
+    start = _BODY_HEAD.size
+    fragment = value[start + klen :]
+    if start + klen > len(value):
+        raise ValueError(f"key length {klen} runs past the end")
+    msgspec.json.decode(fragment)  # a message must be deliverable as JSON
+    snap.fragment_bytes[key[0]] += len(fragment)
+    snap.bodies[key] = Body(prio, publish_ns, expires_ns, value[start : start + klen], fragment if fragments else b"")
+
+
+def _holders(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    if len(value) % _HOLDER.size:
+        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
+    snap.holders[key] = {s: (p, pos) for s, p, pos in _HOLDER.iter_unpack(value)}
+
+
+def _ready(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    snap.ready[key] = _READY_VAL.unpack(value)
+
+
+def _inflight(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    snap.inflight[key] = Flight._make(_FLIGHT.unpack(value))
+
+
+def _deadline(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    snap.deadlines.add(key)
+
+
+def _expiry(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
+    snap.expiry.add(key)
+
+
+def _dedupe(snap: Snapshot, key: bytes, value: bytes, fragments: bool) -> None:
+    if len(key) < 4:
+        raise ValueError("key shorter than a topic id")
+    snap.dedupe[(int.from_bytes(key[:4], "big"), key[4:])] = _U64.unpack(value)[0]
+
+
+_LAYOUTS = (
+    ("bodies", _TM, _body),
+    ("holders", _TM, _holders),
+    ("ready", _TSPQ, _ready),
+    ("inflight", _TSM, _inflight),
+    ("deadlines", _DTSM, _deadline),
+    ("expiry", _ETM, _expiry),
+    ("dedupe", None, _dedupe),
+)
+
+
+# --- the checks: each finds one kind of disagreement --------------------------------
+
+
+def check(snap: Snapshot, config: Config) -> list[str]:
+    """Every problem found, one line each; empty when the store is consistent."""
+    problems = list(snap.problems)
+    for find in (_bodies_referenced, _holders_point_at_places, _ready_points_at_messages, _inflight_points_at_messages,
+                 _deadlines_point_at_flights, _message_indexes_point_at_bodies, _counters_match):
+        problems += find(snap, config)
+    return problems
+
+
+def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
+    """A message nobody holds is never delivered nor deleted; one above the topic's
+    sequence would collide with a future message id."""
+    out = []
+    flags = {tc.name: tc for tc in config.topics}
+    names = snap.topic_names
+    for (t, m), body in snap.bodies.items():
+        where = snap.msg(t, m)
+        if t not in names:
+            out.append(f"bodies: {where} belongs to no known topic")
+            continue
+        if not snap.holders.get((t, m)):
+            out.append(f"bodies: {where} is held by no subscriber")
+        if m > snap.state.topics[names[t]].seq:
+            out.append(f"bodies: {where} is above the topic's sequence {snap.state.topics[names[t]].seq}")
+        tc = flags.get(names[t])
+        if tc is not None and tc.dedupe and snap.dedupe.get((t, body.key)) != m:
+            out.append(f"dedupe: {where} (key {body.key!r}) is missing from the dedupe index")
+        if tc is not None and tc.expire and body.expires_ns and (body.expires_ns, t, m) not in snap.expiry:
+            out.append(f"expiry: {where} expires but is missing from the expiry index")
+    return out
+
+
+def _holders_point_at_places(snap: Snapshot, config: Config) -> list[str]:
+    out = []
+    for (t, m), holders in snap.holders.items():
+        where = snap.msg(t, m)
+        if (t, m) not in snap.bodies:
+            out.append(f"holders: {where} is not stored")
+        for s, (prio, pos) in holders.items():
+            queued = snap.ready.get((t, s, prio, pos), (None,))[0] == m
+            if not queued and (t, s, m) not in snap.inflight:
+                out.append(f"holders: {where} is held by subscriber {snap.sub(s)} but neither queued at ({prio}, {pos}) nor in flight")
+    return out
+
+
+def _ready_points_at_messages(snap: Snapshot, config: Config) -> list[str]:
+    out = []
+    for (t, s, prio, pos), (m, _) in snap.ready.items():
+        where = f"ready: subscriber {snap.sub(s)} queue entry ({prio}, {pos}) -> {snap.msg(t, m)}"
+        if (t, m) not in snap.bodies:
+            out.append(f"{where} is not stored")
+        elif snap.holders.get((t, m), {}).get(s) != (prio, pos):
+            out.append(f"{where} does not hold this place in its holders")
+        if (t, s, m) in snap.inflight:
+            out.append(f"{where} is also in flight to that subscriber")
+    return out
+
+
+def _inflight_points_at_messages(snap: Snapshot, config: Config) -> list[str]:
+    out = []
+    for (t, s, m), flight in snap.inflight.items():
+        where = f"inflight: {snap.msg(t, m)} to subscriber {snap.sub(s)}"
+        if (t, m) not in snap.bodies:
+            out.append(f"{where} is not stored")
+        elif s not in snap.holders.get((t, m), {}):
+            out.append(f"{where} is not among its holders")
+        if flight.deadline_ns and (flight.deadline_ns, t, s, m) not in snap.deadlines:
+            out.append(f"{where} has an AckRetry deadline missing from the deadline index")
+    return out
+
+
+def _deadlines_point_at_flights(snap: Snapshot, config: Config) -> list[str]:
+    out = []
+    for deadline_ns, t, s, m in snap.deadlines:
+        flight = snap.inflight.get((t, s, m))
+        if flight is None or flight.deadline_ns != deadline_ns:
+            out.append(f"deadlines: {deadline_ns} for {snap.msg(t, m)} to subscriber {snap.sub(s)} matches no in-flight entry")
+    return out
+
+
+def _message_indexes_point_at_bodies(snap: Snapshot, config: Config) -> list[str]:
+    """Expiry and dedupe entries name a message by a field of its body, which must agree."""
+    out = []
+    for expires_ns, t, m in snap.expiry:
+        if getattr(snap.bodies.get((t, m)), "expires_ns", None) != expires_ns:
+            out.append(f"expiry: {expires_ns} for {snap.msg(t, m)} matches no stored message expiring then")
+    for (t, key), m in snap.dedupe.items():
+        if getattr(snap.bodies.get((t, m)), "key", None) != key:
+            out.append(f"dedupe: key {key!r} of topic {snap.topic(t)} points at message {m}, which is not stored under that key")
+    return out
+
+
+def _counters_match(snap: Snapshot, config: Config) -> list[str]:
+    """The persisted counters STATUS reports against what the indexes hold."""
+    out = []
+    stored = Counter(t for t, _ in snap.bodies)
+    ready = Counter((t, s, p) for t, s, p, _ in snap.ready)
+    inflight = Counter((t, s) for t, s, _ in snap.inflight)
+    for topic, stats in snap.state.topics.items():
+        t = snap.state.topic_ids[topic]
+        if stats.stored != stored[t]:
+            out.append(f"counters: topic {topic!r} counts {stats.stored} stored, the store holds {stored[t]}")
+        if stats.stored_bytes != snap.fragment_bytes[t]:
+            out.append(f"counters: topic {topic!r} counts {stats.stored_bytes} stored bytes, its messages take {snap.fragment_bytes[t]}")
+        for sub, ss in snap.state.subs.get(topic, {}).items():
+            s = snap.state.sub_ids.get(sub)
+            held = [ready[(t, s, p)] for p in range(len(ss.ready))]
+            if ss.ready != held:
+                out.append(f"counters: {topic!r}/{sub!r} counts {ss.ready} ready, the queues hold {held}")
+            if ss.inflight != inflight[(t, s)]:
+                out.append(f"counters: {topic!r}/{sub!r} counts {ss.inflight} in flight, the store holds {inflight[(t, s)]}")
+    return out
+
+
+def fsck(config: Config) -> tuple[list[str], Snapshot]:
+    """Check config's DataPath; the problems found and what was read."""
+    snap = read_snapshot(config.data_path)
+    return check(snap, config), snap

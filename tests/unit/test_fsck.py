@@ -1,0 +1,207 @@
+"""`ppmq fsck`: a store the broker wrote is clean; every kind of damage is reported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from ppmq import protocol as p
+from ppmq.broker import Broker
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.fsck import FsckError, check, read_snapshot
+from ppmq.state import NS, State, restore, snapshot
+from ppmq.store import Store, Txn
+
+NOW = 1_800_000_000 * NS
+
+
+def make_config(path: Path) -> Config:
+    """`d`: dedupe, expiry, two priorities, AckRetry, two subscribers; `g`: generated keys."""
+    return Config(
+        server_socket=str(path / "ppmq.sock"), data_path=str(path / "data"), sync=False,
+        subscribers=[SubscriberConfig(name=n, socket=str(path / f"{n}.sock"), batch_size=2) for n in ("a", "b")],
+        topics=[
+            TopicConfig(name="d", subscribers=["a", "b"], dedupe=True, expire=True, priorities=2, ack_retry=60),
+            TopicConfig(name="g", subscribers=["a"]),
+        ],
+    )
+
+
+def publish(topic: str, *messages: dict) -> p.Request:
+    return p.Request(topic=topic, messages=[msgspec.convert(m, p.Message) for m in messages], id=msgspec.Raw(b"1"))
+
+
+class Built:
+    """A store on disk, closed: py-lmdb opens an environment once per process,
+    so damage is done through a Store opened and closed again around it."""
+
+    def __init__(self, config: Config, ids: dict[str, int]) -> None:
+        self.config, self.path, self.ids = config, config.data_path, ids
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        store = Store(self.path, sync=False, max_bytes=1 << 24)
+        try:
+            with store.write() as txn:
+                yield txn
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Built:
+    """A store as the broker leaves it: queued, in flight with deadlines, acked,
+    replaced, expiring."""
+    config = make_config(tmp_path)
+    store = Store(config.data_path, sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    raw = lambda v: msgspec.Raw(msgspec.json.encode(v))  # noqa: E731
+    d = [{"Key": f"k{i}", "Payload": raw(i), "Priority": i % 2, "Expires": NOW // NS + 100 + i} for i in range(6)]
+    broker.step([publish("d", *d), publish("g", *({"Payload": raw(i)} for i in range(4)))], set(), NOW)
+    broker.step([], {"a"}, NOW)  # two of each topic in flight to a
+    broker.step([p.Request(topic="g", subscriber="a", acks=["1"]), publish("d", {"Key": "k3", "Payload": raw("new")})], set(), NOW)
+    store.close()
+    return Built(config, {**broker.state.topic_ids, **broker.state.sub_ids})
+
+
+def problems(store: Built) -> list[str]:
+    return check(read_snapshot(store.path), store.config)
+
+
+def test_a_store_the_broker_wrote_is_clean(store):
+    snap = read_snapshot(store.path)
+    assert check(snap, store.config) == []
+    assert len(snap.bodies) == 6 + 3 and snap.inflight and snap.deadlines and snap.expiry and snap.dedupe
+
+
+def first_entry(txn: Txn, db: str) -> tuple[bytes, bytes]:
+    return next(iter(txn.txn.cursor(db=txn.store.dbs[db])))
+
+
+def with_txn(change: Callable[[Txn, dict[str, int]], object]) -> Callable[[Built], None]:
+    def apply(store: Built) -> None:
+        with store.write() as txn:
+            change(txn, store.ids)
+
+    return apply
+
+
+def drop_first(db: str) -> Callable[[Built], None]:
+    return with_txn(lambda txn, _: txn.txn.delete(first_entry(txn, db)[0], db=txn.store.dbs[db]))
+
+
+def truncate_first(db: str) -> Callable[[Built], None]:
+    def cut(txn: Txn, _: dict) -> None:
+        key, value = first_entry(txn, db)
+        txn.txn.put(key, value[:5], db=txn.store.dbs[db])
+
+    return with_txn(cut)
+
+
+def with_state(change: Callable[[State], None]) -> Callable[[Built], None]:
+    def apply(txn: Txn, _: dict) -> None:
+        state = restore(txn.get_meta(b"state"))
+        change(state)
+        txn.put_meta(b"state", snapshot(state))
+
+    return with_txn(apply)
+
+
+def copy_first_body_to(m: int) -> Callable[[Txn, dict[str, int]], None]:
+    def put(txn: Txn, ids: dict[str, int]) -> None:
+        txn.txn.put(ids["g"].to_bytes(4, "big") + m.to_bytes(8, "big"), first_entry(txn, "bodies")[1], db=txn.store.dbs["bodies"])
+
+    return put
+
+
+DAMAGES = {
+    "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
+    "a ready entry deleted": (drop_first("ready"), "neither queued at"),
+    "an in-flight entry deleted": (drop_first("inflight"), "matches no in-flight entry"),
+    "a deadline entry deleted": (drop_first("deadlines"), "missing from the deadline index"),
+    "an expiry entry deleted": (drop_first("expiry"), "missing from the expiry index"),
+    "a dedupe entry deleted": (drop_first("dedupe"), "missing from the dedupe index"),
+    "a holders entry deleted": (drop_first("holders"), "is held by no subscriber"),
+    "a queue entry for a message never stored": (
+        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 99, 99, 0)), "-> topic 'g' message 99 is not stored"),
+    "a message both queued and in flight": (
+        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 2, 2, 0)), "is also in flight"),
+    "a queue entry at another place than its holders say": (
+        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 50, 3, 0)), "does not hold this place"),
+    "a dedupe key pointing at another message": (
+        with_txn(lambda txn, i: txn.put_dedupe(i["d"], b"k0", 2)), "not stored under that key"),
+    "an expiry entry at the wrong time": (
+        with_txn(lambda txn, i: txn.add_expiry(NOW, i["d"], 1)), "matches no stored message expiring then"),
+    "a body above the topic's sequence": (with_txn(copy_first_body_to(10**6)), "above the topic's sequence"),
+    "a truncated body": (truncate_first("bodies"), "bodies: entry"),
+    "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
+    "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),
+    "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
+    "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
+    "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),
+    "an in-flight counter off": (with_state(lambda s: setattr(s.subs["g"]["a"], "inflight", 5)), "counts 5 in flight"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
+def test_each_kind_of_damage_is_reported_on_a_line_that_names_it(store, damage):
+    # Given a clean store, damaged behind the broker's back
+    do, expected = DAMAGES[damage]
+    do(store)
+    # When fsck reads it
+    found = problems(store)
+    # Then a line names the damage
+    assert any(expected in line for line in found), found
+
+
+def test_a_store_of_another_schema_or_with_unreadable_counters_cannot_be_checked(store):
+    with store.write() as txn:
+        txn.put_meta(b"state", b"\xc1garbage")
+    with pytest.raises(FsckError, match="do not decode"):
+        read_snapshot(store.path)
+    with store.write() as txn:
+        txn.put_meta(b"schema", b"99")
+    with pytest.raises(FsckError, match="schema"):
+        read_snapshot(store.path)
+
+
+def fsck_cli(config: Config | dict, tmp: Path) -> subprocess.CompletedProcess:
+    path = tmp / "fsck.yaml"
+    data = config if isinstance(config, dict) else {
+        "ServerSocket": config.server_socket, "DataPath": config.data_path,
+        "Subscribers": [{"Name": s.name, "Socket": s.socket} for s in config.subscribers],
+        "Topics": [{"Name": t.name, "Subscribers": t.subscribers, "Dedupe": t.dedupe, "Expire": t.expire, "Priorities": t.priorities}
+                   for t in config.topics],
+    }
+    path.write_text(yaml.safe_dump(data))
+    return subprocess.run([sys.executable, "-m", "ppmq.cli", "fsck", "-c", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_command_exits_0_on_a_clean_store_and_1_with_one_line_per_problem(store, tmp_path):
+    clean = fsck_cli(store.config, tmp_path)
+    assert (clean.returncode, clean.stdout) == (0, ""), clean.stderr
+    assert "clean (9 messages" in clean.stderr
+    drop_first("inflight")(store)
+    drop_first("expiry")(store)
+    damaged = fsck_cli(store.config, tmp_path)
+    assert damaged.returncode == 1, damaged.stderr
+    lines = damaged.stdout.splitlines()
+    assert any("deadline" in line for line in lines) and any("expiry index" in line for line in lines), lines
+    assert f"{len(lines)} problems" in damaged.stderr
+
+
+@pytest.mark.parametrize("data_path", ["mem", "missing", "not-lmdb"])
+def test_the_command_exits_2_and_says_why_when_there_is_no_store_to_check(tmp_path, data_path):
+    (tmp_path / "not-lmdb").mkdir()
+    (tmp_path / "not-lmdb" / "data.mdb").write_bytes(b"not an LMDB file" * 512)
+    path = data_path if data_path == "mem" else str(tmp_path / data_path)
+    done = fsck_cli({"ServerSocket": str(tmp_path / "s.sock"), "DataPath": path}, tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert {"mem": "throwaway", "missing": "no store", "not-lmdb": "cannot open"}[data_path] in done.stderr

@@ -1,0 +1,186 @@
+"""A full store and a full disk (PROTOCOL §4, status 507): publishes are refused
+whole, acks and deliveries go on, and the broker takes publishes again by itself
+once there is room; nothing refused is stored, nothing confirmed is lost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ppmq import protocol as p
+from ppmq.broker import Broker, Returned
+from ppmq.client import Client, ClientError
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.fsck import read_snapshot
+from ppmq.state import NS
+from ppmq.store import Store
+
+from ..conftest import BrokerProcess, Subscriber, wait_for
+
+PAD = "x" * 20_000
+NOW = 1_800_000_000 * NS
+
+
+class Publisher:
+    """Publishes batches of five 20 KB messages, numbered, and files each under the
+    status it got; a 507 must say why."""
+
+    def __init__(self, socket_path: str, why: str) -> None:
+        self.path, self.why = socket_path, why
+        self.confirmed: list[str] = []
+        self.refused: list[str] = []
+        self.refused_batches: list[int] = []
+        self.last_confirmed_batch = -1
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def publish_one(self, client: Client, n: int) -> None:
+        names = [f"{n}.{i}" for i in range(5)]
+        try:
+            client.publish("t", [{"Payload": f"{name}:{PAD}"} for name in names])
+        except ClientError as exc:
+            assert exc.status == 507 and self.why in exc.error, exc
+            self.refused += names
+            self.refused_batches.append(n)
+        else:
+            self.confirmed += names
+            self.last_confirmed_batch = n
+
+    def _run(self) -> None:
+        with Client(self.path, timeout_s=30) as client:
+            n = 0
+            while not self.stop.is_set():
+                self.publish_one(client, n)
+                n += 1
+
+    def accepted_after_refusal(self) -> bool:
+        return bool(self.refused_batches) and self.last_confirmed_batch > self.refused_batches[0]
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+def names(sub: Subscriber) -> set[str]:
+    return {m["Payload"].split(":", 1)[0] for m in sub.messages}
+
+
+def fsck(b: BrokerProcess) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ppmq.cli", "fsck", "-c", str(b.config_path)], capture_output=True, text=True, timeout=60)
+
+
+def ack_delivered(b: BrokerProcess, sub: Subscriber, acked: set[str]) -> None:
+    """Ack, through ServerSocket, every key delivered and not acked yet."""
+    keys = [m["Key"] for m in sub.messages if m["Key"] not in acked]
+    if keys:
+        with b.client() as c:
+            assert c.ack("t", "s", keys) == len(keys)
+        acked.update(keys)
+
+
+def test_at_max_store_bytes_publishes_get_507_while_acks_free_room_and_publishing_resumes_unaided(broker_factory):
+    # Given a 2 MiB store, a publisher that never stops, and a subscriber that acks only when told
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "BatchSize": 20, "Window": 20}], MaxStoreBytes="2MiB")
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    publisher = Publisher(b.socket, "MaxStoreBytes")
+    try:
+        wait_for(lambda: publisher.refused, what="the store to fill up")
+        # When the subscriber acks what it was given, again and again, while the store is full
+        acked: set[str] = set()
+        wait_for(lambda: ack_delivered(b, sub, acked) or publisher.accepted_after_refusal(), timeout_s=60, what="publishes accepted again")
+    finally:
+        publisher.finish()
+    wait_for(lambda: ack_delivered(b, sub, acked) or b.status()["Topics"]["t"]["Stored"] == 0, timeout_s=60, what="the backlog to drain")
+    # Then everything confirmed was delivered, nothing refused was, and the store is consistent
+    assert names(sub) == set(publisher.confirmed)
+    assert not names(sub) & set(publisher.refused)
+    assert fsck(b).returncode == 0
+
+
+@pytest.fixture
+def small_disk(short_tmp: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: a disk that fills up long before the store's MaxStoreBytes."""
+    disk = short_tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs to fill up (needs root and mount rights): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_fails_the_commit_with_507_stores_nothing_half_and_recovers_when_space_returns(small_disk, broker_factory):
+    # Given a store on an 8 MiB disk, with MaxStoreBytes far above that
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], DataPath=str(small_disk / "data"), MaxStoreBytes="1GiB")
+    publisher = Publisher(b.socket, "disk full")
+    try:
+        # When the disk fills up
+        wait_for(lambda: len(publisher.refused) >= 50, timeout_s=60, what="publishes refused on a full disk")
+    finally:
+        publisher.finish()
+    # Then what was confirmed is stored, what was refused is not, and the store is consistent
+    # (read from the store: STATUS commits its counters, so it may fail on a full disk too)
+    assert len(read_snapshot(str(small_disk / "data")).bodies) == len(publisher.confirmed) > 0
+    assert fsck(b).returncode == 0
+    # And when space returns, publishes are taken again without a restart
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    with b.client() as c:
+        publisher.publish_one(c, publisher.refused_batches[-1] + 1)
+    assert publisher.accepted_after_refusal()
+    # And after a kill -9 and a restart, a subscriber gets exactly the confirmed messages
+    b.kill()
+    assert fsck(b).returncode == 0
+    b.start()
+    sub = broker_factory.subscriber(b, "s")
+    sub.wait_messages(len(publisher.confirmed), timeout_s=60)
+    assert names(sub) == set(publisher.confirmed)
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
+    # The broker is driven directly: over the wire, a batch cannot be made to come
+    # back at the very step whose commit hits the full disk.
+    config = Config(
+        server_socket="/nonexistent", data_path=str(small_disk / "data"), sync=False, max_store_bytes=1 << 30,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=10)],
+        topics=[TopicConfig(name="t", subscribers=["s"])],
+    )
+    store = Store(config.data_path, sync=False, max_bytes=config.max_store_bytes)
+    try:
+        # Given a batch in flight to s, and a full disk
+        broker = Broker(config, store, NOW)
+        broker.step([publish(b'"m%d"' % i for i in range(10))], set(), NOW)
+        (batch,) = broker.step([], {"s"}, NOW).deliveries
+        fill(small_disk)
+        # When the batch comes back (its write failed) in a step whose commit fails
+        step = broker.step([Returned("s", "t", batch.msgs), publish([b'"' + b"x" * 100_000 + b'"'] * 40)], set(), NOW)
+        assert step.replies[0] is None and step.replies[1].status == 507
+        # Then, once the disk has room, the batch is ready again and pushed again
+        (small_disk / "filler").unlink()
+        (again,) = broker.step([], {"s"}, NOW).deliveries
+        assert again.msgs == batch.msgs
+        assert broker.state.subs["t"]["s"].inflight == 10
+    finally:
+        store.close()
+
+
+def publish(payloads) -> p.Request:
+    return p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(x)) for x in payloads], id=msgspec.Raw(b"1"))
