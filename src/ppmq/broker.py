@@ -15,8 +15,10 @@ from typing import NamedTuple
 import lmdb
 import msgspec
 
+from . import events as ev
 from . import protocol as p
 from .config import Config, ConfigError, TopicConfig
+from .events import Event
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
@@ -83,6 +85,7 @@ class Step(NamedTuple):
     replies: list[p.Reply | None]  # one per op; None for internal ops
     deliveries: list[Delivery]
     next_tick_ns: int
+    events: list[Event] = []  # for the journal; empty unless the config keeps one
 
 
 class Broker:
@@ -95,6 +98,13 @@ class Broker:
         # queue (no put, no walk, no re-read); what is left goes there at the end.
         self._fresh: dict[tuple[str, str], list[Fresh]] = {}
         self._open: set[str] = set()
+        # Journal events of the current step, by kind, topic, subscriber and reason; a
+        # request collects into its own dict, merged only if it succeeds. Whether
+        # there is a journal is settled at start, as the journal itself is.
+        self._journaled = config.journaled
+        self._now_ns = now_ns
+        self._batches: dict[tuple, Event] = {}
+        self._events: list[Event] = []
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         with store.write() as txn:
             raw = txn.get_meta(b"state")
@@ -147,7 +157,7 @@ class Broker:
                 for name in tc.subscribers:
                     s = self.state.sub_ids[name]
                     for m, _ in txn.inflight_of(t, s):
-                        self._requeue(txn, t, s, m, now_ns)
+                        self._requeue(txn, t, s, m, now_ns, "Unconfirmed")
 
     def _save(self, txn: Txn) -> None:
         txn.put_meta(b"state", snapshot(self.state))
@@ -179,7 +189,7 @@ class Broker:
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
         before = snapshot(self.state)
-        self._open, self._fresh = open_subs, {}
+        self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
         carried, self._carried = self._carried, []
         ops = carried + ops
         try:
@@ -200,9 +210,10 @@ class Broker:
             # Nobody resends a returned or written batch: keep it for the next step.
             self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
             replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
+            self._batches, self._events = {}, []
             return Step(replies[len(carried) :], [], now_ns + TICK_NS)
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick)
+        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         if isinstance(op, (Returned, Written)):
@@ -211,19 +222,22 @@ class Broker:
             if isinstance(op, Returned):
                 self._return(txn, op)
             else:
-                self._ack_msgs(txn, op.topic, op.subscriber, op.msgs)
+                self._ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
             self.state.forbidden += op.error.status == p.Forbidden.status
-            return p.error_reply(op.error, op.id)
+            return self._rejected(p.error_reply(op.error, op.id), None, 0)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
         before = snapshot(self.state)
         fresh_before = {key: len(fresh) for key, fresh in self._fresh.items()}
+        step_batches, self._batches = self._batches, {}
         try:
             with txn.savepoint():
-                return self._request(txn, op, now_ns)
+                reply = self._request(txn, op, now_ns)
+            self._events += self._batches.values()
+            return reply
         except p.RequestError as exc:
             error = exc
         except lmdb.MapFullError:
@@ -231,10 +245,41 @@ class Broker:
         except Exception as exc:  # a bug must cost one request, not the broker
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._batches = step_batches
         self.state = restore(before)
         self._fresh = {key: fresh[: fresh_before[key]] for key, fresh in self._fresh.items() if fresh_before.get(key)}
         self.state.rejected += 1
-        return p.error_reply(error, op.id)
+        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+
+    # --- journal events ------------------------------------------------------------------
+
+    def _batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
+        """The event of this kind collecting the current step's (or request's) messages."""
+        key = (kind, topic, sub, reason)
+        event = self._batches.get(key)
+        if event is None:
+            event = self._batches[key] = Event(event=kind, ts=self._now_ns, topic=topic, subscriber=sub, reason=reason)
+        return event
+
+    def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
+        if self._journaled:
+            self._events.append(Event(event=ev.REJECT, ts=self._now_ns, topic=topic, status=reply.status, error=reply.error, count=count))
+        return reply
+
+    def _take_events(self) -> list[Event]:
+        """The step's events; batches that found nothing to do are left out."""
+        events = [e for e in self._events + list(self._batches.values()) if e.ids or e.status]
+        self._batches, self._events = {}, []
+        return events
+
+    def _journal_publish(self, topic: str, m: int, msg: Prepared, size: int, replaced: bool) -> None:
+        event = self._batch(ev.PUBLISH, topic)
+        event.ids.append(m)
+        event.prio.append(msg.prio)
+        event.bytes.append(size)
+        event.expires_ns.append(msg.expires_ns)
+        event.replaced.append(replaced)
 
     def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
         """All of the new config, or none of it (the old one keeps running)."""
@@ -294,21 +339,27 @@ class Broker:
         if not topic.subscribers:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
-            self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
+            stored = self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
+            if self._journaled:
+                for (m, size), msg in zip(stored, prepared):
+                    self._journal_publish(topic.name, m, msg, size, False)
         else:
             for i, msg in enumerate(prepared):  # one by one: a key may come twice, a limit may drop
                 old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
                 if old is not None:
-                    self._replace(txn, topic, t, old, msg, now_ns)
-                    continue
-                try:
-                    self._store_new(txn, topic, t, [msg], now_ns)
-                except p.StoreFull as exc:
-                    raise p.StoreFull(f"Messages[{i}]: {exc}") from None
+                    m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
+                else:
+                    try:
+                        [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns)
+                    except p.StoreFull as exc:
+                        raise p.StoreFull(f"Messages[{i}]: {exc}") from None
+                if self._journaled:
+                    self._journal_publish(topic.name, m, msg, size, old is not None)
         self.state.topics[topic.name].published += len(prepared)
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> None:
-        """Store messages new to the topic, each store write once for the whole batch."""
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
+        """Store messages with new ids, each store write once for the whole batch;
+        return each one's id and the size of its JSON."""
         stats = self.state.topics[topic.name]
         bodies = []
         for msg in batch:
@@ -330,6 +381,7 @@ class Broker:
         for name in topic.subscribers:
             self._enqueue_new(txn, topic.name, t, name, bodies, may_skip)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in topic.subscribers], [(m, body.priority) for m, body in bodies])
+        return [(m, len(body.fragment)) for m, body in bodies]
 
     def _enqueue_new(self, txn: Txn, topic: str, t: int, name: str, bodies: list[tuple[int, Body]], may_skip: list[bool]) -> None:
         """New messages for one subscriber: while it is open and has nothing older
@@ -380,7 +432,7 @@ class Broker:
             victim = self._oldest_lowest(txn, topic, t) if topic.overflow_policy == "drop-oldest" else None
             if victim is None:
                 raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
-            self._discard(txn, topic.name, t, victim)
+            self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
             stats.dropped += 1
 
     def _oldest_lowest(self, txn: Txn, topic: TopicConfig, t: int) -> int | None:
@@ -393,9 +445,10 @@ class Broker:
                 return min(heads, key=lambda h: h.pos).msg
         return None
 
-    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> None:
+    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> int:
         """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
-        unless it gains priority; in flight or acked ones queue again at the end."""
+        unless it gains priority; in flight or acked ones queue again at the end.
+        Returns the size of the new version's JSON."""
         stats = self.state.topics[topic.name]
         stats.replaced += 1
         fragment = _fragment(msg)
@@ -429,6 +482,7 @@ class Broker:
             holders[s] = (prio, new_pos)
         txn.put_holders(t, m, holders)
         self._put_body(txn, topic, t, m, msg, fragment, now_ns)
+        return len(fragment)
 
     # --- acks, completion -----------------------------------------------------------------
 
@@ -444,14 +498,20 @@ class Broker:
             msgs.append(m)
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
-    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None]) -> int:
+    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
         stats = self.state.subs[topic][sub]
+        event = self._batch(ev.ACK, topic, sub, reason) if self._journaled else None
         done = 0
         for m in msgs:
-            if m is None or txn.pop_inflight(t, s, m) is None:
+            flight = txn.pop_inflight(t, s, m) if m is not None else None
+            if flight is None:
                 stats.ignored_acks += 1
                 continue
+            if event is not None:
+                event.ids.append(m)
+                event.pub_ns.append(txn.publish_ns(t, m))
+                event.attempts.append(flight.attempts)
             stats.inflight -= 1
             stats.acked += 1
             done += 1
@@ -493,9 +553,9 @@ class Broker:
         for tc in topics:
             t, s = self.state.topic_ids[tc.name], self.state.sub_ids[req.subscriber]
             for m, _ in txn.inflight_of(t, s):
-                self._requeue(txn, t, s, m, now_ns)
+                self._requeue(txn, t, s, m, now_ns, "Reconnect")
 
-    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int) -> None:
+    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str) -> None:
         """Back to its place in the queue, as if it had not been delivered yet;
         after MaxAttempts deliveries, to the dead-letter topic instead."""
         flight = txn.pop_inflight(t, s, m)
@@ -509,10 +569,13 @@ class Broker:
         topic = self.topics[self._topic_by_id[t]]
         if topic.max_attempts and flight.attempts >= topic.max_attempts:
             stats.dead_lettered += 1
+            reason = "MaxAttempts"  # given up on; a copy may go to the DeadLetter topic
             self._dead_letter(txn, topic, t, s, m, now_ns)
         else:
             txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
             stats.ready[flight.prio] += 1
+        if self._journaled:
+            self._batch(ev.REQUEUE, topic.name, self._sub_by_id[s], reason).ids.append(m)
 
     def _dead_letter(self, txn: Txn, topic: TopicConfig, t: int, s: int, m: int, now_ns: int) -> None:
         """PROTOCOL §3 extension: subscriber s gives up on m; a copy goes to the
@@ -542,10 +605,13 @@ class Broker:
         """A batch that never reached the subscriber: as if it had not been sent."""
         t, s = self.state.topic_ids[op.topic], self.state.sub_ids[op.subscriber]
         stats = self.state.subs[op.topic][op.subscriber]
+        event = self._batch(ev.RETURN, op.topic, op.subscriber) if self._journaled else None
         for m in op.msgs:
             flight = txn.pop_inflight(t, s, m)
             if flight is None:
                 continue  # acked, expired or replaced meanwhile
+            if event is not None:
+                event.ids.append(m)
             txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts - 1)
             stats.inflight -= 1
             stats.ready[flight.prio] += 1
@@ -562,7 +628,7 @@ class Broker:
             else:
                 self._expire(txn, topic, t, m)
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
-            self._requeue(txn, t, s, m, now_ns)
+            self._requeue(txn, t, s, m, now_ns, "AckRetry")
 
     def _topic_name(self, t: int) -> str | None:
         name = self._topic_by_id.get(t)
@@ -570,25 +636,37 @@ class Broker:
 
     def _expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
         """PROTOCOL §3 Expiry: gone from every queue, also from in flight."""
-        for stats in self._discard(txn, topic, t, m):
+        for stats in self._discard(txn, topic, t, m, ev.EXPIRE):
             stats.expired += 1
         self.state.topics[topic].expired += 1
 
-    def _discard(self, txn: Txn, topic: str, t: int, m: int) -> list[SubStats]:
+    def _discard(self, txn: Txn, topic: str, t: int, m: int, kind: str) -> list[SubStats]:
         """Remove m from every queue and from in flight, and delete it; return the
-        counters of the subscribers that still held it."""
+        counters of the subscribers that still held it. `kind` is the journal's word
+        for why (expire, overflow)."""
         holders = txn.get_holders(t, m)
         subs = self.state.subs[topic]
+        publish_ns = txn.publish_ns(t, m) if self._journaled else 0
         held = []
         for s, (prio, pos) in holders.items():
             name = self._sub_by_id.get(s)
             if name not in subs:
                 continue
-            if txn.remove_ready(t, s, prio, pos):
+            attempts = txn.pop_ready(t, s, prio, pos)
+            if attempts is not None:
                 subs[name].ready[prio] -= 1
+                delivered = attempts > 0  # back in the queue after a delivery
             elif txn.pop_inflight(t, s, m) is not None:
                 subs[name].inflight -= 1
+                delivered = True
+            else:
+                delivered = False
             held.append(subs[name])
+            if self._journaled:
+                event = self._batch(kind, topic, name)
+                event.ids.append(m)
+                event.pub_ns.append(publish_ns)
+                event.delivered.append(delivered)
         txn.put_holders(t, m, {})
         self._delete_message(txn, topic, t, m)
         return held
@@ -622,9 +700,10 @@ class Broker:
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        event = self._batch(ev.DELIVER, topic.name, sub) if self._journaled else None
         fresh = self._fresh.pop((topic.name, sub), [])
         if fresh and sum(stats.ready) == len(fresh):  # nothing older queued: straight into flight
-            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline)
+            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline, event)
         self._queue(txn, t, s, fresh)
         msgs: list[int] = []
         fragments: list[bytes] = []
@@ -646,6 +725,11 @@ class Broker:
             stats.redelivered += entry.attempts > 0
             msgs.append(entry.msg)
             fragments.append(body.fragment)
+            if event is not None:
+                event.ids.append(entry.msg)
+                event.pub_ns.append(body.publish_ns)
+                event.attempts.append(entry.attempts + 1)
+                event.bytes.append(len(body.fragment))
             return True
 
         if not txn.pull_ready(t, s, limit, take) and not expired:
@@ -660,7 +744,9 @@ class Broker:
         frame = p.batch_frame(topic.name, sub, fragments)
         return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
 
-    def _deliver_fresh(self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int) -> Delivery:
+    def _deliver_fresh(
+        self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int, event: Event | None
+    ) -> Delivery:
         """`fresh` in queue order is sub's whole queue: take the head, queue the rest."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         stats = self.state.subs[topic.name][sub]
@@ -668,6 +754,11 @@ class Broker:
         txn.put_inflight_many(t, s, [(f.m, Flight(f.prio, f.m, deadline, 1)) for f in taken])
         for f in taken:
             stats.ready[f.prio] -= 1
+        if event is not None:  # published in this very step
+            event.ids += [f.m for f in taken]
+            event.pub_ns += [self._now_ns] * len(taken)
+            event.attempts += [1] * len(taken)
+            event.bytes += [len(f.fragment) for f in taken]
         stats.inflight += len(taken)
         stats.delivered += len(taken)
         self._queue(txn, t, s, fresh[limit:])

@@ -94,6 +94,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
     lis.add_argument("path", metavar="SOCKET")
     lis.add_argument("--ack", action="store_true", help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given")
+    rep = command("report", _report, "journals of many hosts -> Parquet tables and report.html, on Spark", config=False)
+    rep.add_argument("paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads")
+    rep.add_argument("--out", required=True, help="output directory (any URI Spark writes)")
+    rep.add_argument("--master", default="local[*]", help="Spark master (default: local[*], bound to loopback)")
     return parser, subparsers
 
 
@@ -279,6 +283,32 @@ def _listen_connection(conn: socket.socket, ack: bool, via_server: Client | None
                 wrapper = {"Topic": batch["Topic"], "Subscriber": batch["Subscriber"], "Acks": keys, "Id": 1}
                 conn.sendall(msgspec.json.encode(wrapper) + b"\n")
     print("broker closed the connection", file=sys.stderr)
+
+
+# --- fleet reports ------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        from pyspark.errors import AnalysisException
+        from pyspark.sql import SparkSession
+
+        from .pipeline.report import report
+        from .pipeline.session import local_session
+    except ImportError as exc:
+        raise Failure(f"needs the spark extra (pip install 'ppmq[spark]'): {exc}") from None
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    running = SparkSession.getActiveSession()
+    spark = local_session(args.master, "ppmq report")
+    try:
+        summary = report(spark, args.paths, args.out)
+    except AnalysisException as exc:
+        raise Failure(str(exc).splitlines()[0]) from None
+    finally:
+        if running is None:  # stop only a session this command started
+            spark.stop()
+    print(summary.line(args.out))
+    return 0
 
 
 if __name__ == "__main__":

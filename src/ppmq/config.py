@@ -74,6 +74,15 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
         return bool(self.max_messages or self.max_bytes)
 
 
+class JournalConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """The delivery journal under DataPath/journal/ (docs/journal.md)."""
+
+    enabled: bool = True  # off anyway with DataPath: mem
+    segment_bytes: Size = Size(64 * MiB)  # a segment this large is closed and gzipped
+    max_bytes: Size = Size(1024 * MiB)  # oldest segments are deleted to stay under this
+    host: str | None = None  # the Host of every record; default the host's name
+
+
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
@@ -91,6 +100,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     status_users: list[str | int] | None = None  # who may ask STATUS; None: anyone
     allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
     drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
+    journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
 
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
@@ -98,6 +108,11 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     @property
     def in_memory(self) -> bool:
         return self.data_path == "mem"
+
+    @property
+    def journaled(self) -> bool:
+        """Whether the broker keeps a delivery journal: a throwaway store has none."""
+        return self.journal.enabled and not self.in_memory
 
 
 # --- loading ------------------------------------------------------------------------
@@ -234,6 +249,8 @@ def _check(config: Config) -> list[tuple[str, str]]:
             errors.append((f".DropTopics[{i}]", f"topic {name!r} is still in Topics; remove it there to drop it"))
     if len(config.server_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".ServerSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    if config.journal.segment_bytes > config.journal.max_bytes:
+        errors.append((".Journal.SegmentBytes", f"must not exceed Journal.MaxBytes ({config.journal.max_bytes})"))
     if not config.data_path:
         errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
     return errors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
@@ -20,6 +21,7 @@ from .access import Policy
 from .broker import Broker, Reconfigure
 from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
+from .journal import Journal
 from .server import Server
 from .store import Store
 from .systemd import Notifier
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
 STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 # Changing these needs a restart: they are the environment the others run in.
-RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group")
+RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal")
 
 
 async def run(
@@ -66,6 +68,14 @@ async def run(
     log.info("stopped")
 
 
+def _journal(config: Config) -> Journal | None:
+    """The delivery journal under DataPath/journal/, if the config keeps one."""
+    if not config.journaled:
+        return None
+    jc = config.journal
+    return Journal(os.path.join(config.data_path, "journal"), jc.segment_bytes, jc.max_bytes, jc.host).start()
+
+
 class Daemon:
     """The running broker: its parts, its subscribers' links, and its systemd face."""
 
@@ -75,7 +85,8 @@ class Daemon:
         self.notifier = notifier
         self.config_path = config_path
         self.broker = Broker(config, store, time.time_ns())
-        self.writer = Writer(self.broker)
+        self.journal = _journal(config)
+        self.writer = Writer(self.broker, self.journal.put if self.journal else None)
         self.policy = Policy(config)
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,
@@ -127,6 +138,8 @@ class Daemon:
         if self._writing is not None:
             await asyncio.gather(self._writing, *self._tasks, return_exceptions=True)
         await self.server.close_connections(STOP_GRACE_S)
+        if self.journal is not None:
+            self.journal.close()  # after the last step, so that its events are written too
 
     # --- subscribers ----------------------------------------------------------------------
 

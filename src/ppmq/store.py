@@ -160,10 +160,39 @@ class Store:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-class Txn:
-    """Typed operations inside one write transaction."""
+class StoreReader:
+    """A read-only view of a store, for another process (a report, a Spark job)
+    while the broker runs: LMDB readers never block the writer, and one
+    `snapshot()` is one consistent read transaction. The process needs write
+    access to lock.mdb, where LMDB registers its readers."""
 
-    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
+        try:
+            self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(_DBS), readahead=False)
+            self.dbs = {name.decode(): self.env.open_db(name, create=False) for name in _DBS}
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
+        with self.snapshot() as txn:
+            found = txn.get_meta(b"schema")
+        if found is None or int(found) != SCHEMA_VERSION:
+            self.env.close()
+            raise StoreError(f"store {path} has schema {found and int(found)}, this ppmq reads {SCHEMA_VERSION}")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Txn]:
+        with self.env.begin() as txn:
+            yield Txn(self, txn)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class Txn:
+    """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
+
+    def __init__(self, store: Store | StoreReader, txn: lmdb.Transaction) -> None:
         self.store = store
         self.txn = txn
         d = store.dbs
@@ -226,6 +255,11 @@ class Txn:
     def get_body(self, t: int, m: int) -> Body | None:
         return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
 
+    def publish_ns(self, t: int, m: int) -> int:
+        """When m was published (0 if it is gone); reads the header only."""
+        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
+        return 0 if raw is None else _BODY_HEAD.unpack_from(raw)[1]
+
     def put_body(self, t: int, m: int, body: Body) -> None:
         self._put_in_order(_TM.pack(t, m), _body_value(body), self._bodies)
 
@@ -235,6 +269,16 @@ class Txn:
     def delete_body(self, t: int, m: int) -> Body | None:
         """Delete m; return what it was, or None if it was not stored."""
         return _body(self.txn.pop(_TM.pack(t, m), db=self._bodies))
+
+    def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
+        """Every stored message of topic t, by id."""
+        prefix = _U32(t)
+        with self.txn.cursor(db=self._bodies) as cur:
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if key[:4] != prefix:
+                        break
+                    yield _TM.unpack(key)[1], _body(raw)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
@@ -288,6 +332,16 @@ class Txn:
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
         return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
 
+    def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
+        """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
+        raw = self.txn.get(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else _READY_VAL.unpack(raw)[1]
+
+    def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
+        """Remove a ready entry; return its attempts so far, or None if there was none."""
+        raw = self.txn.pop(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else _READY_VAL.unpack(raw)[1]
+
     def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
         """Walk s's queue on t by priority then position, deleting each entry that
         `take` accepts, until `limit` are taken; return how many were taken."""
@@ -330,6 +384,10 @@ class Txn:
         for m, flight in flights:
             if flight.deadline_ns:
                 self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+
+    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
+        raw = self.txn.get(_TSM.pack(t, s, m), db=self._inflight)
+        return None if raw is None else Flight._make(_FLIGHT.unpack(raw))
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)

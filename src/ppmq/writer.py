@@ -19,8 +19,10 @@ from msgspec import UNSET
 
 from . import protocol as p
 from .broker import Broker, Delivery, Op, Returned, Written
+from .events import Event
 
 ReplySink = Callable[[p.Reply], None]
+EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
@@ -37,8 +39,9 @@ class Writer:
     """Runs the broker's steps on its own thread, one after another, each with
     everything that was queued while the previous one committed."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, journal: EventSink | None = None) -> None:
         self.broker = broker
+        self._journal = journal
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._wake = asyncio.Event()
@@ -115,6 +118,8 @@ class Writer:
                 self._dispatch(step.deliveries)
                 self._stepped.set()
                 self._stepped = asyncio.Event()
+                if step.events and self._journal is not None:
+                    self._journal(step.events)
         finally:
             self._executor.shutdown(wait=True)
 

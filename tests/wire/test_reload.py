@@ -13,6 +13,7 @@ from ..conftest import BrokerProcess, NotifyListener, wait_for
 
 def _reloaded(b: BrokerProcess, notify: NotifyListener, config: dict | str) -> dict[str, str]:
     """Reload and wait until it is over; return the READY message that ends it."""
+    notify.wait("READY", "1")  # the start's, which may come just after the socket accepts
     before = len(notify.messages("READY"))
     b.reload(config)
     return notify.wait("READY", "1", count=before + 1)[-1]

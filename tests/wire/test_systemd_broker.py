@@ -199,6 +199,7 @@ def test_broker_started_by_systemd_socket_activate_serves_a_producer_that_connec
 def test_listen_fds_for_another_pid_are_ignored(broker_factory):
     b = broker_factory(TOPIC, ["worker"], start=False)
     b.start(env={"LISTEN_FDS": "1", "LISTEN_PID": "1", "LISTEN_FDNAMES": "server"})
+    wait_for(lambda: "serving on" in b.log, what="the start to be logged")
     assert "(from systemd)" not in b.log
     with b.client() as c:
         assert c.publish("jobs", [{"Payload": 1}]) == 1
@@ -230,5 +231,6 @@ def test_a_journal_stream_that_is_not_stderr_keeps_timestamps(broker_factory, sh
     other = short_tmp / "other"
     other.touch()
     b.start(env=_journal_env(other))
+    wait_for(lambda: "serving on" in b.log, what="the start to be logged")
     line = next(line for line in b.log.splitlines() if "serving on" in line)
     assert line[:4].isdigit() and " INFO ppmq.daemon: serving on " in line

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Lay out the installed tree of ppmq under STAGE, as the .deb and the .rpm install it:
+#   /opt/ppmq                 private venv on the distribution's python3 (msgspec and
+#                             friends are not all packaged by the distributions)
+#   /usr/bin/ppmq             symlink into the venv
+#   /usr/lib/systemd/system   the units of systemd/, unchanged
+#   /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
+#   /etc/ppmq/ppmq.yaml       ppmq.example.yaml with the service's paths
+#   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
+#                             copyright, with the bundled packages' licenses, and
+#                             examples/subscriber, which README.md walks through
+#
+# Usage: packaging/stage.sh STAGE
+# Environment: PPMQ_PYTHON, the interpreter the venv is built on (default: what
+# /usr/bin/python3 points to, resolved to its versioned name so that a later change of
+# the default python3 cannot swap the interpreter under the compiled extensions).
+set -euo pipefail
+umask 022
+
+stage=${1:?usage: $0 STAGE}
+src=$(cd "$(dirname "$0")/.." && pwd)
+python=$(readlink -f "${PPMQ_PYTHON:-/usr/bin/python3}")
+venv=$stage/opt/ppmq
+
+fail() { echo "stage.sh: $*" >&2; exit 1; }
+
+# Build ppmq's wheel, then install it with its dependencies into a venv at its final
+# path inside STAGE; pip is removed afterwards since nothing installs into it later.
+build_venv() {
+    local wheels=$stage.wheels
+    "$python" -m venv "$venv"
+    "$venv/bin/pip" --quiet --disable-pip-version-check wheel --no-deps -w "$wheels" "$src"
+    "$venv/bin/pip" --quiet --disable-pip-version-check install --no-compile "$wheels"/ppmq-*.whl
+    "$venv/bin/pip" --quiet --disable-pip-version-check uninstall -y pip setuptools
+    rm -rf "$wheels" "$venv"/bin/activate* "$venv"/bin/Activate.ps1 "$venv/include"
+    # PEP 610 record of the wheel's build-time location: meaningless once installed.
+    rm -f "$venv"/lib/python3*/site-packages/ppmq-*.dist-info/direct_url.json
+    # As dh_strip does: no symbol tables or build notes in the shipped extensions.
+    find "$venv" -name '*.so' -exec strip --remove-section=.comment --remove-section=.note --strip-unneeded {} +
+}
+
+# Rewrite the build paths in script shebangs and pyvenv.cfg to the installed ones.
+relocate() {
+    grep -rlI --null -F "$stage" "$venv" | xargs -0 -r sed -i "s|$stage/opt/ppmq|/opt/ppmq|g"
+    if grep -rlI -e "$stage" -e "$src" "$venv"; then
+        fail "build paths left in the files above"
+    fi
+}
+
+# Compile every module now, naming its installed path: ProtectSystem=strict keeps
+# /opt read-only at run time, so Python could never write its cache there itself.
+# checked-hash: an edited .py is still picked up, whatever the file times say.
+compile() {
+    "$python" -m compileall -q -s "$stage" -p / --invalidation-mode checked-hash "$venv/lib"
+}
+
+# /etc/ppmq/ppmq.yaml: the example, pointed at the directories that the socket units
+# and tmpfiles.d/ppmq.conf create.
+production_config() {
+    local out=$stage/etc/ppmq/ppmq.yaml
+    mkdir -p "$(dirname "$out")"
+    sed -e '1s|^# ppmq example configuration\..*|# ppmq.service configuration, made from ppmq.example.yaml. Check edits with `ppmq check`.|' \
+        -e 's|\./var/ppmq\.sock|/run/ppmq/ppmq.sock|' \
+        -e 's|\./var/data|/var/lib/ppmq|' \
+        -e 's|\./var/sub/|/run/ppmq/sub/|' \
+        "$src/ppmq.example.yaml" >"$out"
+    grep -q '^# ppmq.service configuration' "$out" || fail "ppmq.example.yaml: first line changed; update production_config"
+    if grep -n '\./var' "$out"; then
+        fail "ppmq.example.yaml: paths under ./var left in the service config (lines above)"
+    fi
+    grep -q '^ServerSocket: /run/ppmq/ppmq.sock$' "$out" || fail "ppmq.example.yaml: ServerSocket not found"
+    grep -q '^DataPath: /var/lib/ppmq$' "$out" || fail "ppmq.example.yaml: DataPath not found"
+}
+
+system_files() {
+    install -D -m 0644 -t "$stage/usr/lib/systemd/system" "$src"/systemd/*.service "$src"/systemd/*.socket
+    install -D -m 0644 "$src/systemd/sysusers.d/ppmq.conf" "$stage/usr/lib/sysusers.d/ppmq.conf"
+    install -D -m 0644 "$src/systemd/tmpfiles.d/ppmq.conf" "$stage/usr/lib/tmpfiles.d/ppmq.conf"
+    install -D -m 0644 -t "$stage/usr/share/doc/ppmq" "$src/README.md" "$src/packaging/copyright"
+    mkdir "$stage/usr/share/doc/ppmq/examples"
+    cp -r "$src/examples/subscriber" "$stage/usr/share/doc/ppmq/examples/"
+    find "$stage/usr/share/doc/ppmq/examples" -type f -exec chmod 0644 {} +
+    mkdir -p "$stage/usr/bin"
+    ln -s /opt/ppmq/bin/ppmq "$stage/usr/bin/ppmq"
+}
+
+rm -rf "$stage" "$stage.wheels"
+build_venv
+relocate
+compile
+production_config
+system_files

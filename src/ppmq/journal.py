@@ -1,0 +1,188 @@
+"""The delivery journal: the broker's events as JSON lines under DataPath/journal/.
+
+The writer thread hands each step's events to `Journal.put`, which never waits:
+a bounded queue feeds one journal thread that encodes, appends, rotates and
+gzips, so a slow or full disk costs journal records (counted, and reported by a
+`dropped` record once writing works again), never broker latency or memory.
+The journal is an operator's record, not a durability promise: it is flushed
+after every batch of steps but never fsynced. docs/journal.md is the format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import queue
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+
+from . import events as ev
+from .events import Event
+
+log = logging.getLogger(__name__)
+
+VERSION = 1  # the V field of every record; bump when a field changes meaning or type
+QUEUE_STEPS = 4096  # steps waiting for the journal thread; past it their events are dropped
+GATHER_S = 0.05  # after waking, the thread lets steps pile up this long: fewer wake-ups, bigger writes
+ACTIVE_SUFFIX = ".jsonl"  # the segment being written
+CLOSED_SUFFIX = ".jsonl.gz"
+_STOP = None
+
+
+class Journal:
+    """Appends events to size-bounded, gzipped segments in `directory`."""
+
+    def __init__(self, directory: str | os.PathLike[str], segment_bytes: int, max_bytes: int, host: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+        host = host or socket.gethostname()
+        # Every record starts with these fields; the event's own JSON follows.
+        self._prefix = b'{"V":%d,"Host":%s,' % (VERSION, msgspec.json.encode(host))
+        self._encoder = msgspec.json.Encoder()
+        self._queue: queue.Queue[list[Event] | None] = queue.Queue(QUEUE_STEPS)
+        self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)
+        self._file: BinaryIO | None = None
+        self._size = 0
+        self.dropped_queue = 0  # events put while the queue was full (counted by the putter)
+        self.dropped_io = 0  # events lost to write errors (counted by the journal thread)
+        self._reported = 0
+
+    def start(self) -> Journal:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def put(self, events: list[Event]) -> None:
+        """Queue one step's events; drop them (counted) rather than wait."""
+        try:
+            self._queue.put_nowait(events)
+        except queue.Full:
+            self.dropped_queue += len(events)
+
+    def close(self) -> None:
+        """Write what is queued, close and gzip the current segment."""
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    # --- the journal thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        self._close_leftovers()
+        while True:
+            batch = [self._queue.get()]
+            if batch[-1] is not _STOP:
+                time.sleep(GATHER_S)
+            while batch[-1] is not _STOP and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            steps = [events for events in batch if events is not _STOP]
+            self._write(steps)
+            if batch[-1] is _STOP:
+                self._rotate()
+                return
+
+    def _write(self, steps: list[list[Event]]) -> None:
+        """Append the records, closing a segment as soon as it reaches segment_bytes."""
+        lines = [self._line(e) for events in steps for e in events]
+        lost = self.dropped_queue + self.dropped_io - self._reported
+        if lost:
+            lines.append(self._line(Event(event=ev.DROPPED, ts=time.time_ns(), count=lost)))
+        start = 0
+        while start < len(lines):
+            end, size = start, self._size
+            while end < len(lines) and size < self.segment_bytes:
+                size += len(lines[end])
+                end += 1
+            if not self._append(b"".join(lines[start:end])):
+                self.dropped_io += len(lines) - start - (1 if lost else 0)
+                return
+            start = end
+            if self._size >= self.segment_bytes:
+                self._rotate()
+        self._reported += lost
+
+    def _append(self, data: bytes) -> bool:
+        """Write to the current segment, opening one if needed; False if the disk refused."""
+        try:
+            if self._file is None:
+                self._open()
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            if not self.dropped_io:
+                log.error("journal: cannot write to %s: %s; events are dropped until it works again", self.directory, exc)
+            self._discard()
+            return False
+        self._size += len(data)
+        return True
+
+    def _line(self, event: Event) -> bytes:
+        return self._prefix + self._encoder.encode(event)[1:] + b"\n"
+
+    def _discard(self) -> None:
+        """Forget a segment that could not be written; the next write starts a new one."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    def _open(self) -> None:
+        # Names sort by creation time, so the oldest segment is the first name.
+        now_ns = time.time_ns()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 1_000_000_000)) + f"{now_ns % 1_000_000_000:09d}Z"
+        self._file = open(self.directory / f"journal-{stamp}{ACTIVE_SUFFIX}", "ab")
+        self._size = 0
+
+    def _rotate(self) -> None:
+        """Close the current segment, gzip it, and keep the total under max_bytes."""
+        if self._file is not None:
+            path = Path(self._file.name)
+            try:
+                self._file.close()
+            except OSError as exc:
+                log.error("journal: closing %s failed: %s", path, exc)
+            self._file = None
+            self._compress(path)
+        self._bound()
+
+    def _close_leftovers(self) -> None:
+        """Segments left open by a previous run (a crash, a kill -9) are closed now."""
+        for path in sorted(self.directory.glob("*" + ACTIVE_SUFFIX)):
+            self._compress(path)
+        self._bound()
+
+    @staticmethod
+    def _compress(path: Path) -> None:
+        target = path.with_name(path.name + ".gz")
+        partial = path.with_name(path.name + ".gz.part")
+        try:
+            with open(path, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(partial, target)
+            path.unlink()
+        except OSError as exc:
+            log.error("journal: cannot gzip %s: %s; left as it is", path, exc)
+            partial.unlink(missing_ok=True)
+
+    def _bound(self) -> None:
+        """Delete the oldest closed segments until they and a full new one fit in max_bytes."""
+        try:
+            closed = sorted(self.directory.glob("*" + CLOSED_SUFFIX))
+            sizes = [p.stat().st_size for p in closed]
+            total = sum(sizes) + self.segment_bytes
+            for path, size in zip(closed, sizes):
+                if total <= self.max_bytes:
+                    break
+                path.unlink(missing_ok=True)
+                total -= size
+        except OSError as exc:
+            log.error("journal: cannot trim %s: %s", self.directory, exc)

@@ -1,0 +1,97 @@
+"""The fleet report: journals of any number of hosts -> Parquet tables and report.html.
+
+`ppmq report` runs it on a local Spark; `submit.py` runs the same code under
+spark-submit on a cluster. Tables go to OUT/<name>/ as Parquet, the page to
+OUT/report.html, both through Spark's file systems, so OUT may be any URI
+Spark writes (a local directory, hdfs://, s3a://...).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from . import charts, tables
+from .page import image, page, table
+
+Row = dict[str, Any]
+
+SUBSCRIBER_COLUMNS = [
+    "host", "topic", "subscriber", "messages", "bytes", "delivered", "redelivered", "redelivery_rate", "acked",
+    "ack_p50_s", "ack_p95_s", "ack_p99_s", "deliver_p50_s", "deliver_p95_s", "deliver_p99_s",
+    "expired", "expired_before_delivery", "overflowed", "ack_timeouts", "replaced",
+]  # fmt: skip
+
+
+class Summary(NamedTuple):
+    hosts: int
+    events: int  # per-message entries of the records read, plus records without any
+    seconds: float  # wall time of the whole report
+
+    def line(self, out: str) -> str:
+        return f"{self.events:,} events from {self.hosts} hosts in {self.seconds:.1f} s: {out.rstrip('/')}/report.html"
+
+
+def report(spark: SparkSession, paths: Sequence[str], out: str) -> Summary:
+    """Compute every table, write it as Parquet, then write report.html from them."""
+    start = time.monotonic()
+    records = tables.read_journal(spark, paths).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        known = tables.known(records)
+        subs = tables.subscribers(known).persist(StorageLevel.MEMORY_AND_DISK)
+        frames = {
+            "hosts": tables.hosts(records),
+            "topics": tables.topics(known),
+            "subscribers": subs,
+            "slowest": tables.slowest(subs),
+            "throughput": tables.throughput(known),
+        }
+        rows = {name: _write(spark, df, f"{out.rstrip('/')}/{name}") for name, df in frames.items()}
+    finally:
+        records.unpersist()
+    _write_text(spark, f"{out.rstrip('/')}/report.html", render(rows))
+    return Summary(len(rows["hosts"]), sum(r["events"] for r in rows["hosts"]), time.monotonic() - start)
+
+
+def _write(spark: SparkSession, df: DataFrame, path: str) -> list[Row]:
+    """Write a table as Parquet and read it back: what the page shows is what was written."""
+    df.write.mode("overwrite").parquet(path)
+    return [r.asDict() for r in spark.read.parquet(path).collect()]
+
+
+def _write_text(spark: SparkSession, uri: str, text: str) -> None:
+    """Write a file through Hadoop's FileSystem, which knows every scheme Spark does."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs.setWriteChecksum(False)
+    stream = fs.create(path, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def render(rows: dict[str, list[Row]]) -> str:
+    """report.html from the tables' rows."""
+    key = lambda r: (r["host"] or "", r["topic"] or "", r.get("subscriber") or "")  # noqa: E731
+    subs = sorted(rows["subscribers"], key=key)
+    flow = sorted(rows["throughput"], key=lambda r: r["minute"])
+    slowest = sorted(rows["slowest"], key=lambda r: -r["ack_p95_s"])
+    hosts = sorted(rows["hosts"], key=lambda r: r["host"] or "")
+    sections = [
+        ("Hosts", table(hosts, ["host", "events", "records", "first", "last", "journal_dropped", "unknown_version_records"])),
+        ("Published per minute", image(charts.throughput(flow, "publish", "Messages published, per host and topic"), "published per minute")),
+        ("Delivered per minute", image(charts.throughput(flow, "deliver", "First deliveries, per subscriber"), "delivered per minute")),
+        ("Acknowledged per minute", image(charts.throughput(flow, "ack", "Acks, per subscriber"), "acked per minute")),
+        ("Slowest subscribers", image(charts.latency(subs), "latency per subscriber") + table(slowest, list(slowest[0]) if slowest else [])),
+        ("Redeliveries and messages never delivered", image(charts.losses(subs), "redeliveries and losses") if subs else table([], [])),
+        ("Subscribers", table(subs, SUBSCRIBER_COLUMNS)),
+        ("Topics", table(sorted(rows["topics"], key=key), ["host", "topic", "published", "published_bytes", "replaced", "rejected_requests", "rejected_messages"])),
+    ]
+    return page("ppmq delivery report", sections, datetime.now(timezone.utc))

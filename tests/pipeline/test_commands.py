@@ -1,0 +1,36 @@
+"""`ppmq report` and the spark-submit entry script, as an operator runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ppmq.pipeline.submit
+from ppmq.cli import main
+
+
+def test_ppmq_report_names_a_path_that_does_not_exist(tmp_path, capsys) -> None:
+    assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ppmq report: ") and "nowhere" in err
+
+
+@pytest.mark.slow  # a JVM of its own: `make test-slow`
+def test_spark_submit_runs_the_entry_script(workload, tmp_path) -> None:
+    """The README's spark-submit command, on a local master."""
+    out = tmp_path / "out"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYSPARK_PYTHON": sys.executable}
+    command = [
+        str(bin_dir / "spark-submit"), "--master", "local[2]",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+        ppmq.pipeline.submit.__file__, "--out", str(out), *map(str, workload.journals),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "events from 2 hosts" in done.stdout
+    assert (out / "report.html").exists() and (out / "subscribers").is_dir()

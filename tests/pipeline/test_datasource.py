@@ -1,0 +1,95 @@
+"""The `ppmq` data source against a real broker: snapshots of its store while it runs,
+and DataFrames published through its socket."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from ..conftest import wait_for
+
+
+def snapshot(spark: SparkSession, data_path: str) -> dict[tuple[str, str], dict]:
+    df = spark.read.format("ppmq").load(data_path)
+    df = df.withColumn("publish_s", F.col("publish_time").cast("double")).withColumn("expires_s", F.col("expires").cast("double"))
+    return {(r["topic"], r["key"]): r.asDict(recursive=True) for r in df.collect()}
+
+
+def test_a_snapshot_of_a_running_brokers_store(spark, broker_factory) -> None:
+    """Given messages ready for one subscriber and in flight or acked for another,
+    when the store is read while the broker runs, then every unfinished message
+    is there with its state per subscriber; a later read sees later publishes."""
+    b = broker_factory(
+        [
+            {"Name": "q", "Priorities": 2, "Subscribers": ["r", "idle"]},
+            {"Name": "d", "Dedupe": True, "Expire": True, "Subscribers": ["idle"]},
+        ],
+        ["r", "idle"],
+    )
+    r = broker_factory.subscriber(b, "r", ack=None)
+    before = time.time()
+    with b.client() as c:
+        c.publish("q", [{"Payload": f"p{i}", "Priority": i % 2} for i in range(5)])
+        c.publish("d", [{"Key": "k1", "Payload": {"a": [1, 2]}, "Expires": "2099-01-01T00:00:00Z"}])
+        keys = [m["Key"] for m in r.wait_messages(5)]
+        c.ack("q", "r", keys[:1])
+    after = time.time()
+    rows = snapshot(spark, b.config["DataPath"])
+    assert set(rows) == {("q", k) for k in keys} | {("d", "k1")}
+    by_payload = {row["payload"]: row for row in rows.values()}
+    for i in range(5):
+        row = by_payload[f"p{i}"]
+        assert (row["priority"], row["payload_json"], row["expires"]) == (i % 2, f'"p{i}"', None)
+        assert before - 1 <= row["publish_s"] <= after + 1
+    first = rows[("q", keys[0])]
+    assert first["subscribers"] == [{"subscriber": "idle", "state": "ready", "attempts": 0}], "acked by r, only idle holds it"
+    for key in keys[1:]:
+        assert rows[("q", key)]["subscribers"] == [
+            {"subscriber": "r", "state": "inflight", "attempts": 1},
+            {"subscriber": "idle", "state": "ready", "attempts": 0},
+        ]
+    cached = rows[("d", "k1")]
+    assert cached["payload"] == cached["payload_json"] == '{"a":[1,2]}'
+    assert cached["expires_s"] == 4070908800.0
+    assert b.alive()
+    with b.client() as c:
+        c.publish("q", [{"Payload": "later"}])
+    assert len(snapshot(spark, b.config["DataPath"])) == 7
+
+
+def test_a_missing_store_is_named(spark, tmp_path) -> None:
+    with pytest.raises(Exception, match="no ppmq store at"):
+        spark.read.format("ppmq").load(str(tmp_path)).collect()
+
+
+def test_rows_are_published_through_the_broker(spark, broker_factory) -> None:
+    """Given a DataFrame of Key, Payload, Priority and TTL, when it is saved to a
+    topic, then a subscriber receives every row as a message, by priority."""
+    b = broker_factory([{"Name": "in", "Priorities": 3, "Dedupe": True, "Subscribers": ["s"]}], ["s"])
+    rows = [(f"k{i}", f"row {i}", i % 3, 600.0) for i in range(40)]
+    df = spark.createDataFrame(rows, "key string, Payload string, PRIORITY int, ttl double").repartition(2)
+    df.write.format("ppmq").option("config", str(b.config_path)).option("topic", "in").option("batch", "7").mode("append").save()
+    assert b.status()["Topics"]["in"]["Published"] == 40
+    sub = broker_factory.subscriber(b, "s")
+    got = sub.wait_messages(40)
+    assert sorted((m["Key"], m["Payload"], m["Priority"]) for m in got) == sorted(r[:3] for r in rows)
+    assert all("Expires" in m for m in got)
+    wait_for(lambda: b.sub_status("in", "s")["Acked"] == 40, what="acks")
+
+
+def test_a_batch_the_broker_rejects_fails_the_job_with_its_error(spark, broker_factory) -> None:
+    b = broker_factory([{"Name": "in", "Subscribers": ["s"]}], ["s"])
+    df = spark.createDataFrame([("ok", 0), ("too low", 4)], "Payload string, Priority int").coalesce(1)
+    with pytest.raises(Exception, match=r"Messages\[1\]\.Priority: 4 is out of range 0\.\.0 for topic 'in'"):
+        df.write.format("ppmq").option("config", str(b.config_path)).option("topic", "in").mode("append").save()
+    assert b.status()["Topics"]["in"]["Published"] == 0, "the rejected batch was applied whole or not at all"
+
+
+def test_a_column_that_is_not_a_message_field_is_named(spark, broker_factory) -> None:
+    b = broker_factory([{"Name": "in"}], [])
+    df = spark.createDataFrame([("x", "y")], "Payload string, colour string")
+    with pytest.raises(Exception, match="column 'colour' is not a Message field"):
+        df.write.format("ppmq").option("config", str(b.config_path)).option("topic", "in").mode("append").save()

@@ -1,0 +1,56 @@
+"""The journal events of the state machine, on a fake clock: what a step reports,
+and what a rejected request must not report."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ppmq import protocol as p
+from ppmq.state import NS
+
+from .test_broker import NOW, open_broker
+
+
+def message(payload: bytes, **fields: object) -> p.Message:
+    return p.Message(payload=msgspec.Raw(payload), **fields)
+
+
+def test_a_request_that_fails_after_its_publish_reports_nothing_but_its_rejection(tmp_path):
+    # Given a request whose messages are fine but whose command is not
+    broker, store = open_broker(tmp_path)
+    bad = p.Request(topic="t", messages=[message(b"1")], command="FLY", id=msgspec.Raw(b"1"))
+    # When it is applied
+    step = broker.step([bad], set(), NOW)
+    # Then the publish is undone, and the only event is the rejection with its reply's status
+    assert step.replies[0].status == 400
+    assert [(e.event, e.topic, e.status, e.count) for e in step.events] == [("reject", "t", 400, 1)]
+    store.close()
+
+
+def test_events_carry_the_step_time_and_each_message_once(tmp_path):
+    # Given two publishes in one step while s is open, and an AckRetry of 5 s
+    broker, store = open_broker(tmp_path, ack_retry=5.0)
+    step = broker.step([p.Request(topic="t", messages=[message(b"%d" % i) for i in range(3)]) for _ in range(2)], {"s"}, NOW)
+    publishes = [e for e in step.events if e.event == "publish"]
+    (deliver,) = [e for e in step.events if e.event == "deliver"]
+    # Then each request has its publish event, and one batch delivers all six, fresh
+    assert [e.ids for e in publishes] == [[1, 2, 3], [4, 5, 6]]
+    assert {e.ts for e in step.events} == {NOW}
+    assert (deliver.ids, deliver.pub_ns, deliver.attempts) == ([1, 2, 3, 4, 5, 6], [NOW] * 6, [1] * 6)
+    # When nobody acks within AckRetry, they are requeued and pushed again
+    later = NOW + 6 * NS
+    step = broker.step([], {"s"}, later)
+    kinds = {e.event: e for e in step.events}
+    assert (kinds["requeue"].reason, kinds["requeue"].ids) == ("AckRetry", [1, 2, 3, 4, 5, 6])
+    assert (kinds["deliver"].attempts, kinds["deliver"].pub_ns) == ([2] * 6, [NOW] * 6)
+    # And an ack reports the publish time and the attempt it acknowledged
+    step = broker.step([p.Request(topic="t", subscriber="s", acks=["2", "9"])], set(), later + NS)
+    (ack,) = step.events
+    assert (ack.event, ack.ids, ack.pub_ns, ack.attempts, ack.ts) == ("ack", [2], [NOW], [2], later + NS)
+    store.close()
+
+
+def test_a_step_with_nothing_to_report_reports_nothing(tmp_path):
+    broker, store = open_broker(tmp_path)
+    assert broker.step([], {"s"}, NOW).events == []
+    store.close()

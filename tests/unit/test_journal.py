@@ -1,0 +1,106 @@
+"""The journal file layer on its own: format, rotation, gzip, the size bound, losses."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from ppmq import events as ev
+from ppmq.events import Event
+from ppmq.journal import QUEUE_STEPS, VERSION, Journal
+
+from ..conftest import wait_for
+
+
+def deliveries(first: int, n: int) -> list[Event]:
+    """One deliver event of n messages with ids first.., as a step would emit it."""
+    ids = list(range(first, first + n))
+    return [Event(event=ev.DELIVER, ts=1_000 + first, topic="t", subscriber="s", ids=ids, pub_ns=ids, attempts=[1] * n, bytes=[10] * n)]
+
+
+def records(directory: Path) -> list[dict]:
+    """Every record of every segment, oldest segment first."""
+    out = []
+    for path in sorted(directory.iterdir()):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            out += [json.loads(line) for line in f]
+    return out
+
+
+def test_a_record_is_the_event_with_version_and_host_in_front(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20, 1 << 30, host="h1").start()
+    journal.put(deliveries(5, 2))
+    journal.close()
+    [path] = tmp_path.iterdir()
+    assert path.name.endswith(".jsonl.gz")
+    line = gzip.decompress(path.read_bytes()).decode()
+    assert line == (
+        '{"V":%d,"Host":"h1","Event":"deliver","Ts":1005,"Topic":"t","Subscriber":"s",'
+        '"Ids":[5,6],"PubNs":[5,6],"Attempts":[1,1],"Bytes":[10,10]}\n' % VERSION
+    )
+
+
+def test_segments_rotate_at_segment_bytes_and_keep_every_record_in_order(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 2_000, 1 << 30).start()
+    for i in range(100):
+        journal.put(deliveries(i * 10, 10))
+    journal.close()
+    segments = sorted(tmp_path.iterdir())
+    assert len(segments) > 5
+    assert all(p.name.endswith(".jsonl.gz") for p in segments)
+    ids = [m for r in records(tmp_path) for m in r["Ids"]]
+    assert ids == list(range(1000))
+
+
+def test_the_oldest_segments_go_first_to_stay_under_max_bytes(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1_000, 3_000).start()
+    for i in range(300):
+        journal.put(deliveries(i * 10, 10))
+    journal.close()
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= 3_000
+    ids = [m for r in records(tmp_path) for m in r["Ids"]]
+    assert ids[-1] == 2999, "the newest records are kept"
+    assert ids == list(range(ids[0], 3000)), "what is kept is one unbroken tail"
+    assert ids[0] > 0
+
+
+def test_a_segment_left_open_by_a_killed_broker_is_gzipped_at_start(tmp_path: Path) -> None:
+    leftover = tmp_path / "journal-20260101T000000000000000Z.jsonl"
+    leftover.write_text('{"V":1,"Host":"h","Event":"ack","Ts":1}\n{"V":1,"Host":"h","Ev')  # cut mid-record
+    Journal(tmp_path, 1 << 20, 1 << 30).start().close()
+    assert [p.name for p in tmp_path.iterdir()] == [leftover.name + ".gz"]
+    assert gzip.decompress((tmp_path / (leftover.name + ".gz")).read_bytes()).startswith(b'{"V":1,"Host":"h","Event":"ack"')
+
+
+def test_a_full_queue_drops_events_and_says_how_many(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    for i in range(QUEUE_STEPS + 3):  # the thread is not running yet: nothing is taken off
+        journal.put(deliveries(i, 1))
+    assert journal.dropped_queue == 3
+    journal.start().close()
+    recs = records(tmp_path)
+    assert len([r for r in recs if r["Event"] == "deliver"]) == QUEUE_STEPS
+    assert [r["Count"] for r in recs if r["Event"] == "dropped"] == [3]
+
+
+def test_a_disk_that_fails_costs_counted_events_and_writing_resumes(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    journal = Journal(directory, 1, 1 << 30).start()  # every write closes its segment
+    journal.put(deliveries(0, 1))
+    wait_for(lambda: list(directory.glob("*.gz")), what="the first segment")
+    saved = tmp_path / "saved"
+    directory.rename(saved)
+    directory.write_text("not a directory")  # opening the next segment fails
+    journal.put(deliveries(1, 1))
+    wait_for(lambda: journal.dropped_io >= 1, what="a failed write")
+    directory.unlink()
+    directory.mkdir()
+    journal.put(deliveries(2, 1))
+    journal.close()
+    shutil.copytree(saved, directory, dirs_exist_ok=True)
+    recs = records(directory)
+    assert [r["Ids"] for r in recs if r["Event"] == "deliver"] == [[0], [2]]
+    assert [r["Count"] for r in recs if r["Event"] == "dropped"] == [1]
