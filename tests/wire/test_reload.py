@@ -161,5 +161,9 @@ def test_a_restart_with_a_topic_removed_that_holds_messages_is_refused(broker_fa
     config["Topics"] = config["Topics"][:1]
     restarted = BrokerProcess(short_tmp, config)
     restarted.start(wait=False)
-    assert restarted.proc.wait(15) == 1
+    try:
+        assert restarted.proc.wait(15) == 1
+    finally:
+        if restarted.alive():
+            restarted.kill()
     assert "topic 'gone' was removed but holds 1 messages; list it in DropTopics" in restarted.log
