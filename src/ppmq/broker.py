@@ -535,7 +535,7 @@ class Broker:
         stats = self.state.topics[topic]
         stats.stored -= 1
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - len(body.fragment))
+        stats.stored_bytes = max(0, stats.stored_bytes - body.size)
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 

@@ -68,6 +68,14 @@ def _body(raw: bytes | None) -> Body | None:
     return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
 
+class Gone(NamedTuple):
+    """A deleted message, as far as the indexes and counters care."""
+
+    expires_ns: int
+    key: bytes
+    size: int  # bytes of its delivered JSON (Body.fragment)
+
+
 class Flight(NamedTuple):
     """An in-flight delivery and the queue place it returns to."""
 
@@ -266,9 +274,15 @@ class Txn:
     def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
         self._put_all_in_order([(_TM.pack(t, m), _body_value(body)) for m, body in bodies], self._bodies)
 
-    def delete_body(self, t: int, m: int) -> Body | None:
-        """Delete m; return what it was, or None if it was not stored."""
-        return _body(self.txn.pop(_TM.pack(t, m), db=self._bodies))
+    def delete_body(self, t: int, m: int) -> Gone | None:
+        """Delete m; return what its indexes and counters need, or None if it was
+        not stored. On the path of every last ack, so the body is not copied."""
+        raw = self.txn.pop(_TM.pack(t, m), db=self._bodies)
+        if raw is None:
+            return None
+        _, _, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
+        start = _BODY_HEAD.size
+        return Gone(expires_ns, raw[start : start + klen], len(raw) - start - klen)
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id."""
