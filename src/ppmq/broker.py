@@ -686,14 +686,18 @@ class Broker:
         return min(sc.batch_size, self.config.window(sc) - stats.inflight)
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
+        """Batches for every open subscriber, as many as its Window allows: one
+        batch a step would leave a subscriber that fell one batch behind (say,
+        connecting after the first publish) behind for good, taking every new
+        message through the ready queue instead of straight into flight."""
         out = []
         for sub in sorted(open_subs):
             for topic in self.sub_topics.get(sub, ()):
-                limit = self._space(sub, topic)
-                if limit > 0:
+                while (limit := self._space(sub, topic)) > 0:
                     delivery = self._pull(txn, sub, topic, limit, now_ns)
-                    if delivery is not None:
-                        out.append(delivery)
+                    if delivery is None:
+                        break
+                    out.append(delivery)
         return out
 
     def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:

@@ -226,7 +226,7 @@ class BrokerMachine(RuleBasedStateMachine):
         expected = []
         for s in sorted(open_subs):
             for tm in self.model.values():
-                if s in tm.config.subscribers and (order := tm.pull(s, self.now)):
+                while s in tm.config.subscribers and (order := tm.pull(s, self.now)):  # batches up to the window
                     expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], order))
         got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"]) for d in result.deliveries]
         self._learn_keys(expected, got)
