@@ -209,14 +209,11 @@ class Server:
                 return
             gid = _group_id(group) if group is not None else None
             _claim_socket_path(self.path)
-            old_umask = os.umask(0o177)
-            try:
-                self._server = await asyncio.start_unix_server(self._handle, path=self.path, backlog=LISTEN_BACKLOG)
-            finally:
-                os.umask(old_umask)
+            sock = _bound_socket(self.path)
             self._owns_path = True
-            if mode is not None:
+            if mode is not None:  # before listening: nobody connects through a mode not yet set
                 set_socket_access(self.path, mode, gid)
+            self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
@@ -285,6 +282,21 @@ class Server:
 def _open_file_limit() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _bound_socket(path: str) -> socket.socket:
+    """A stream socket bound to path, not yet listening, created with a umask
+    that lets nobody but its owner in until set_socket_access runs."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    return sock
 
 
 def set_socket_access(path: str, mode: int, gid: int | None) -> None:
