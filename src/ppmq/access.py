@@ -6,8 +6,9 @@ subscriber's `Users` and the top-level `StatusUsers` name user names, `@group`
 names or numeric uids; they are resolved when the config is taken (at start
 and at every reload), so a request costs a set lookup. A rule that is not configured lets everyone through, as ppMQ did
 (anyone who can open the socket). Root passes every rule unless `AllowRoot:
-false`. Acks and RECONNECT arriving on a subscriber's own delivery connection
-are that subscriber's by construction.
+false`. A subscriber's own delivery connection carries its acks and RECONNECT,
+which are that subscriber's by construction, and nothing else: the peer there is
+whoever listens on the socket (PID 1, root, for systemd's socket units).
 
 Before the broker connects to a subscriber's socket, the socket's owner (and,
 once connected, the listening peer) must be root, the broker's own user, or a
@@ -105,56 +106,74 @@ class Rule:
         return (self.allow_root and peer.uid == 0) or peer.uid in self.uids or bool(self.gids and not self.gids.isdisjoint(peer.gids))
 
 
-class Policy:
-    """Every access rule of a config, and the log of refusals."""
+class Rules:
+    """Every access rule of one config, resolved to numbers."""
 
     def __init__(self, config: Config) -> None:
-        self._logged: set[tuple[int, int]] = set()
-        self.configure(config)
-
-    def configure(self, config: Config) -> None:
-        """Take the rules of `config` (at start, and at every reload)."""
         root = config.allow_root
         self.publishers = {t.name: Rule(t.publishers, root) for t in config.topics if t.publishers is not None}
         self.users = {s.name: Rule(s.users, root) for s in config.subscribers if s.users is not None}
         self.status = Rule(config.status_users, root) if config.status_users is not None else None
         # The socket's owner: root (systemd's sockets), the broker itself, or a user of Users.
         self.owners = {s.name: _owner_rule(s) for s in config.subscribers if s.owner_checked}
-        for what, rule in self._named_rules():
+
+    def warn_unknown(self) -> None:
+        """Log every entry that names no user or group here: it matches nobody."""
+        named = [(f"topic {t} Publishers", r) for t, r in self.publishers.items()]
+        named += [(f"subscriber {s} Users", r) for s, r in self.users.items()]
+        named += [("StatusUsers", self.status)] if self.status else []
+        for what, rule in named:
             for entry in rule.unknown:
                 log.warning("%s: no user or group %r on this host; it matches nobody", what, entry)
 
-    def _named_rules(self) -> list[tuple[str, Rule]]:
-        named = [(f"topic {t} Publishers", r) for t, r in self.publishers.items()]
-        named += [(f"subscriber {s} Users", r) for s, r in self.users.items()]
-        return named + ([("StatusUsers", self.status)] if self.status else [])
+
+class Policy:
+    """The access rules in force, and the log of refusals.
+
+    The rules are one value, `rules`, replaced whole: the broker switches them in
+    the transaction that switches its config (and back if that commit fails), and
+    checks each request when it applies it, so a request is always judged by the
+    rules of the config it is applied under.
+    """
+
+    def __init__(self) -> None:
+        self._logged: set[tuple[int, int]] = set()
+        self.rules: Rules | None = None  # None: no config yet, nothing is refused
 
     def check(self, peer: Peer, req: p.Request, own: str | None = None) -> None:
         """Raise Forbidden naming the first part of `req` that `peer` may not do.
 
-        `own` is the subscriber whose delivery connection carried the request.
+        `own` is the subscriber whose delivery connection carried the request:
+        the peer there is whoever listens on the subscriber's socket (PID 1 for a
+        systemd socket unit), so its credentials say nothing about the handler,
+        and the connection may carry only that subscriber's acks and RECONNECT.
         Unknown topics and subscribers pass: the broker answers them with 404.
         """
-        rule = self.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
+        if own is not None:
+            _check_delivery(req, own)
+            return
+        rules = self.rules
+        if rules is None:
+            return
+        rule = rules.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
         if rule is not None and not rule.allows(peer):
             raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
         acting = req.acks is not None or (req.command or "").upper() in ("RECONNECT", "CONNECT")
-        rule = self.users.get(req.subscriber) if acting and req.subscriber != own else None
+        rule = rules.users.get(req.subscriber) if acting else None
         if rule is not None and not rule.allows(peer):
             field = "Acks" if req.acks is not None else "Command"
             raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
-        if self.status is not None and (req.command or "").upper() == "STATUS" and not self.status.allows(peer):
+        if rules.status is not None and (req.command or "").upper() == "STATUS" and not rules.status.allows(peer):
             raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
 
     def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
         """The check for every request of one connection: a refusal raises
-        Forbidden carrying the request's Id, and is logged once per peer."""
+        Forbidden, and is logged once per peer."""
 
         def authorize(req: p.Request) -> None:
             try:
                 self.check(peer, req, own)
             except p.Forbidden as exc:
-                exc.request_id = req.id
                 self._refused(peer, where, exc)
                 raise
 
@@ -175,9 +194,25 @@ class Policy:
 
     def check_owner(self, sub: SubscriberConfig, uid: int, what: str) -> None:
         """Raise PermissionError unless `uid` may own subscriber `sub`'s socket."""
-        rule = self.owners.get(sub.name)
+        rule = self.rules.owners.get(sub.name) if self.rules is not None else None
         if rule is not None and not rule.allows(Peer.of_uid(uid)):
             raise PermissionError(f"{what} is uid {uid} ({_user_name(uid)}), not root or one of the subscriber's Users (CheckOwner)")
+
+
+DELIVERY_COMMANDS = ("RECONNECT", "CONNECT")
+
+
+def _check_delivery(req: p.Request, own: str) -> None:
+    """A delivery connection carries acks and RECONNECT of its own subscriber, nothing else."""
+    if req.messages is not None:
+        field = "Messages"
+    elif req.command is not None and req.command.upper() not in DELIVERY_COMMANDS:
+        field = "Command"
+    elif (req.acks is not None or req.command is not None) and req.subscriber not in (None, own):
+        field = "Subscriber"
+    else:
+        return
+    raise p.Forbidden(f"{field}: the delivery connection of subscriber {own!r} carries only its acks and RECONNECT")
 
 
 def _who(peer: Peer) -> str:

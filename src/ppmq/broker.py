@@ -10,23 +10,28 @@ and it runs on one thread: the writer thread of the server, or a test.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
-import lmdb
 import msgspec
 
 from . import events as ev
 from . import protocol as p
-from .config import Config, ConfigError, TopicConfig
+from .access import Policy, Rules
+from .config import Config, ConfigError, SubscriberConfig, TopicConfig
 from .events import Event
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
-from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
+from .store import Body, Flight, ReadyEntry, Store, StoreError, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
 
 log = logging.getLogger(__name__)
 
 TICK_NS = NS  # expiry and redelivery run at least this often
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
+FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
+MAX_RETRY_NS = 5 * NS
+READER_CHECK_NS = 5 * NS  # how often the reader slots of dead processes are looked for
 
 
 class Returned(NamedTuple):
@@ -58,7 +63,41 @@ class Reconfigure(NamedTuple):
     config: Config
 
 
-Op = p.Request | Returned | Written | Invalid | Reconfigure
+class Guarded(NamedTuple):
+    """A request from a connection, with that connection's access check: run when
+    the request is applied, so it is judged by the rules of the config it is
+    applied under, also when a reload comes between its arrival and its step."""
+
+    request: p.Request
+    check: Callable[[p.Request], None]  # raises Forbidden
+
+
+Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure
+
+
+class Wiring(NamedTuple):
+    """What the broker derives from its config: switched as one value by a reload,
+    and switched back whole if that reload's commit fails."""
+
+    config: Config
+    topics: dict[str, TopicConfig]
+    sub_configs: dict[str, SubscriberConfig]
+    sub_topics: dict[str, list[TopicConfig]]  # subscriber -> the topics it takes
+    topic_by_id: dict[int, str]
+    sub_by_id: dict[int, str]
+    rules: Rules | None  # the access rules of config
+
+    @classmethod
+    def of(cls, config: Config, state: State) -> Wiring:
+        return cls(
+            config,
+            {t.name: t for t in config.topics},
+            {s.name: s for s in config.subscribers},
+            {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers},
+            {i: n for n, i in state.topic_ids.items()},
+            {i: n for n, i in state.sub_ids.items()},
+            Rules(config),
+        )
 
 
 class Fresh(NamedTuple):
@@ -92,7 +131,8 @@ class Broker:
     def __init__(self, config: Config, store: Store, now_ns: int) -> None:
         """Open the broker on a store; ConfigError if the config would drop messages."""
         self.store = store
-        self.topics: dict[str, TopicConfig] = {}
+        self.policy = Policy()  # connections check their requests against it, in the step
+        self._wiring: Wiring | None = None
         # Messages published in the current step for open subscribers with nothing
         # older queued: if a batch takes them in the same step they skip the ready
         # queue (no put, no walk, no re-read); what is left goes there at the end.
@@ -106,6 +146,9 @@ class Broker:
         self._batches: dict[tuple, Event] = {}
         self._events: list[Event] = []
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
+        self._failures = 0  # commits failed in a row
+        self._retry_at_ns = 0  # after a failed commit, no step without requests before this
+        self._readers_checked_ns = 0
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
@@ -114,25 +157,52 @@ class Broker:
             self._save(txn)
         self._next_tick_ns = now_ns
 
+    # --- the config in force: one value, switched whole ---------------------------------
+
+    @property
+    def config(self) -> Config:
+        return self._wiring.config
+
+    @property
+    def topics(self) -> dict[str, TopicConfig]:
+        return self._wiring.topics if self._wiring is not None else {}
+
+    @property
+    def sub_configs(self) -> dict[str, SubscriberConfig]:
+        return self._wiring.sub_configs
+
+    @property
+    def sub_topics(self) -> dict[str, list[TopicConfig]]:
+        return self._wiring.sub_topics
+
+    @property
+    def _topic_by_id(self) -> dict[int, str]:
+        return self._wiring.topic_by_id
+
+    @property
+    def _sub_by_id(self) -> dict[int, str]:
+        return self._wiring.sub_by_id
+
+    def _rewire(self, wiring: Wiring | None) -> None:
+        self._wiring = wiring
+        self.policy.rules = wiring.rules if wiring is not None else None
+
     def _switch(self, txn: Txn, config: Config) -> None:
         """Make `config` the broker's, dropping what it says goes (PROTOCOL §6 DropTopics)."""
         errors = refused_changes(self.state, self.topics, config)
         if errors:
             raise ConfigError(errors)
+        self._queue_fresh(txn)  # a subscription dropped below must find its messages in the store
         for topic, subs in list(self.state.subs.items()):
             tc = next((t for t in config.topics if t.name == topic), None)
             for sub in [s for s in subs if tc is None or s not in tc.subscribers]:
                 self._drop_subscription(txn, topic, sub)
             if tc is None:
                 log.warning("topic %s removed from the config: forgotten", topic)
-                del self.state.subs[topic], self.state.topics[topic]
-        self.config = config
-        self.topics = {t.name: t for t in config.topics}
-        self.sub_configs = {s.name: s for s in config.subscribers}
-        self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+                self.state.forget(topic)
         self.state.register(config)
-        self._topic_by_id = {i: n for n, i in self.state.topic_ids.items()}
-        self._sub_by_id = {i: n for n, i in self.state.sub_ids.items()}
+        self._rewire(Wiring.of(config, self.state))
+        self._wiring.rules.warn_unknown()
 
     def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:
         """sub no longer takes topic: what it still had there is released, and
@@ -184,14 +254,49 @@ class Broker:
 
     def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
         """Whether a step with no requests would do anything now."""
-        return now_ns >= self._next_tick_ns or any(self._space(s, t) for s in open_subs for t in self.sub_topics.get(s, ()))
+        if now_ns < self._retry_at_ns:
+            return False
+        return now_ns >= self._next_tick_ns or any(self._space(s, t) > 0 for s in open_subs for t in self.sub_topics.get(s, ()))
 
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
-        """Apply ops, run due timers, fill open subscribers: one transaction, one commit."""
-        before = snapshot(self.state)
-        self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
+        """Apply ops, run due timers, fill open subscribers: one transaction, one commit.
+
+        A step that runs out of room first frees the reader slots of dead
+        processes (which pin pages) and, if that freed any, tries once more
+        before answering 507."""
         carried, self._carried = self._carried, []
         ops = carried + ops
+        if now_ns >= self._readers_checked_ns + READER_CHECK_NS:
+            self._clear_stale_readers(now_ns)
+        try:
+            try:
+                replies, deliveries, next_tick = self._commit(ops, open_subs, now_ns)
+            except StoreFullError:
+                if not self._clear_stale_readers(now_ns):
+                    raise
+                replies, deliveries, next_tick = self._commit(ops, open_subs, now_ns)
+        except StoreError as exc:
+            return self._failed(ops, len(carried), exc, now_ns)
+        if self._failures:
+            log.warning("commits succeed again after %d failed", self._failures)
+            self._failures = 0
+        self._next_tick_ns = next_tick
+        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
+
+    def _clear_stale_readers(self, now_ns: int) -> int:
+        """A reader killed inside a snapshot (a report, fsck) pins the pages it
+        could see until its slot is freed: look for such slots now and then."""
+        self._readers_checked_ns = now_ns
+        cleared = self.store.clear_stale_readers()
+        if cleared:
+            log.warning("freed %d reader slots of processes that died inside a read", cleared)
+        return cleared
+
+    def _commit(self, ops: list[Op], open_subs: set[str], now_ns: int) -> tuple[list, list[Delivery], int]:
+        """The step's one transaction; if it fails, the broker is left exactly as
+        it was before (counters, config, access rules), and the error raised."""
+        before, wiring = snapshot(self.state), self._wiring
+        self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
@@ -202,20 +307,35 @@ class Broker:
                 self.state.commits += 1
                 self._save(txn)
                 next_tick = self._next_tick(txn, now_ns)
-        except (StoreFullError, lmdb.Error) as exc:
-            # The commit itself failed: nothing of this step happened.
+        except BaseException:
             self.state = restore(before)
-            err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(f"store error: {exc}")
-            log.error("commit failed: %s", exc)
-            # Nobody resends a returned or written batch: keep it for the next step.
-            self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
-            replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
-            self._batches, self._events = {}, []
-            return Step(replies[len(carried) :], [], now_ns + TICK_NS)
-        self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
+            self._rewire(wiring)
+            self._batches, self._events, self._fresh = {}, [], {}
+            raise
+        return replies, deliveries, next_tick
+
+    def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int) -> Step:
+        """Nothing of the step happened: every request is answered with the error
+        (507 when out of room), and steps that no request asks for back off, so
+        that a full store is not retried thousands of times a second."""
+        self._failures += 1
+        if self._failures == 1:
+            log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
+        delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
+        self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
+        # Nobody resends a returned or written batch: keep it for the next step.
+        self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
+        err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))
+        replies = [None if isinstance(op, (Returned, Written)) else p.error_reply(err, _request_id(op)) for op in ops]
+        return Step(replies[carried:], [], self._retry_at_ns)
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
+        if isinstance(op, Guarded):
+            try:
+                op.check(op.request)
+            except p.Forbidden as exc:
+                return self._apply(txn, Invalid(exc, op.request.id), now_ns)
+            op = op.request
         if isinstance(op, (Returned, Written)):
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
@@ -230,27 +350,39 @@ class Broker:
             return self._rejected(p.error_reply(op.error, op.id), None, 0)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
-        before = snapshot(self.state)
-        fresh_before = {key: len(fresh) for key, fresh in self._fresh.items()}
         step_batches, self._batches = self._batches, {}
         try:
-            with txn.savepoint():
+            with self._undoable(txn):
                 reply = self._request(txn, op, now_ns)
             self._events += self._batches.values()
             return reply
         except p.RequestError as exc:
             error = exc
-        except lmdb.MapFullError:
-            error = p.StoreFull("store full: the LMDB map has no room left")
+        except StoreFullError as exc:
+            error = p.StoreFull(f"store full: {exc}")
         except Exception as exc:  # a bug must cost one request, not the broker
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._batches = step_batches
-        self.state = restore(before)
-        self._fresh = {key: fresh[: fresh_before[key]] for key, fresh in self._fresh.items() if fresh_before.get(key)}
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+
+    @contextmanager
+    def _undoable(self, txn: Txn) -> Iterator[None]:
+        """A block whose writes, counters, config and fresh messages all vanish if
+        it raises. The step's fresh lists are kept by value: a STATUS or a reload
+        moves them into the queues (and empties the dict) inside the block."""
+        before, wiring = snapshot(self.state), self._wiring
+        fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
+        try:
+            with txn.savepoint():
+                yield
+        except BaseException:
+            self.state = restore(before)
+            self._rewire(wiring)
+            self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
+            raise
 
     # --- journal events ------------------------------------------------------------------
 
@@ -282,11 +414,18 @@ class Broker:
         event.replaced.append(replaced)
 
     def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
-        """All of the new config, or none of it (the old one keeps running)."""
+        """All of the new config, or none of it (the old one keeps running); the
+        reload is always answered, so whoever asked for it never waits for ever."""
         try:
-            self._switch(txn, config)  # refuses before it changes anything
+            with self._undoable(txn):
+                self._switch(txn, config)
         except ConfigError as exc:
             return p.error_reply(p.BadRequest(str(exc)))
+        except StoreFullError as exc:
+            return p.error_reply(p.StoreFull(f"store full: {exc}"))
+        except Exception as exc:
+            log.exception("reload failed")
+            return p.error_reply(p.RequestError(f"reload failed: {type(exc).__name__}: {exc}"))
         return p.Reply(status=200)
 
     def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
@@ -494,7 +633,7 @@ class Broker:
                 encoded = key.encode()
                 m = txn.get_dedupe(t, encoded) if len(encoded) <= MAX_KEY_BYTES else None
             else:
-                m = int(key) if key.isascii() and key.isdigit() and len(key) < 20 else None
+                m = generated_id(key)
             msgs.append(m)
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
@@ -683,7 +822,7 @@ class Broker:
         if not any(stats.ready):
             return 0
         sc = self.sub_configs[sub]
-        return min(sc.batch_size, self.config.window(sc) - stats.inflight)
+        return max(0, min(sc.batch_size, self.config.window(sc) - stats.inflight))  # below 0 after a reload lowers Window
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one
@@ -779,6 +918,21 @@ class Broker:
     def _queue(txn: Txn, t: int, s: int, fresh: list[Fresh]) -> None:
         if fresh:
             txn.push_ready_many(t, s, [(f.prio, f.m, f.m) for f in fresh])
+
+
+def generated_id(key: str) -> int | None:
+    """The message id a generated key names (PROTOCOL §3 Keys), or None: only the
+    canonical decimal the broker writes names one, so "0002" acks nothing."""
+    if key.isascii() and key.isdigit() and key[0] != "0" and len(key) < 20:
+        return int(key)
+    return None
+
+
+def _request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:
+    """The Id to answer an op with; internal ops have none."""
+    if isinstance(op, Guarded):
+        op = op.request
+    return op.id if isinstance(op, (p.Request, Invalid)) else msgspec.UNSET
 
 
 def _fragment(msg: Prepared) -> bytes:

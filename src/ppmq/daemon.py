@@ -17,7 +17,6 @@ import socket
 import time
 from pathlib import Path
 
-from .access import Policy
 from .broker import Broker, Reconfigure
 from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
@@ -87,7 +86,7 @@ class Daemon:
         self.broker = Broker(config, store, time.time_ns())
         self.journal = _journal(config)
         self.writer = Writer(self.broker, self.journal.put if self.journal else None)
-        self.policy = Policy(config)
+        self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,
             max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy,
@@ -203,7 +202,6 @@ class Daemon:
             self._reload_refused(str(reply.error).splitlines())
             return
         old, self.config = self.config, config
-        self.policy.configure(config)  # open connections follow the new rules too
         await self._relink(config)
         self.server.max_frame_bytes = config.max_frame_bytes
         self.server.read_timeout_s, self.server.max_connections = config.read_timeout, config.max_connections

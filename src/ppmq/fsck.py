@@ -177,7 +177,7 @@ def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
     for find in (_bodies_referenced, _holders_point_at_places, _ready_points_at_messages, _inflight_points_at_messages,
-                 _deadlines_point_at_flights, _message_indexes_point_at_bodies, _counters_match):
+                 _deadlines_point_at_flights, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
         problems += find(snap, config)
     return problems
 
@@ -262,6 +262,26 @@ def _message_indexes_point_at_bodies(snap: Snapshot, config: Config) -> list[str
     for (t, key), m in snap.dedupe.items():
         if getattr(snap.bodies.get((t, m)), "key", None) != key:
             out.append(f"dedupe: key {key!r} of topic {snap.topic(t)} points at message {m}, which is not stored under that key")
+    return out
+
+
+def _subscriptions_exist(snap: Snapshot, config: Config) -> list[str]:
+    """Holders, queue entries and deliveries belong to a subscriber that still takes
+    the topic: those of a removed subscription are never delivered nor acked, so
+    the message they hold is never deleted."""
+    out = []
+
+    def gone(t: int, s: int) -> bool:
+        topic, sub = snap.topic_names.get(t), snap.sub_names.get(s)
+        return sub not in snap.state.subs.get(topic, {})
+
+    for (t, m), holders in snap.holders.items():
+        out += [f"holders: {snap.msg(t, m)} is held by subscriber {snap.sub(s)}, which does not take that topic"
+                for s in holders if gone(t, s)]
+    for what, rows in (("ready", ((t, s) for t, s, _, _ in snap.ready)), ("inflight", ((t, s) for t, s, _ in snap.inflight))):
+        for (t, s), n in Counter(rows).items():
+            if gone(t, s):
+                out.append(f"{what}: {n} entries of subscriber {snap.sub(s)} on topic {snap.topic(t)}, which it does not take")
     return out
 
 

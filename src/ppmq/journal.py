@@ -56,7 +56,12 @@ class Journal:
         self._reported = 0
 
     def start(self) -> Journal:
+        """Close what a previous run left open and open the first segment before
+        the broker says READY: the broker's descriptors are settled from then on,
+        and a disk that refuses the journal is logged at start."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._close_leftovers()
+        self._open_first()
         self._thread.start()
         return self
 
@@ -75,7 +80,6 @@ class Journal:
     # --- the journal thread ---------------------------------------------------------
 
     def _run(self) -> None:
-        self._close_leftovers()
         while True:
             batch = [self._queue.get()]
             if batch[-1] is not _STOP:
@@ -126,6 +130,14 @@ class Journal:
     def _line(self, event: Event) -> bytes:
         return self._prefix + self._encoder.encode(event)[1:] + b"\n"
 
+    def _open_first(self) -> None:
+        """Open a segment before the broker says READY rather than at its first
+        write, so that the descriptors it holds are settled once it serves."""
+        try:
+            self._open()
+        except OSError as exc:
+            log.error("journal: cannot open a segment in %s: %s; events are dropped until it works again", self.directory, exc)
+
     def _discard(self) -> None:
         """Forget a segment that could not be written; the next write starts a new one."""
         if self._file is not None:
@@ -162,9 +174,14 @@ class Journal:
 
     @staticmethod
     def _compress(path: Path) -> None:
+        """Gzip a closed segment; one that was opened ahead of writes that never
+        came is empty and simply removed."""
         target = path.with_name(path.name + ".gz")
         partial = path.with_name(path.name + ".gz.part")
         try:
+            if not path.stat().st_size:
+                path.unlink()
+                return
             with open(path, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             os.replace(partial, target)

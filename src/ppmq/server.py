@@ -22,7 +22,7 @@ from msgspec import UNSET
 
 from . import protocol as p
 from .access import Peer, Policy
-from .broker import Invalid
+from .broker import Guarded, Invalid
 from .framing import Framer
 from .writer import Writer
 
@@ -107,7 +107,8 @@ async def serve_requests(
     A frame must arrive whole within `read_timeout_s` of its first byte (0: no
     limit), so a peer stalled in the middle of one is answered 408 and closed
     while an idle one between frames may wait for ever. `authorize` raises
-    Forbidden for a request the peer may not make.
+    Forbidden for a request the peer may not make; it runs when the request is
+    applied, under the access rules of that moment.
     """
     framer = Framer(max_frame_bytes)
     peer = channel.peer
@@ -136,10 +137,9 @@ async def serve_requests(
                 return
             for frame in frames:
                 try:
-                    op = p.decode_request(frame)
-                    if authorize is not None:
-                        authorize(op)
-                except (p.BadRequest, p.Forbidden) as exc:
+                    request = p.decode_request(frame)
+                    op = Guarded(request, authorize) if authorize is not None else request
+                except p.BadRequest as exc:
                     op = Invalid(exc, getattr(exc, "request_id", UNSET))
                 channel.expect()
                 writer.submit(op, channel.reply)

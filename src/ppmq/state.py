@@ -47,13 +47,17 @@ class State(msgspec.Struct):
     sub_ids: dict[str, int] = {}
     topics: dict[str, TopicStats] = {}
     subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
+    # The last id handed out by each topic that was dropped: a topic created again
+    # under the same name goes on from there, so its generated keys never repeat.
+    dropped_seqs: dict[str, int] = {}
 
     def register(self, config: Config) -> None:
         """Give new topics and subscribers ids and counters; keep those of old ones."""
         for tc in config.topics:
             if tc.name not in self.topic_ids:
                 self.topic_ids[tc.name] = max(self.topic_ids.values(), default=0) + 1
-            self.topics.setdefault(tc.name, TopicStats())
+            if tc.name not in self.topics:
+                self.topics[tc.name] = TopicStats(seq=self.dropped_seqs.pop(tc.name, 0))
             subs = self.subs.setdefault(tc.name, {})
             for name in tc.subscribers:
                 stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
@@ -61,6 +65,12 @@ class State(msgspec.Struct):
         for sc in config.subscribers:
             if sc.name not in self.sub_ids:
                 self.sub_ids[sc.name] = max(self.sub_ids.values(), default=0) + 1
+
+
+    def forget(self, topic: str) -> None:
+        """A topic dropped from the config: its counters go, its sequence is kept."""
+        self.dropped_seqs[topic] = self.topics.pop(topic).seq
+        del self.subs[topic]
 
 
 def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Config) -> list[str]:

@@ -139,28 +139,49 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Txn]:
-        """One write transaction; committed when the block ends without an exception."""
+        """One write transaction; committed when the block ends without an exception.
+
+        LMDB's errors, from the block or from the commit, leave as StoreFullError
+        (no room: map full or disk full) or StoreError, so callers above the
+        store never see lmdb's exception types."""
         txn = self.env.begin(write=True)
         try:
             yield Txn(self, txn)
-        except BaseException:
+        except BaseException as exc:
             txn.abort()
+            if isinstance(exc, lmdb.Error):
+                raise self.translate(exc) from None
             raise
         try:
             txn.commit()
-        except lmdb.MapFullError:
-            raise StoreFullError("LMDB map is full") from None
         except lmdb.Error as exc:
-            free = self._disk_free_bytes()
-            if free < DISK_LOW_BYTES or os.strerror(errno.ENOSPC) in str(exc):
-                raise StoreFullError(f"disk full: {free} bytes left on the device of {self.path} ({exc})") from None
-            raise
+            raise self.translate(exc) from None
+
+    def translate(self, exc: lmdb.Error) -> StoreError:
+        """The store's error for an LMDB one: every way of running out of room
+        (LMDB's map, or the disk under it) is a StoreFullError (status 507)."""
+        if isinstance(exc, lmdb.MapFullError):
+            return StoreFullError("LMDB map is full")
+        free = self._disk_free_bytes()
+        if free < DISK_LOW_BYTES or os.strerror(errno.ENOSPC) in str(exc):
+            return StoreFullError(f"disk full: {free} bytes left on the device of {self.path} ({exc})")
+        return StoreError(f"store error: {exc}")
 
     def _disk_free_bytes(self) -> int:
         """A commit cut short by a full disk fails with EIO as often as with ENOSPC
         (LMDB reports a short write as EIO), so the disk itself is asked."""
         st = os.statvfs(self.path)
         return st.f_bavail * st.f_frsize
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read transaction
+        (a report or fsck killed mid-read): until then LMDB keeps every page those
+        readers could see, so freed pages are never reused and the file grows to
+        map full. Returns how many slots were freed."""
+        try:
+            return self.env.reader_check()
+        except lmdb.Error:
+            return 0
 
     def close(self) -> None:
         self.env.close()
@@ -215,8 +236,10 @@ class Txn:
         self.txn = self.store.env.begin(write=True, parent=outer)
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             self.txn.abort()
+            if isinstance(exc, lmdb.Error) and isinstance(self.store, Store):
+                raise self.store.translate(exc) from None
             raise
         else:
             self.txn.commit()

@@ -18,7 +18,7 @@ from typing import Protocol
 from msgspec import UNSET
 
 from . import protocol as p
-from .broker import Broker, Delivery, Op, Returned, Written
+from .broker import Broker, Delivery, Guarded, Op, Returned, Written
 from .events import Event
 
 ReplySink = Callable[[p.Reply], None]
@@ -169,4 +169,6 @@ def _quiet(op: Op) -> bool:
     anyone can see but the counters (and they are at least once anyway)."""
     if isinstance(op, Written):
         return True
+    if isinstance(op, Guarded):
+        op = op.request
     return isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None

@@ -1,27 +1,44 @@
-"""Broker behaviour that the reference model does not reach: damaged stores."""
+"""Broker behaviour that the reference model does not reach: damaged stores, failed
+commits, a full map, reloads in the same step as other requests."""
 
 from __future__ import annotations
 
 import msgspec
 
+import pytest
+
+from ppmq import broker as broker_module
 from ppmq import protocol as p
-from ppmq.broker import Broker
+from ppmq.broker import Broker, Reconfigure, Returned
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.fsck import check, read_snapshot
 from ppmq.state import NS
 from ppmq.store import Store
 
 NOW = 1_800_000_000 * NS
 
 
+def two_subscribers(path, window: int = 100, subs: tuple[str, ...] = ("s", "r"), **topic: object) -> Config:
+    """Topic `t` taken by `subs` (of subscribers s and r), on a store at path."""
+    return Config(
+        server_socket="/nonexistent", data_path=str(path), sync=False,
+        subscribers=[SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=100, window=window) for n in ("s", "r")],
+        topics=[TopicConfig(name="t", subscribers=list(subs), **topic)],
+    )
+
+
 def open_broker(path, max_bytes: int = 1 << 24, **topic: object) -> tuple[Broker, Store]:
     """A broker with topic `t` and its one subscriber `s`, on a real store at path."""
-    config = Config(
-        server_socket="/nonexistent", data_path=str(path), sync=False,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=100, window=100)],
-        topics=[TopicConfig(name="t", subscribers=["s"], **topic)],
-    )
+    config = two_subscribers(path, subs=("s",), **topic)
     store = Store(str(path), sync=False, max_bytes=max_bytes)
     return Broker(config, store, NOW), store
+
+
+def publish(*payloads: bytes, topic: str = "t") -> p.Request:
+    return p.Request(topic=topic, messages=[p.Message(payload=msgspec.Raw(x)) for x in payloads], id=msgspec.Raw(b"1"))
+
+
+STATUS = p.Request(command="STATUS", id=msgspec.Raw(b"2"))
 
 
 def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_path):
@@ -79,4 +96,155 @@ def test_a_publish_that_fills_the_map_half_way_leaves_nothing_behind_even_for_an
     small = p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"1"))], id=msgspec.Raw(b"2"))
     step = broker.step([small], {"s"}, NOW)
     assert step.replies[0].status == 200 and len(step.deliveries) == 1
+    store.close()
+
+
+def test_a_reload_that_drops_a_subscription_in_the_step_of_a_publish_leaves_nothing_for_the_dropped_subscriber(tmp_path):
+    # Given s and r, both open and caught up, so a publish goes straight towards them
+    config = two_subscribers(tmp_path)
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    # When a publish and a reload that takes r off the topic share one step
+    step = broker.step([publish(b"1", b"2", b"3"), Reconfigure(two_subscribers(tmp_path, subs=("s",)))], {"s", "r"}, NOW)
+    assert [r.status for r in step.replies] == [200, 200]
+    # Then once s acks what it got, nothing is stored, and no row names r
+    keys = [m["Key"] for d in step.deliveries for m in msgspec.json.decode(d.frame)["Messages"]]
+    assert [d.subscriber for d in step.deliveries] == ["s"]
+    broker.step([p.Request(topic="t", subscriber="s", acks=keys)], {"s"}, NOW)
+    assert broker.state.topics["t"].stored == 0
+    store.close()
+    assert check(read_snapshot(str(tmp_path)), broker.config) == []
+
+
+def test_a_status_that_fails_mid_step_keeps_the_publishes_answered_before_it(tmp_path, monkeypatch):
+    # Given a publish in a step where s is open, and a STATUS after it that fails
+    broker, store = open_broker(tmp_path)
+    monkeypatch.setattr(broker_module, "status_body", lambda *a: 1 / 0)
+    step = broker.step([publish(b"1", b"2"), STATUS], {"s"}, NOW)
+    # Then the publish stands and is delivered, and the STATUS alone failed
+    assert [r.status for r in step.replies] == [200, 500]
+    assert [d.msgs for d in step.deliveries] == [[1, 2]]
+    assert broker.state.subs["t"]["s"].inflight == 2
+    store.close()
+    assert check(read_snapshot(str(tmp_path)), broker.config) == []
+
+
+def test_a_window_lowered_below_what_is_in_flight_wants_no_step_until_acks_make_room(tmp_path):
+    # Given 10 messages in flight to s (Window 10) and 10 more ready
+    config = two_subscribers(tmp_path, window=10, subs=("s",))
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    broker.step([publish(*[b"%d" % i for i in range(20)])], {"s"}, NOW)
+    # When a reload lowers its Window to 2
+    broker.step([Reconfigure(two_subscribers(tmp_path, window=2, subs=("s",)))], set(), NOW)
+    # Then no step is wanted for s, and a step pushes nothing
+    assert not broker.wants_step({"s"}, NOW)
+    assert broker.step([], {"s"}, NOW).deliveries == []
+    # Until acks bring the in-flight count under the new Window
+    broker.step([p.Request(topic="t", subscriber="s", acks=[str(i) for i in range(1, 10)])], set(), NOW)
+    assert broker.wants_step({"s"}, NOW)
+    store.close()
+
+
+def test_a_generated_key_acks_only_in_its_canonical_spelling(tmp_path):
+    # Given message 2 in flight to s
+    broker, store = open_broker(tmp_path)
+    broker.step([publish(b"1", b"2")], {"s"}, NOW)
+    # When it is acked as "0002", "+2" or " 2"
+    broker.step([p.Request(topic="t", subscriber="s", acks=["0002", "+2", " 2", "02"])], set(), NOW)
+    # Then nothing is acked; "2" is
+    assert broker.state.subs["t"]["s"].inflight == 2 and broker.state.subs["t"]["s"].ignored_acks == 4
+    broker.step([p.Request(topic="t", subscriber="s", acks=["2"])], set(), NOW)
+    assert broker.state.subs["t"]["s"].acked == 1
+    store.close()
+
+
+def test_a_topic_dropped_and_created_again_never_hands_out_a_key_twice(tmp_path):
+    # Given topic t that handed out keys 1..3, then was dropped (its messages with it)
+    config = two_subscribers(tmp_path, subs=("s",))
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    first = broker.step([publish(b"1", b"2", b"3")], {"s"}, NOW).deliveries
+    empty = Config(server_socket="/nonexistent", data_path=str(tmp_path), sync=False, subscribers=config.subscribers, drop_topics=["t"])
+    assert broker.step([Reconfigure(empty)], set(), NOW).replies[0].status == 200
+    # When it is created again, also across a restart
+    store.close()
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    again = broker.step([publish(b"4")], {"s"}, NOW).deliveries
+    # Then its new message gets a key it never had
+    keys = lambda ds: [m["Key"] for d in ds for m in msgspec.json.decode(d.frame)["Messages"]]  # noqa: E731
+    assert keys(first) == ["1", "2", "3"] and keys(again) == ["4"]
+    store.close()
+
+
+def fill_the_map(store: Store) -> None:
+    """Shrink LMDB's map to what it uses now: the next page anything needs is refused."""
+    store.env.set_mapsize((store.env.info()["last_pgno"] + 1) * store.env.stat()["psize"])
+
+
+def in_flight_on_a_full_map(path) -> tuple[Broker, Store, list[int]]:
+    """1000 messages in flight to s, on a store whose map has no page left."""
+    store = Store(str(path), sync=False, max_bytes=1 << 30)
+    broker = Broker(two_subscribers(path, window=1000, subs=("s",)), store, NOW)
+    broker.step([publish(*[b"%d" % i for i in range(1000)])], set(), NOW)
+    msgs = [m for d in broker.step([], {"s"}, NOW).deliveries for m in d.msgs]
+    fill_the_map(store)
+    return broker, store, msgs
+
+
+def test_a_map_that_fills_outside_any_request_answers_every_request_of_the_step_507(tmp_path):
+    # Given a batch in flight, and a map with no page left
+    broker, store, msgs = in_flight_on_a_full_map(tmp_path)
+    # When the batch comes back (which needs pages, outside any request) in the step of a STATUS
+    step = broker.step([Returned("s", "t", msgs), STATUS], set(), NOW)
+    # Then the STATUS is answered 507, and nothing of the step happened
+    assert step.replies[1].status == 507 and "full" in step.replies[1].error
+    assert broker.state.subs["t"]["s"].inflight == 1000
+
+
+def test_a_reload_whose_commit_fails_is_answered_and_leaves_the_old_config_whole(tmp_path):
+    # Given a broker on topic t, and a map with no page left
+    config = two_subscribers(tmp_path, subs=("s",))
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 30)
+    broker = Broker(config, store, NOW)
+    broker.step([publish(*[b"%d" % i for i in range(1000)])], {"s"}, NOW)
+    fill_the_map(store)
+    # When a reload that adds topic u and drops subscriber s from t fails to commit
+    new = two_subscribers(tmp_path, subs=("r",))
+    new.topics.append(TopicConfig(name="u", subscribers=["s"]))
+    step = broker.step([Reconfigure(new), publish(b"x", topic="u")], set(), NOW)
+    # Then the reload is answered with the error, and the old config is the broker's, whole
+    assert step.replies[0].status == 507
+    assert broker.config is config and set(broker.topics) == {"t"} and broker.sub_topics["s"][0].name == "t"
+    assert "u" not in broker.state.topics and broker.state.subs["t"]["s"].inflight == 100
+    # And once there is room, the broker goes on under it: timers, publishes to t, STATUS
+    store.env.set_mapsize(1 << 30)
+    step = broker.step([publish(b"y"), STATUS], {"s"}, NOW + 10 * NS)
+    assert [r.status for r in step.replies] == [200, 200]
+    assert step.replies[1].body["Topics"].keys() == {"t"}
+    store.close()
+
+
+def test_a_full_map_backs_off_instead_of_retrying_every_moment(tmp_path, caplog):
+    # Given a batch that comes back while the map has no page left
+    broker, store, msgs = in_flight_on_a_full_map(tmp_path)
+    broker.step([Returned("s", "t", msgs)], set(), NOW)
+    # When time passes without requests
+    # Then no step is wanted before the backoff, which grows with every failure, and one failure is logged
+    assert not broker.wants_step(set(), NOW + NS // 20)
+    retries = []
+    now = NOW
+    for _ in range(5):
+        now = broker.next_tick_ns
+        assert broker.wants_step(set(), now)
+        broker.step([], set(), now)
+        retries.append(broker.next_tick_ns - now)
+    assert retries == sorted(retries) and retries[-1] > retries[0]
+    assert len([r for r in caplog.records if "commit failed" in r.getMessage()]) == 1
+    # And once there is room, the carried batch is ready again
+    store.env.set_mapsize(1 << 30)
+    broker.step([], set(), broker.next_tick_ns)
+    assert broker.state.subs["t"]["s"].ready == [1000]
+    assert any("succeed again" in r.getMessage() for r in caplog.records)
     store.close()

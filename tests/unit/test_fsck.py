@@ -147,6 +147,8 @@ DAMAGES = {
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),
     "an in-flight counter off": (with_state(lambda s: setattr(s.subs["g"]["a"], "inflight", 5)), "counts 5 in flight"),
+    "rows of a subscription that is gone": (with_state(lambda s: s.subs["g"].pop("a")), "which it does not take"),
+    "holders naming a subscription that is gone": (with_state(lambda s: s.subs["d"].pop("b")), "which does not take that topic"),
 }
 
 
