@@ -35,6 +35,14 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = WAIT_S, what: str 
         time.sleep(0.01)
 
 
+def rss_anon(pid: int) -> int:
+    """Anonymous resident bytes: the broker's own memory, without LMDB's file pages."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc")
+
+
 class Subscriber:
     """A subscriber on a real Unix socket: records every batch; acks if told to.
 

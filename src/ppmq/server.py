@@ -17,6 +17,7 @@ import resource
 import socket
 import time
 from collections.abc import Callable
+from functools import partial
 
 from msgspec import UNSET
 
@@ -24,13 +25,23 @@ from . import protocol as p
 from .access import Peer, Policy
 from .broker import Guarded, Invalid
 from .framing import Framer
-from .writer import Writer
+from .writer import ReplySink, Writer
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 16
 LISTEN_BACKLOG = 1024
-MAX_OUTSTANDING = 1000  # requests of one connection waiting for commit before it is paused
+# A connection's requests waiting for their commit, by count and by frame bytes;
+# a frame larger than MAX_OUTSTANDING_BYTES is taken alone. 1 MiB is several
+# batches of 100 messages of 1 KiB (110 KB each), so a pipelining producer still
+# fills every commit; the count bounds what each request costs beyond its bytes
+# (a thousand tiny acks are few bytes but many objects).
+MAX_OUTSTANDING_REQUESTS = 1000
+MAX_OUTSTANDING_BYTES = 1 << 20
+# Replies written but not yet taken by the peer, above which its next request
+# waits (asyncio's own default): a peer that reads keeps it near empty, and a
+# larger buffer would only hold more for one that does not.
+MAX_UNSENT_BYTES = 1 << 16
 FD_RESERVE = 64  # descriptors kept for the store, subscribers and logs when MaxConnections is 0
 
 
@@ -39,29 +50,54 @@ class ListenError(Exception):
 
 
 class ReplyChannel:
-    """Replies of one connection; counts what is still waiting for a commit."""
+    """Replies of one connection, and the budget that bounds what it may hold.
+
+    A request is taken from the socket only while the connection has room for
+    it (`admit`): at most MAX_OUTSTANDING_REQUESTS and MAX_OUTSTANDING_BYTES
+    waiting for their commit, and no more than MAX_UNSENT_BYTES of replies
+    unsent in the transport. A peer that does not read its replies is therefore
+    no longer read either: it slows only itself, and none of its replies is
+    dropped.
+    """
 
     def __init__(self, out: asyncio.StreamWriter, peer: str) -> None:
         self.out = out
+        out.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
         self.peer = peer
         self.outstanding = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
+        self._answered = asyncio.Event()  # set by every reply: admit looks again
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_log = 0.0
         self._unlogged = 0
 
-    def expect(self) -> None:
-        self.outstanding += 1
-        self._idle.clear()
-        if self.outstanding >= MAX_OUTSTANDING:
-            self._room.clear()
+    async def admit(self, frame_bytes: int, alone: bool) -> None:
+        """Wait until a request of `frame_bytes` fits; one that must wait `alone`
+        (see `_answers_with_state`) waits for every earlier one to be answered."""
+        while not self._fits(frame_bytes, alone):
+            self._answered.clear()
+            await self._answered.wait()
+        await self.out.drain()
 
-    def reply(self, reply: p.Reply) -> None:
+    def _fits(self, frame_bytes: int, alone: bool) -> bool:
+        if not self.outstanding:
+            return True
+        if alone:
+            return False
+        return self.outstanding < MAX_OUTSTANDING_REQUESTS and self.outstanding_bytes + frame_bytes <= MAX_OUTSTANDING_BYTES
+
+    def expect(self, frame_bytes: int) -> ReplySink:
+        """Count a request handed to the writer; returns where its reply goes."""
+        self.outstanding += 1
+        self.outstanding_bytes += frame_bytes
+        self._idle.clear()
+        return partial(self._reply, frame_bytes)
+
+    def _reply(self, frame_bytes: int, reply: p.Reply) -> None:
         self.outstanding -= 1
-        if self.outstanding <= MAX_OUTSTANDING // 2:
-            self._room.set()
+        self.outstanding_bytes -= frame_bytes
+        self._answered.set()
         if not self.outstanding:
             self._idle.set()
         if reply.id is not UNSET:
@@ -72,11 +108,6 @@ class ReplyChannel:
     def send(self, reply: p.Reply) -> None:
         if not self.out.is_closing():
             self.out.write(p.encode_reply(reply))
-
-    async def room(self) -> None:
-        """Wait while too many requests are outstanding or the peer does not read."""
-        await self._room.wait()
-        await self.out.drain()
 
     async def settled(self) -> None:
         """Wait until every request of this connection has had its reply."""
@@ -129,27 +160,16 @@ async def serve_requests(
             elif frame_started is None or frames:
                 frame_started = time.monotonic()
             if stopping is not None and stopping.is_set():
-                await channel.settled()
-                for frame in frames:
-                    request_id = p.find_request_id(frame)
-                    if request_id is not UNSET:
-                        channel.send(p.error_reply(p.ShuttingDown("shutting down"), request_id))
+                await _turn_away(frames, channel)
                 return
-            for frame in frames:
-                try:
-                    request = p.decode_request(frame)
-                    op = Guarded(request, authorize) if authorize is not None else request
-                except p.BadRequest as exc:
-                    op = Invalid(exc, getattr(exc, "request_id", UNSET))
-                channel.expect()
-                writer.submit(op, channel.reply)
+            paused_at = time.monotonic()
+            if not await _submit(frames, channel, writer, authorize, stopping):
+                return
             if framer.too_large is not None:
                 await channel.settled()
                 channel.send(p.error_reply(framer.too_large))
                 log.warning("%s: %s; closing the connection", peer, framer.too_large)
                 return
-            paused_at = time.monotonic()
-            await channel.room()
             if frame_started is not None:  # time we did not read is not the peer's stall
                 frame_started += time.monotonic() - paused_at
         if framer.pending:
@@ -159,6 +179,53 @@ async def serve_requests(
         log.debug("%s: connection error: %s", peer, exc)
     finally:
         channel.out.close()
+
+
+async def _submit(
+    frames: list[bytes],
+    channel: ReplyChannel,
+    writer: Writer,
+    authorize: Callable[[p.Request], None] | None,
+    stopping: asyncio.Event | None,
+) -> bool:
+    """Hand each frame to the writer once the connection has room for it; the
+    socket is not read meanwhile, so a peer that does not read is not read.
+    False if the server began stopping meanwhile: the rest were turned away."""
+    for i, frame in enumerate(frames):
+        op = _decode(frame, authorize)
+        await channel.admit(len(frame), _answers_with_state(op))
+        if stopping is not None and stopping.is_set():  # the writer takes nothing new
+            await _turn_away(frames[i:], channel)
+            return False
+        writer.submit(op, channel.expect(len(frame)))
+    return True
+
+
+async def _turn_away(frames: list[bytes], channel: ReplyChannel) -> None:
+    """Answer 503 to every frame with an Id, after the replies of those before."""
+    await channel.settled()
+    for frame in frames:
+        request_id = p.find_request_id(frame)
+        if request_id is not UNSET:
+            channel.send(p.error_reply(p.ShuttingDown("shutting down"), request_id))
+
+
+def _decode(frame: bytes, authorize: Callable[[p.Request], None] | None) -> p.Request | Guarded | Invalid:
+    """The op for a frame; its access check goes with it, to run when it is applied."""
+    try:
+        request = p.decode_request(frame)
+    except p.BadRequest as exc:
+        return Invalid(exc, getattr(exc, "request_id", UNSET))
+    return Guarded(request, authorize) if authorize is not None else request
+
+
+def _answers_with_state(op: p.Request | Guarded | Invalid) -> bool:
+    """A command's reply (STATUS's Body grows with the topics and subscribers) is
+    not bounded by its request's size, as every other reply is; such requests are
+    taken one at a time, so a connection holds at most one such reply unsent."""
+    if isinstance(op, Guarded):
+        op = op.request
+    return isinstance(op, p.Request) and op.command is not None and op.id is not UNSET
 
 
 async def _read(reader: asyncio.StreamReader, deadline: float | None) -> bytes | None:

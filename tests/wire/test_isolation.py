@@ -12,9 +12,8 @@ import socket
 import struct
 import threading
 import time
-from pathlib import Path
 
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, rss_anon, wait_for
 
 MISBEHAVIOURS = ("silent", "mute", "reset", "missing")
 
@@ -81,14 +80,6 @@ class Misbehaving:
         if self._sock is not None:
             self._sock.close()
             os.unlink(self.path)
-
-
-def rss_anon(pid: int) -> int:
-    """Anonymous resident bytes: the broker's own memory, without LMDB's file pages."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon in /proc")
 
 
 def test_a_good_subscriber_gets_everything_promptly_beside_subscribers_misbehaving_in_every_way(broker_factory):

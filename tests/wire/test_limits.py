@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from ppmq.client import ClientError
 from ppmq.config import ConfigError, parse_config
-from tests.conftest import wait_for
+from tests.conftest import rss_anon, wait_for
 
 TIMEOUT_S = 15.0
 
@@ -113,6 +114,83 @@ def test_a_peer_trickling_a_frame_byte_by_byte_is_cut_off_at_read_timeout_from_i
         assert c.reply()["Status"] == 408
     finally:
         c.close()
+
+
+# --- peers that send requests and never read the replies ----------------------------------------
+
+HOSTILE = 4  # connections that flood STATUS requests and never read
+FLOOD_BYTES = 4 << 20  # pipelined requests each of them sends
+# What one such connection may hold (docs/security.md): one STATUS outstanding, the
+# transport's 64 KiB of unsent replies plus that STATUS reply, and the reads in
+# transit; 1 MiB covers it. The rest is the allocator's slack, as in test_isolation.
+PER_CONNECTION_BYTES = 1 << 20
+SLACK_BYTES = 16 << 20
+SLOW_S = 2.5  # a reply this late means the flood held the honest client up
+
+
+def _status_flood(first_id: int, size: int) -> bytes:
+    """`{"Command":"STATUS","Id":n}` lines, Ids counting up from first_id, `size` bytes or so."""
+    lines, n = [], first_id
+    while len(lines) * 28 < size:
+        lines.append(b'{"Command":"STATUS","Id":%d}\n' % n)
+        n += 1
+    return b"".join(lines)
+
+
+def _flood(path: str) -> tuple[socket.socket, threading.Thread]:
+    """A connection that sends FLOOD_BYTES of STATUS requests in the background (the
+    send blocks once the broker stops reading) and reads nothing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    data = _status_flood(0, FLOOD_BYTES)
+
+    def send() -> None:
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass  # shut down by the test once it has read what it wanted
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return sock, thread
+
+
+def test_peers_that_flood_requests_without_reading_replies_hold_bounded_memory_and_slow_only_themselves(broker_factory):
+    # Given a broker whose STATUS replies are large (16 topics of 8 subscribers: about 25 KB)
+    subs = [f"subscriber{i:02d}" for i in range(8)]
+    b = broker_factory([{"Name": f"topic{i:02d}", "Subscribers": subs} for i in range(16)], subs)
+    honest = Conn(b.socket)
+    honest.ask({"Id": "warm", "Command": "STATUS"})
+    baseline = rss_anon(b.proc.pid)
+    floods = [_flood(b.socket) for _ in range(HOSTILE)]
+    try:
+        # When each hostile connection pipelines megabytes of STATUS requests and never reads,
+        # while an honest client asks for STATUS all along
+        worst_s, peak, until = 0.0, baseline, time.monotonic() + 4.0
+        while time.monotonic() < until:
+            started = time.monotonic()
+            assert honest.ask({"Id": "honest", "Command": "STATUS"})["Status"] == 200
+            worst_s = max(worst_s, time.monotonic() - started)
+            peak = max(peak, rss_anon(b.proc.pid))
+            time.sleep(0.05)
+        # Then the honest client is answered promptly
+        assert worst_s < SLOW_S, f"a STATUS of the honest client took {worst_s:.2f}s"
+        # And the broker holds no more than the stated bound per connection
+        bound = HOSTILE * PER_CONNECTION_BYTES + SLACK_BYTES
+        assert peak - baseline < bound, f"RssAnon grew by {(peak - baseline) >> 20} MiB ({baseline >> 20} -> {peak >> 20} MiB)"
+        # And a hostile connection that finally reads gets its replies, in order
+        for sock, _ in floods:
+            sock.settimeout(TIMEOUT_S)
+            replies = sock.makefile("rb")
+            assert [msgspec.json.decode(replies.readline())["Id"] for _ in range(100)] == list(range(100))
+            replies.close()
+        assert b.alive()
+    finally:
+        honest.close()
+        for sock, thread in floods:
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            thread.join(TIMEOUT_S)
 
 
 # --- per-topic limits ---------------------------------------------------------------------------
