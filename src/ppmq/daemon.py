@@ -132,6 +132,8 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await self.server.stop()
+        # Links first: the batches they give back (unwritten or still queued) are
+        # applied by the writer's last steps, so they stay ready in the store.
         await self._unlink(list(self.links))
         self.writer.stop()
         if self._writing is not None:

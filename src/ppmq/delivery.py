@@ -9,9 +9,12 @@ exponential backoff from 100 ms capped at RetryMax (with jitter, so that many
 subscribers coming back at once do not retry in step), logging only when the
 state changes; a subscriber that accepts and drops every connection is backed
 off the same way. A batch not written whole goes back to ready; a batch written
-stays in flight when the connection breaks later. A slow subscriber only ever
-holds its own task and its own window. With CheckOwner, a socket owned by
-someone else (see access) is refused like a missing one.
+stays in flight when the connection breaks later. Written means handed to the
+kernel in full: bytes still in the broker's own buffer die with the connection
+or the process, so a batch counts as written only once that buffer is empty.
+A slow subscriber only ever holds its own task and its own window. With
+CheckOwner, a socket owned by someone else (see access) is refused like a
+missing one.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ class SubscriberLink:
         if check is not None:
             check(self.config, os.stat(self.config.socket).st_uid, "the socket's owner")
         reader, out = await asyncio.open_unix_connection(self.config.socket)
+        _drain_until_flushed(out)
         peer = Peer.of_socket(out.get_extra_info("socket"))
         if check is not None:
             try:  # the listener itself: a path swapped after the stat is caught here
@@ -125,33 +129,69 @@ class SubscriberLink:
                 await asyncio.wait({batch, acks}, return_when=asyncio.FIRST_COMPLETED)
                 if not batch.done():
                     break
-                if not await self._write(out, batch.result()):
+                delivery, batch = batch.result(), None
+                if not await self._write(out, delivery):
                     break
                 if self._queue.empty():
                     self.writer.open(self.name, self)
         finally:
-            if batch is not None and not batch.done():
-                batch.cancel()
+            self._forget_get(batch)
             self.writer.close(self.name)
             self._return_queued()
             acks.cancel()
 
     async def _write(self, out: asyncio.StreamWriter, delivery: Delivery) -> bool:
+        """Write one batch and wait until the kernel has all of it (see
+        _drain_until_flushed): only then may it count as written, and only then
+        does the next batch go into the buffer. Cut off by a broken connection or
+        by shutdown, it goes back to ready and is not counted as delivered."""
         try:
             out.write(delivery.frame)
             await out.drain()
         except (ConnectionError, OSError) as exc:
             log.info("subscriber %s: write failed (%s); batch goes back to ready", self.name, exc)
-            self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+            self._give_back(delivery)
             return False
         except asyncio.CancelledError:
-            self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+            self._give_back(delivery)
             raise
         if delivery.auto_ack:
             self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
         return True
 
+    def _forget_get(self, batch: asyncio.Task | None) -> None:
+        """A wait for the queue that is still pending is cancelled (what it was
+        about to take stays queued); one that took a batch this task never wrote,
+        because it was cancelled at that moment, gives the batch back."""
+        if batch is None:
+            return
+        if not batch.done():
+            batch.cancel()
+        elif not batch.cancelled():
+            self._give_back(batch.result())
+
     def _return_queued(self) -> None:
         while not self._queue.empty():
-            d = self._queue.get_nowait()
-            self.writer.submit(Returned(self.name, d.topic, d.msgs))
+            self._give_back(self._queue.get_nowait())
+
+    def _give_back(self, delivery: Delivery) -> None:
+        self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+
+
+def _drain_until_flushed(out: asyncio.StreamWriter) -> None:
+    """Make `out.drain()` return only once the transport's buffer is empty.
+
+    asyncio has no call that waits for that. With the high-water mark at 0 (and
+    so the low one too), the selector transport pauses the protocol as soon as
+    write() leaves any byte in its buffer (_maybe_pause_protocol: size > high)
+    and resumes it only when a send empties it (_maybe_resume_protocol: size <=
+    low), and StreamWriter.drain() waits exactly while paused; as checked in
+    CPython 3.11 to 3.13 (transports.py, selector_events.py write/_write_ready
+    or _write_send, streams.py FlowControlMixin). A write the kernel takes at
+    once never pauses, so a subscriber that keeps up costs no extra wait. Acks
+    read on this connection wait on the same drain (serve_requests): they are
+    read on once the batch ahead of their replies is out. The one way
+    drain() returns with bytes unsent is transport.abort(), never used here:
+    errors close the transport with the error, and close() flushes first.
+    """
+    out.transport.set_write_buffer_limits(high=0)
