@@ -62,7 +62,6 @@ class ReplyChannel:
 
     def __init__(self, out: asyncio.StreamWriter, peer: str) -> None:
         self.out = out
-        out.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
         self.peer = peer
         self.outstanding = 0
         self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
@@ -78,7 +77,10 @@ class ReplyChannel:
         while not self._fits(frame_bytes, alone):
             self._answered.clear()
             await self._answered.wait()
-        await self.out.drain()
+        # Not drain() alone: a delivery connection drains only when its buffer is
+        # empty (see delivery), and its acks must not wait for a batch in transit.
+        while self.out.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+            await self.out.drain()
 
     def _fits(self, frame_bytes: int, alone: bool) -> bool:
         if not self.outstanding:
