@@ -15,6 +15,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -271,3 +272,118 @@ def test_a_reload_applies_new_access_rules_to_connections_already_open(broker_fa
         wait_for(lambda: "config reloaded" in b.log, what="the reload")
         assert c.publish("t", [{"Payload": 2}]) == 1
     assert "no user or group 'nobody-ppmq' on this host; it matches nobody" in b.log
+
+
+# --- what a delivery connection may carry ------------------------------------------------------
+
+
+class DeliveryEnd:
+    """The subscriber's end of its delivery connection, listening as root, as
+    systemd's socket units do: requests sent back on it are answered on it."""
+
+    def __init__(self, path: str) -> None:
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(1)
+        self.srv.settimeout(TIMEOUT_S)
+        self.conn: socket.socket | None = None
+        self.lines: list[dict] = []
+
+    def accept(self) -> dict:
+        """The first batch the broker pushes."""
+        self.conn, _ = self.srv.accept()
+        self.conn.settimeout(TIMEOUT_S)
+        self.file = self.conn.makefile("rb")
+        return json.loads(self.file.readline())
+
+    def ask(self, *wrappers: dict) -> list[dict]:
+        self.conn.sendall(b"".join(json.dumps(dict(w, Id=i)).encode() + b"\n" for i, w in enumerate(wrappers)))
+        replies = []
+        while len(replies) < len(wrappers):
+            line = json.loads(self.file.readline())
+            if "Status" in line:
+                replies.append(line)
+        return replies
+
+    def close(self) -> None:
+        for s in (self.conn, self.srv):
+            if s is not None:
+                s.close()
+
+
+def test_a_delivery_connection_carries_only_its_own_subscribers_acks_and_reconnect(broker_factory, open_tmp, users):
+    # Given a topic only alice may publish to, STATUS for alice only, and subscribers s and r,
+    # with s's socket listened on by root (as systemd's socket units listen)
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s", "r"]}, {"Name": "closed", "Publishers": [users.alice.name]}],
+        ["s", "r"], StatusUsers=[users.alice.name],
+    )
+    end = DeliveryEnd(b.sub_socket("s"))
+    try:
+        with b.client() as c:
+            c.publish("t", [{"Payload": "m"}])
+        (message,) = end.accept()["Messages"]
+        # When the connection's other end asks for more than its own subscriber's acks
+        replies = end.ask(
+            publish("closed"),
+            {"Command": "STATUS"},
+            {"Topic": "t", "Subscriber": "r", "Acks": [message["Key"]]},
+            {"Subscriber": "r", "Command": "RECONNECT"},
+            {"Topic": "t", "Subscriber": "s", "Acks": [message["Key"]]},
+            {"Subscriber": "s", "Command": "RECONNECT"},
+        )
+        # Then everything but s's own ack and RECONNECT is refused, and nothing of it happened
+        assert [r["Status"] for r in replies] == [403, 403, 403, 403, 200, 200]
+        assert replies[0]["Error"] == "Messages: the delivery connection of subscriber 's' carries only its acks and RECONNECT"
+        assert replies[2]["Error"].startswith("Subscriber: the delivery connection of subscriber 's'")
+        status = b.status()
+        assert status["Topics"]["closed"]["Published"] == 0
+        assert status["Topics"]["t"]["Subscribers"]["r"]["Acked"] == 0
+        assert status["Topics"]["t"]["Subscribers"]["s"]["Acked"] == 1
+        assert status["Forbidden"] == 4
+    finally:
+        end.close()
+
+
+# --- a reload between a request's arrival and its step ----------------------------------------------
+
+
+PIPELINED = 200
+
+
+def _flood(path: str, topic: str, seconds: float) -> dict[str, int]:
+    """In the child: pipeline publishes to `topic` for a while; count the replies by status."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT_S)
+    s.connect(path)
+    f = s.makefile("rb")
+    counts: dict[str, int] = {}
+    sent = 0
+    frame = json.dumps(publish(topic)).encode()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        s.sendall(b"".join(frame[:-1] + b',"Id":%d}\n' % (sent + i) for i in range(PIPELINED)))
+        sent += PIPELINED
+        for _ in range(PIPELINED):
+            status = str(json.loads(f.readline())["Status"])
+            counts[status] = counts.get(status, 0) + 1
+    s.close()
+    return counts
+
+
+def test_requests_are_judged_by_the_access_rules_of_the_config_they_are_applied_under(broker_factory, open_tmp, users):
+    # Given bob publishing to topic `new` as fast as he can on three connections, before it exists
+    b = broker_factory([{"Name": "t"}], SocketMode="0666")
+    floods = [as_user(users.bob, _flood, b.socket, "new", 4.0) for _ in range(3)]
+    time.sleep(1.0)
+    # When a reload creates `new`, for alice only
+    b.reload(dict(b.config, Topics=[{"Name": "t"}, {"Name": "new", "Publishers": [users.alice.name]}]))
+    counts: dict[str, int] = {}
+    for flood in floods:
+        for status, n in flood().items():
+            counts[status] = counts.get(status, 0) + n
+    # Then bob's publishes were refused before (404) and after (403) the reload, and none was stored
+    assert "config reloaded" in b.log
+    assert counts.get("404", 0) > 0 and counts.get("403", 0) > 0, counts
+    assert counts.get("200", 0) == 0, counts
+    assert b.status()["Topics"]["new"]["Stored"] == 0
