@@ -237,3 +237,18 @@ def test_a_batch_cut_off_by_the_subscriber_goes_back_to_ready_and_is_not_counted
     wait_for(lambda: b.sub_status("t", "s")["Acked"] == 40, what="the acks")
     s = b.sub_status("t", "s")
     assert (s["Delivered"], s["Redelivered"]) == (40, 0)
+
+
+def test_a_generated_key_is_acked_only_in_the_spelling_the_broker_gave_it(broker_factory):
+    # Given messages 1 and 2 in flight to s, which leaves acking to the test
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": 1}, {"Payload": 2}])
+        sub.wait_messages(2)
+        # When message 2 is acked as "0002" and "02"
+        c.ack("t", "s", ["0002", "02"])
+        # Then nothing is acked until it is acked as "2"
+        assert b.sub_status("t", "s")["InFlight"] == 2
+        c.ack("t", "s", ["2"])
+    assert b.sub_status("t", "s")["InFlight"] == 1 and b.sub_status("t", "s")["IgnoredAcks"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 from ppmq.client import ClientError
 
@@ -167,3 +168,43 @@ def test_a_restart_with_a_topic_removed_that_holds_messages_is_refused(broker_fa
         if restarted.alive():
             restarted.kill()
     assert "topic 'gone' was removed but holds 1 messages; list it in DropTopics" in restarted.log
+
+
+def test_a_window_lowered_below_what_is_in_flight_leaves_the_writer_idle(broker_factory, notify_socket):
+    # Given 10 messages in flight to a subscriber that does not ack (Window 10), 10 more ready
+    b = broker_factory([_topic("t", ["s"])], [{"Name": "s", "BatchSize": 10}], start=False).start(env=notify_socket.env())
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": i} for i in range(20)])
+    sub.wait_messages(10)
+    # When a reload lowers its BatchSize (and so its Window) to 2
+    config = copy.deepcopy(b.config)
+    config["Subscribers"][0]["BatchSize"] = 2
+    _reloaded(b, notify_socket, config)
+    # Then the broker commits about once a second (its timers), not thousands of times
+    before = b.status()["Commits"]
+    time.sleep(2.0)
+    assert b.status()["Commits"] - before <= 6
+    assert len(sub.messages) == 10
+
+
+def test_a_topic_dropped_and_created_again_goes_on_with_new_keys(broker_factory, notify_socket):
+    # Given topic t that gave out keys 1..3 to s, then was dropped with its messages
+    b = broker_factory([_topic("t", ["s"])], ["s"], start=False).start(env=notify_socket.env())
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": i} for i in range(3)])
+    sub.wait_messages(3)
+    _reloaded(b, notify_socket, dict(b.config, Topics=[], DropTopics=["t"]))
+    # When it is created again, and a message published to it after a restart
+    _reloaded(b, notify_socket, dict(b.config, Topics=[_topic("t", ["s"])], DropTopics=[]))
+    b.stop()
+    b.start()
+    with b.client() as c:
+        c.publish("t", [{"Payload": "new"}])
+    # Then that message has a key t never gave before, and an ack of an old key acks nothing
+    sub.wait_messages(4)
+    assert [m["Key"] for m in sub.messages] == ["1", "2", "3", "4"]
+    with b.client() as c:
+        c.ack("t", "s", ["1"])
+    assert b.sub_status("t", "s")["InFlight"] == 1 and b.sub_status("t", "s")["IgnoredAcks"] == 1

@@ -184,3 +184,33 @@ def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_t
 
 def publish(payloads) -> p.Request:
     return p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(x)) for x in payloads], id=msgspec.Raw(b"1"))
+
+
+HOLD_A_SNAPSHOT = """
+import sys, time
+from ppmq.store import StoreReader
+with StoreReader(sys.argv[1]).snapshot():
+    print("reading", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_reader_killed_inside_a_snapshot_does_not_keep_the_store_growing(broker_factory):
+    # Given a reader (a report, fsck) killed with kill -9 in the middle of its snapshot
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], Sync=False)
+    sub = broker_factory.subscriber(b, "s")
+    data = Path(b.config["DataPath"])
+    reader = subprocess.Popen([sys.executable, "-c", HOLD_A_SNAPSHOT, str(data)], stdout=subprocess.PIPE)
+    assert reader.stdout.readline() == b"reading\n"
+    reader.kill()
+    reader.wait()
+    size_before = (data / "data.mdb").stat().st_size
+    # When thousands of messages come and go, leaving nothing stored
+    with b.client() as c:
+        for i in range(5000):
+            c.publish("t", [{"Payload": "x" * 1000}])
+    wait_for(lambda: b.sub_status("t", "s")["Acked"] == 5000, what="every message acked")
+    # Then the store reuses its pages instead of growing towards map full
+    growth = (data / "data.mdb").stat().st_size - size_before
+    assert growth < 4 << 20, f"data.mdb grew by {growth} bytes"
+    assert b.status()["Topics"]["t"]["Stored"] == 0
