@@ -47,7 +47,8 @@ DD_KEYS = 16
 
 
 def crash_config(tmp: Path, with_c: bool = False) -> dict:
-    """`work`: fan-out to a and b; `dd`: dedupe; `exp`: expiry, also held for `lazy`,
+    """`work`: fan-out to a and b; `dd`: dedupe; `auto`: AckRequired false, for a, whose
+    batches complete once written; `exp`: expiry, also held for `lazy`,
     who never listens, so that expired messages pile up for the sweep. `with_c`
     subscribes `c` (who never listens either) to `work`: reloading between the two
     adds a subscription, then drops it with everything it holds."""
@@ -57,6 +58,7 @@ def crash_config(tmp: Path, with_c: bool = False) -> dict:
             {"Name": "work", "Priorities": 2, "AckRetry": "1s", "Subscribers": ["a", "b", "c"] if with_c else ["a", "b"]},
             {"Name": "dd", "Dedupe": True, "AckRetry": "1s", "Subscribers": ["a"]},
             {"Name": "exp", "Expire": True, "Subscribers": ["a", "lazy"]},
+            {"Name": "auto", "AckRequired": False, "Subscribers": ["a"]},
         ],
         [{"Name": "a", "BatchSize": 20, "Window": 40}, {"Name": "b", "BatchSize": 7, "Window": 14}, "lazy", "c"],
     )
@@ -77,6 +79,7 @@ class Ledger:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     confirmed: dict[str, int] = field(default_factory=dict)  # work payload -> run
+    auto: set[str] = field(default_factory=set)  # confirmed payloads of `auto`
     versions: dict[int, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))  # dd key -> (version, run)
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (sub, work payload) -> run of the ack's 200
     deliveries: list[Delivery] = field(default_factory=list)
@@ -133,7 +136,7 @@ class Publishers:
     def __init__(self, socket_path: str, ledger: Ledger, run: int, rng: random.Random, counters: Counter) -> None:
         self.path, self.ledger, self.run, self.rng, self.counters = socket_path, ledger, run, rng, counters
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(f,), daemon=True) for f in (self._work, self._dd, self._exp)]
+        self.threads = [threading.Thread(target=self._loop, args=(f,), daemon=True) for f in (self._work, self._dd, self._exp, self._auto)]
         for thread in self.threads:
             thread.start()
 
@@ -158,6 +161,13 @@ class Publishers:
         with self.ledger.lock:
             self.ledger.confirmed.update(dict.fromkeys(payloads, self.run))
         time.sleep(0.005)  # a steady stream, not a flood the subscribers never catch up with
+
+    def _auto(self, client: Client) -> None:
+        payloads = [f"u{i}" for i in self._numbers("auto", self.rng.randint(1, 20))]
+        client.publish("auto", [{"Payload": p} for p in payloads])
+        with self.ledger.lock:
+            self.ledger.auto.update(payloads)
+        time.sleep(0.005)
 
     def _dd(self, client: Client) -> None:
         keys = self.rng.sample(range(DD_KEYS), self.rng.randint(1, 4))
@@ -259,12 +269,17 @@ class CrashRun:
             payload = msgspec.json.decode(snap.bodies[(t, m)].fragment)["Payload"]
             held.update((sub_names[s], topic_names[t], payload) for s in holders)
         missing = [(s, "work", p) for p in self.confirmed_work() for s in SUBSCRIBERS if (s, "work", p) not in held and not self.received(s, p)]
+        missing += [("a", "auto", p) for p in self.confirmed_auto() if ("a", "auto", p) not in held and not self.received("a", p)]
         missing += [("a", "dd", k) for k in self.dd_behind(held)]
         assert not missing, f"confirmed but neither delivered nor stored: {missing[:10]} ({len(missing)} in all)"
 
     def confirmed_work(self) -> list[str]:
         with self.ledger.lock:
             return list(self.ledger.confirmed)
+
+    def confirmed_auto(self) -> list[str]:
+        with self.ledger.lock:
+            return list(self.ledger.auto)
 
     def received(self, sub: str, payload: str) -> bool:
         return (sub, payload) in self._received()
@@ -328,7 +343,7 @@ class CrashRun:
 
         def settled() -> bool:
             topics = self.broker.status()["Topics"]
-            return topics["work"]["Stored"] == topics["dd"]["Stored"] == topics["exp"]["Stored"] == 0
+            return all(topics[t]["Stored"] == 0 for t in ("work", "dd", "exp", "auto"))
 
         wait_for(settled, timeout_s, "every message to be acked or to expire")
         assert self.broker.stop() == 0
@@ -339,6 +354,7 @@ class CrashRun:
 
     def losses(self) -> list[tuple[str, str]]:
         lost = [(s, p) for p in self.confirmed_work() for s in SUBSCRIBERS if not self.received(s, p)]
+        lost += [("a", p) for p in self.confirmed_auto() if not self.received("a", p)]
         return lost + [("a", key) for key in self.dd_behind(set())]
 
     def figures(self) -> dict[str, int]:
@@ -347,7 +363,7 @@ class CrashRun:
         return {
             "cycles": sum(self.moments.values()),
             **{f"kills during {m}": n for m, n in sorted(self.moments.items())},
-            "confirmed messages": len(self.ledger.confirmed) + sum(len(v) for v in self.ledger.versions.values()),
+            "confirmed messages": len(self.ledger.confirmed) + len(self.ledger.auto) + sum(len(v) for v in self.ledger.versions.values()),
             "losses": len(self.losses()),
             "duplicates": sum(got.values()) - len(got),
         }
