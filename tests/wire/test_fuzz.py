@@ -38,7 +38,7 @@ from ppmq.client import Client
 from ppmq.config import load_config
 from ppmq.fsck import check, read_snapshot
 
-from ..conftest import WAIT_S, BrokerProcess, Subscriber, make_config
+from ..conftest import WAIT_S, BrokerProcess, Subscriber, make_config, wait_for
 from .test_bad_input import Conn
 
 EXAMPLES = int(os.environ.get("PPMQ_FUZZ_EXAMPLES", "200"))
@@ -54,10 +54,13 @@ class Fuzzed:
         topics = [
             {"Name": "t", "Priorities": 3, "Expire": True, "AckRetry": "1s", "Subscribers": ["s"]},
             {"Name": "d", "Dedupe": True, "Subscribers": ["s"]},
+            {"Name": "k", "Subscribers": ["q"]},  # q acks only what the test tells it to
         ]
-        config = make_config(tmp, topics, ["s"], MaxFrameBytes="256KiB", MaxMessageBytes="8KiB", Sync=False)
+        config = make_config(tmp, topics, ["s", "q"], MaxFrameBytes="256KiB", MaxMessageBytes="8KiB", Sync=False)
         self.broker = BrokerProcess(tmp, config).start()
         self.subscriber = Subscriber(self.broker.sub_socket("s"))
+        self.quiet = Subscriber(self.broker.sub_socket("q"), ack=None)
+        self.quiet_seen = 0
         self.conn = Conn(self.broker.socket)
         self.good = Client(self.broker.socket, timeout_s=WAIT_S)
 
@@ -70,6 +73,7 @@ class Fuzzed:
         self.good.close()
         self.conn.close()
         self.subscriber.close()
+        self.quiet.close()
         self.broker.stop()
 
 
@@ -253,6 +257,33 @@ def test_an_id_that_is_not_a_json_string_or_number_is_not_echoed_into_an_invalid
         conn.send(b'{"Id":' + rid + b',"Command":"STATUS"}\n' + SENTINEL)
         conn.sock.shutdown(socket.SHUT_WR)
         assert [r.get("Id") for r in conn.replies_until_closed()] == ["sentinel"]
+
+
+def other_spellings(key: str) -> st.SearchStrategy[str]:
+    """Keys that read as the same number to a lenient parser, but are not the key."""
+    digits = "".join(chr(0x660 + int(c)) for c in key)  # Arabic-Indic digits
+    return st.one_of(
+        st.integers(1, 5).map(lambda n: "0" * n + key),
+        st.sampled_from([f"+{key}", f" {key}", f"{key} ", f"{key}.0", f"{key}\n", digits, f"{int(key):_}", f"0x{int(key):x}"]),
+    ).filter(lambda spelling: spelling != key)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_generated_key_is_acked_by_no_other_spelling_of_its_number(fuzzed, data):
+    # Given one more message in flight to q, which does not ack by itself
+    payload = f"in flight {next(_ids)}"
+    fuzzed.good.publish("k", [{"Payload": payload}])
+    mine = lambda: [m for m in fuzzed.quiet.messages if m["Payload"] == payload]  # noqa: E731
+    key = wait_for(mine, what="q to get it")[0]["Key"]
+    in_flight = lambda: fuzzed.good.status()["Topics"]["k"]["Subscribers"]["q"]["InFlight"]  # noqa: E731
+    before = in_flight()
+    # When it is acked under another spelling of its number
+    fuzzed.good.ack("k", "q", [data.draw(other_spellings(key))])
+    # Then it is still in flight, until acked as it was given
+    assert in_flight() == before
+    fuzzed.good.ack("k", "q", [key])
+    assert in_flight() == before - 1
 
 
 def test_the_store_is_consistent_after_the_fuzzing(fuzzed):
