@@ -17,6 +17,7 @@ COLUMNS = (
     ("ratio", "ppmq/x", "{:.2f}"),
     ("cpu_s_per_10k", "CPU s/10k", "{:.2f}"),
     ("client_cpu_s_per_10k", "client CPU", "{:.2f}"),
+    ("busiest_client_pct", "busiest client %", "{:.0f}"),
     ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
     ("full_anon_mb", "anon MB", "{:.1f}"),
     ("disk_mb", "disk MB", "{:.1f}"),

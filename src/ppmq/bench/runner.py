@@ -138,6 +138,8 @@ def _figures(w, empty, full, peak, disk_full, published, received, drain_ns, cpu
         "cpu_s_per_10k": cpu / n * 10_000,
         # the clients' share, setup included: a peer's client library may be the limit
         "client_cpu_s_per_10k": sum(r["cpu_s"] for r in (published, *received)) / n * 10_000,
+        # near 100, a client process used a whole core: it, not the broker, set the pace
+        "busiest_client_pct": 100 * max(r["cpu_s"] / ((r["end_ns"] - published["start_ns"]) / 1e9) for r in (published, *received)),
         "peak_rss_mb": peak["VmRSS"] / MB,
         "peak_anon_mb": peak["RssAnon"] / MB,
         "empty_anon_mb": empty["RssAnon"] / MB,

@@ -35,7 +35,17 @@ def start(tmp: Path, w: Workload) -> Running:
     service = Service(argv, tmp)
     service.wait_unix(sock)
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
-    return Running(service, {"unix": sock}, data, f"Redis {version.removeprefix('v=')} Streams (appendfsync {'always' if w.durable else 'no'})")
+    mode = f"appendfsync {'always' if w.durable else 'no'}"
+    return Running(service, {"unix": sock}, data, f"Redis {version.removeprefix('v=')} Streams ({mode}, {_client_library()})")
+
+
+def _client_library() -> str:
+    """redis-py as its users run it: with hiredis parsing replies (the bench extra
+    installs it); without, the client would set the pace and flatter every peer."""
+    import redis
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return f"redis-py {redis.__version__}" + (" with hiredis" if HIREDIS_AVAILABLE else " WITHOUT hiredis")
 
 
 def _client(address: dict):
