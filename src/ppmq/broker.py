@@ -19,6 +19,7 @@ from . import events as ev
 from . import protocol as p
 from .config import Config, ConfigError, TopicConfig
 from .events import Event
+from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
@@ -82,10 +83,13 @@ class Delivery(NamedTuple):
 class Step(NamedTuple):
     """What one transaction produced."""
 
-    replies: list[p.Reply | None]  # one per op; None for internal ops
+    # One per op; None for internal ops, and for a publish staged over later steps
+    # (staging.py), whose reply comes in `finished` of the step that ends it.
+    replies: list[p.Reply | None]
     deliveries: list[Delivery]
     next_tick_ns: int
     events: list[Event] = []  # for the journal; empty unless the config keeps one
+    finished: list[Answer] = []  # staged publishes of earlier steps, answered now
 
 
 class Broker:
@@ -109,6 +113,7 @@ class Broker:
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
+            self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
             self._switch(txn, config)
             self._requeue_unconfirmed(txn, now_ns)
             self._save(txn)
@@ -166,6 +171,12 @@ class Broker:
     def next_tick_ns(self) -> int:
         return self._next_tick_ns
 
+    @property
+    def staging(self) -> bool:
+        """A large publish is in progress (or its rows are being deleted): step
+        again even without requests."""
+        return self._staging.busy
+
     # --- the step ---------------------------------------------------------------------
 
     def has_pending(self, sub: str) -> bool:
@@ -195,6 +206,7 @@ class Broker:
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns))
                 if now_ns >= self._next_tick_ns:
                     self._tick(txn, now_ns)
                 deliveries = self._fill(txn, open_subs, now_ns)
@@ -211,9 +223,10 @@ class Broker:
             self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
             replies = [p.error_reply(err, op.id) if isinstance(op, (p.Request, Invalid)) else None for op in ops]
             self._batches, self._events = {}, []
-            return Step(replies[len(carried) :], [], now_ns + TICK_NS)
+            return Step(replies[len(carried) :], [], now_ns + TICK_NS, finished=self._staging.rolled_back(err))
+        self._staging.committed()
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
+        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events(), finished)
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         if isinstance(op, (Returned, Written)):
@@ -289,16 +302,21 @@ class Broker:
             return p.error_reply(p.BadRequest(str(exc)))
         return p.Reply(status=200)
 
-    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
-        """PROTOCOL §2: messages, then acks, then the command; all or nothing."""
+    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply | None:
+        """PROTOCOL §2: messages, then acks, then the command; all or nothing.
+        None: a large publish, answered in a later step (staging.py)."""
         accepted, body = 0, None
         if req.messages is not None:
             topic = self._topic_for(req, "Messages")
-            prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
-            if txn.used_bytes() >= self.store.max_bytes:
-                raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
-            self._publish(txn, topic, prepared, now_ns)
-            accepted += len(prepared)
+            if is_large(topic, req.messages):
+                if not self._publish_staged(txn, topic, req, now_ns):
+                    return None
+            else:
+                prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
+                if txn.used_bytes() >= self.store.max_bytes:
+                    raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
+                self._publish(txn, topic, prepared, now_ns)
+            accepted += len(req.messages)
         if req.acks is not None:
             topic = self._topic_for(req, "Acks")
             sub = self._subscriber_of(req.subscriber, topic, "Acks")
@@ -356,6 +374,31 @@ class Broker:
                 if self._journaled:
                     self._journal_publish(topic.name, m, msg, size, old is not None)
         self.state.topics[topic.name].published += len(prepared)
+
+    def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
+        """A publish too large for one step: queued on arrival, then one chunk per
+        step stored unseen; True in the step that makes it whole, and visible:
+        counted here, journaled with this request, in this transaction."""
+        job = self._staging.job_of(req)
+        if job is None:
+            self._staging.queue(req, topic, now_ns, self._journaled)
+            return False
+        t = self.state.topic_ids[topic.name]
+        stats = self.state.topics[topic.name]
+        subs = [self.state.sub_ids[name] for name in topic.subscribers]
+        if not self._staging.store_chunk(txn, job, topic, t, subs, stats, self.config.max_message_bytes):
+            return False
+        stats.stored += sum(job.ready)
+        stats.stored_bytes += job.stored_bytes
+        stats.published += job.done
+        for name in topic.subscribers:
+            ready = self.state.subs[topic.name][name].ready
+            for prio, count in enumerate(job.ready):
+                ready[prio] += count
+        if job.event is not None:
+            job.event.ts = self._now_ns
+            self._batches[(ev.PUBLISH, topic.name, None, None)] = job.event  # the key `_batch` files it under
+        return True
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
         """Store messages with new ids, each store write once for the whole batch;
