@@ -112,6 +112,7 @@ class Staging:
         answers = []
         if self._orphan is not None:
             self._delete_chunk(txn, self._orphan)
+            self._orphan = txn.staged()
         elif self._active is not None or self._waiting:
             job = self._active = self._active or self._waiting.popleft()
             self._touched = job
