@@ -25,14 +25,15 @@ from typing import Protocol
 from msgspec import UNSET
 
 from . import protocol as p
+from . import staging
 from .broker import Broker, Delivery, Op, Returned, Written
 from .events import Event
-from .staging import CHUNK_MESSAGES, Answer
+from .staging import Answer
 
 ReplySink = Callable[[p.Reply], None]
 EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
-MAX_MESSAGES_PER_STEP = CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
+MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
 ACK_GATHER_S = 0.002
@@ -161,7 +162,8 @@ class Writer:
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
         MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
-        out the ops of connections whose staged publish is not answered yet."""
+        out the ops of connections whose staged publish is not answered yet, or
+        that come after a publish large enough to be staged."""
         waiting = {sink for _, sink in self._later.values()}
         batch, kept, messages = [], [], 0
         for i, (op, sink) in enumerate(self._pending):
@@ -173,7 +175,9 @@ class Writer:
                 continue
             batch.append((op, sink))
             if isinstance(op, p.Request) and op.messages:
-                messages += min(len(op.messages), CHUNK_MESSAGES)
+                messages += min(len(op.messages), staging.CHUNK_MESSAGES)
+                if len(op.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
+                    waiting.add(sink)
         self._pending = kept
         return batch
 
