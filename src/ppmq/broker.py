@@ -21,6 +21,7 @@ from . import protocol as p
 from .access import Policy, Rules
 from .config import Config, ConfigError, SubscriberConfig, TopicConfig
 from .events import Event
+from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .store import Body, Flight, ReadyEntry, Store, StoreError, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
@@ -120,10 +121,13 @@ class Delivery(NamedTuple):
 class Step(NamedTuple):
     """What one transaction produced."""
 
-    replies: list[p.Reply | None]  # one per op; None for internal ops
+    # One per op; None for internal ops, and for a publish staged over later steps
+    # (staging.py), whose reply comes in `finished` of the step that ends it.
+    replies: list[p.Reply | None]
     deliveries: list[Delivery]
     next_tick_ns: int
     events: list[Event] = []  # for the journal; empty unless the config keeps one
+    finished: list[Answer] = []  # staged publishes of earlier steps, answered now
 
 
 class Broker:
@@ -150,6 +154,7 @@ class Broker:
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
+            self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
             self._switch(txn, config)
             self._requeue_unconfirmed(txn, now_ns)
             self._save(txn)
@@ -234,6 +239,12 @@ class Broker:
     def next_tick_ns(self) -> int:
         return self._next_tick_ns
 
+    @property
+    def staging(self) -> bool:
+        """A large publish is in progress (or its rows are being deleted): step
+        again even without requests."""
+        return self._staging.busy
+
     # --- the step ---------------------------------------------------------------------
 
     def has_pending(self, sub: str) -> bool:
@@ -265,20 +276,23 @@ class Broker:
         carried, self._carried = self._carried, []
         ops = carried + ops
         self._clear_stale_readers()
+        ended: list[Answer] = []  # a staged publish the failed first try ended
         try:
             try:
-                replies, deliveries, next_tick = self._commit(ops, open_subs, now_ns)
-            except StoreFullError:
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns)
+            except StoreFullError as exc:
+                ended = self._staging.rolled_back(_reply_error(exc))
                 if not self._clear_stale_readers():
                     raise
-                replies, deliveries, next_tick = self._commit(ops, open_subs, now_ns)
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns)
         except StoreError as exc:
-            return self._failed(ops, len(carried), exc, now_ns)
+            return self._failed(ops, len(carried), exc, now_ns, ended)
+        self._staging.committed()
         if self._failures:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events())
+        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events(), ended + finished)
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -290,7 +304,7 @@ class Broker:
             log.warning("freed %d reader slots of processes that died inside a read", cleared)
         return cleared
 
-    def _commit(self, ops: list[Op], open_subs: set[str], now_ns: int) -> tuple[list, list[Delivery], int]:
+    def _commit(self, ops: list[Op], open_subs: set[str], now_ns: int) -> tuple[list, list[Delivery], int, list[Answer]]:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised."""
         before, wiring = snapshot(self.state), self._wiring
@@ -298,6 +312,7 @@ class Broker:
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns))
                 if now_ns >= self._next_tick_ns:
                     self._tick(txn, now_ns)
                 deliveries = self._fill(txn, open_subs, now_ns)
@@ -310,9 +325,9 @@ class Broker:
             self._rewire(wiring)
             self._batches, self._events, self._fresh = {}, [], {}
             raise
-        return replies, deliveries, next_tick
+        return replies, deliveries, next_tick, finished
 
-    def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int) -> Step:
+    def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int, ended: list[Answer]) -> Step:
         """Nothing of the step happened: every request is answered with the error
         (507 when out of room), and steps that no request asks for back off, so
         that a full store is not retried thousands of times a second."""
@@ -323,9 +338,9 @@ class Broker:
         self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
         # Nobody resends a returned or written batch: keep it for the next step.
         self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
-        err = p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))
+        err = _reply_error(exc)
         replies = [None if isinstance(op, (Returned, Written)) else p.error_reply(err, _request_id(op)) for op in ops]
-        return Step(replies[carried:], [], self._retry_at_ns)
+        return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         if isinstance(op, Guarded):
@@ -426,16 +441,21 @@ class Broker:
             return p.error_reply(p.RequestError(f"reload failed: {type(exc).__name__}: {exc}"))
         return p.Reply(status=200)
 
-    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply:
-        """PROTOCOL §2: messages, then acks, then the command; all or nothing."""
+    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply | None:
+        """PROTOCOL §2: messages, then acks, then the command; all or nothing.
+        None: a large publish, answered in a later step (staging.py)."""
         accepted, body = 0, None
         if req.messages is not None:
             topic = self._topic_for(req, "Messages")
-            prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
-            if txn.used_bytes() >= self.store.max_bytes:
-                raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
-            self._publish(txn, topic, prepared, now_ns)
-            accepted += len(prepared)
+            if is_large(topic, req.messages):
+                if not self._publish_staged(txn, topic, req, now_ns):
+                    return None
+            else:
+                prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
+                if txn.used_bytes() >= self.store.max_bytes:
+                    raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
+                self._publish(txn, topic, prepared, now_ns)
+            accepted += len(req.messages)
         if req.acks is not None:
             topic = self._topic_for(req, "Acks")
             sub = self._subscriber_of(req.subscriber, topic, "Acks")
@@ -493,6 +513,31 @@ class Broker:
                 if self._journaled:
                     self._journal_publish(topic.name, m, msg, size, old is not None)
         self.state.topics[topic.name].published += len(prepared)
+
+    def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
+        """A publish too large for one step: queued on arrival, then one chunk per
+        step stored unseen; True in the step that makes it whole, and visible:
+        counted here, journaled with this request, in this transaction."""
+        job = self._staging.job_of(req)
+        if job is None:
+            self._staging.queue(req, topic, now_ns, self._journaled)
+            return False
+        t = self.state.topic_ids[topic.name]
+        stats = self.state.topics[topic.name]
+        subs = [self.state.sub_ids[name] for name in topic.subscribers]
+        if not self._staging.store_chunk(txn, job, topic, t, subs, stats, self.config.max_message_bytes):
+            return False
+        stats.stored += sum(job.ready)
+        stats.stored_bytes += job.stored_bytes
+        stats.published += job.done
+        for name in topic.subscribers:
+            ready = self.state.subs[topic.name][name].ready
+            for prio, count in enumerate(job.ready):
+                ready[prio] += count
+        if job.event is not None:
+            job.event.ts = self._now_ns
+            self._batches[(ev.PUBLISH, topic.name, None, None)] = job.event  # the key `_batch` files it under
+        return True
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
         """Store messages with new ids, each store write once for the whole batch;
@@ -926,11 +971,24 @@ def generated_id(key: str) -> int | None:
     return None
 
 
+def _reply_error(exc: StoreError) -> p.RequestError:
+    """What a request in a step that could not commit is answered."""
+    return p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))
+
+
+def request_of(op: Op) -> p.Request | None:
+    """The client's request an op carries; None for internal ops."""
+    if isinstance(op, Guarded):
+        return op.request
+    return op if isinstance(op, p.Request) else None
+
+
 def _request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:
     """The Id to answer an op with; internal ops have none."""
-    if isinstance(op, Guarded):
-        op = op.request
-    return op.id if isinstance(op, (p.Request, Invalid)) else msgspec.UNSET
+    req = request_of(op)
+    if req is not None:
+        return req.id
+    return op.id if isinstance(op, Invalid) else msgspec.UNSET
 
 
 def _fragment(msg: Prepared) -> bytes:

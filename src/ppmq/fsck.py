@@ -4,7 +4,10 @@ The store (schema in store.py) keeps every fact twice: a message's place in a
 subscriber's queue is in `ready` or `inflight` and in its `holders`, its expiry
 and dedupe key in their indexes, and the counters STATUS shows in `meta`. A bug
 or a damaged file shows up as two copies that disagree, which is what this
-checks. It opens the environment read-only and reads one LMDB snapshot, so it
+checks. Rows of a publish being staged (staging.py) are uncounted by design:
+while the meta `staging` record names their range they are left out of the
+counters (its rows must still agree with each other); without the record they
+would show up as counters that disagree. It opens the environment read-only and reads one LMDB snapshot, so it
 runs beside a live broker (which keeps writing meanwhile) as well as on a
 stopped one; it never writes, and refuses a DataPath that is not a ppmq store.
 It holds the indexes (not the payloads) in memory, a hundred bytes or so per
@@ -32,13 +35,16 @@ from .store import (
     _FLIGHT,
     _HOLDER,
     _READY_VAL,
+    _STAGED,
     _TM,
     _TSM,
     _TSPQ,
     _U64,
     SCHEMA_VERSION,
+    STAGING_KEY,
     Body,
     Flight,
+    Staged,
 )
 
 
@@ -52,6 +58,7 @@ class Snapshot:
     are kept out and reported in `problems` instead."""
 
     state: State
+    staged: Staged | None = None  # the range of a publish being staged, from meta `staging`
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
@@ -78,6 +85,10 @@ class Snapshot:
 
     def msg(self, t: int, m: int) -> str:
         return f"topic {self.topic(t)} message {m}"
+
+    def hidden(self, t: int, m: int) -> bool:
+        """Message (or queue position) m of topic t belongs to a publish being staged."""
+        return self.staged is not None and self.staged.hides(t, m)
 
 
 def read_snapshot(data_path: str, *, fragments: bool = False) -> Snapshot:
@@ -110,7 +121,8 @@ def _decode(txn: lmdb.Transaction, dbs: dict, fragments: bool) -> Snapshot:
         state = restore(raw_state) if raw_state is not None else State()
     except msgspec.DecodeError as exc:
         raise FsckError(f"the persisted counters (meta 'state') do not decode: {exc}") from None
-    snap = Snapshot(state)
+    raw_staged = txn.get(STAGING_KEY, db=dbs["meta"])
+    snap = Snapshot(state, Staged._make(_STAGED.unpack(raw_staged)) if raw_staged is not None else None)
     for name, key_layout, decode in _LAYOUTS:
         for key, value in txn.cursor(db=dbs[name]):
             try:
@@ -127,7 +139,8 @@ def _body(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
     if start + klen > len(value):
         raise ValueError(f"key length {klen} runs past the end")
     msgspec.json.decode(fragment)  # a message must be deliverable as JSON
-    snap.fragment_bytes[key[0]] += len(fragment)
+    if not snap.hidden(*key):
+        snap.fragment_bytes[key[0]] += len(fragment)
     snap.bodies[key] = Body(prio, publish_ns, expires_ns, value[start : start + klen], fragment if fragments else b"")
 
 
@@ -176,10 +189,25 @@ _LAYOUTS = (
 def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
-    for find in (_bodies_referenced, _holders_point_at_places, _ready_points_at_messages, _inflight_points_at_messages,
-                 _deadlines_point_at_flights, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
+    for find in (_staging_record_fits, _bodies_referenced, _holders_point_at_places, _ready_points_at_messages,
+                 _inflight_points_at_messages, _deadlines_point_at_flights, _message_indexes_point_at_bodies,
+                 _subscriptions_exist, _counters_match):
         problems += find(snap, config)
     return problems
+
+
+def _staging_record_fits(snap: Snapshot, config: Config) -> list[str]:
+    """The staged range was reserved from a known topic's sequence."""
+    staged = snap.staged
+    if staged is None:
+        return []
+    if staged.t not in snap.topic_names:
+        return [f"meta: the staging record names topic {snap.topic(staged.t)}"]
+    stats = snap.state.topics.get(snap.topic_names[staged.t])  # None: a dropped topic, its rows being deleted
+    seq = stats.seq if stats is not None else staged.last
+    if not 0 < staged.first <= staged.last <= seq:
+        return [f"meta: the staging record's ids {staged.first}..{staged.last} of topic {snap.topic(staged.t)} are not reserved (sequence {seq})"]
+    return []
 
 
 def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
@@ -288,8 +316,8 @@ def _subscriptions_exist(snap: Snapshot, config: Config) -> list[str]:
 def _counters_match(snap: Snapshot, config: Config) -> list[str]:
     """The persisted counters STATUS reports against what the indexes hold."""
     out = []
-    stored = Counter(t for t, _ in snap.bodies)
-    ready = Counter((t, s, p) for t, s, p, _ in snap.ready)
+    stored = Counter(t for t, m in snap.bodies if not snap.hidden(t, m))
+    ready = Counter((t, s, p) for t, s, p, pos in snap.ready if not snap.hidden(t, pos))
     inflight = Counter((t, s) for t, s, _ in snap.inflight)
     for topic, stats in snap.state.topics.items():
         t = snap.state.topic_ids[topic]

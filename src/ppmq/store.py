@@ -10,13 +10,18 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
-    meta      name            -> schema version, name ids, broker state
+    meta      name            -> schema version, name ids, broker state, staging record
 
 T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
 position (u64, both taken from the topic's one sequence, so never reused), prio a
 u8. `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
 it back there (PROTOCOL §3), and dedupe may move it. Only the writer thread
 touches the environment: one Txn is one LMDB write transaction.
+
+A publish too large for one transaction is stored over several (staging.py):
+while meta `staging` names its topic and id range, the rows in that range are
+hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
+publish before it is whole.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ _READY_VAL = struct.Struct(">QI")  # M, attempts
 _FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
 _HOLDER = struct.Struct(">HBQ")  # S, prio, pos
 _BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
+_STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
+STAGING_KEY = b"staging"
 
 
 class Body(NamedTuple):
@@ -90,6 +97,17 @@ class ReadyEntry(NamedTuple):
     pos: int
     msg: int
     attempts: int
+
+
+class Staged(NamedTuple):
+    """The ids of topic t that a publish in progress has reserved: invisible until it is whole."""
+
+    t: int
+    first: int
+    last: int
+
+    def hides(self, t: int, m: int) -> bool:
+        return t == self.t and self.first <= m <= self.last
 
 
 class StoreError(Exception):
@@ -228,6 +246,7 @@ class Txn:
         self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
+        self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -245,6 +264,7 @@ class Txn:
             self.txn.commit()
         finally:
             self.txn = outer
+            self._staged = False  # the block may have changed the staging record
 
     def used_bytes(self) -> int:
         """Pages in use by every database (freed pages are reused, so not counted)."""
@@ -282,6 +302,34 @@ class Txn:
     def put_meta(self, name: bytes, value: bytes) -> None:
         self.txn.put(name, value, db=self._meta)
 
+    # --- the staging record ------------------------------------------------------
+    def staged(self) -> Staged | None:
+        """The range a publish in progress hides, read once per transaction: the
+        walks below ask for it at every step."""
+        if self._staged is False:
+            raw = self.get_meta(STAGING_KEY)
+            self._staged = Staged._make(_STAGED.unpack(raw)) if raw is not None else None
+        return self._staged
+
+    def put_staged(self, staged: Staged | None) -> None:
+        if staged is None:
+            self.txn.delete(STAGING_KEY, db=self._meta)
+        else:
+            self.put_meta(STAGING_KEY, _STAGED.pack(*staged))
+        self._staged = staged
+
+    def staged_ids(self, staged: Staged, limit: int) -> list[int]:
+        """Up to `limit` ids of stored messages in the staged range, lowest first."""
+        out = []
+        with self.txn.cursor(db=self._bodies) as cur:
+            if cur.set_range(_TM.pack(staged.t, staged.first)):
+                for key in cur.iternext(values=False):
+                    t, m = _TM.unpack(key)
+                    if t != staged.t or m > staged.last or len(out) >= limit:
+                        break
+                    out.append(m)
+        return out
+
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
         return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
@@ -308,14 +356,17 @@ class Txn:
         return Gone(expires_ns, raw[start : start + klen], len(raw) - start - klen)
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
-        """Every stored message of topic t, by id."""
+        """Every stored message of topic t, by id; none of a publish being staged."""
         prefix = _U32(t)
+        staged = self.staged()
         with self.txn.cursor(db=self._bodies) as cur:
             if cur.set_range(prefix):
                 for key, raw in cur:
                     if key[:4] != prefix:
                         break
-                    yield _TM.unpack(key)[1], _body(raw)
+                    m = _TM.unpack(key)[1]
+                    if staged is None or not staged.hides(t, m):
+                        yield m, _body(raw)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
@@ -381,8 +432,10 @@ class Txn:
 
     def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
         """Walk s's queue on t by priority then position, deleting each entry that
-        `take` accepts, until `limit` are taken; return how many were taken."""
+        `take` accepts, until `limit` are taken; return how many were taken.
+        A staged publish's entries (one run of positions per priority) are jumped over."""
         prefix = _TS.pack(t, s)
+        staged = self.staged()
         taken = 0
         with self.txn.cursor(db=self._ready) as cur:
             positioned = cur.set_range(prefix)
@@ -391,6 +444,9 @@ class Txn:
                 if key[:6] != prefix:
                     break
                 _, _, prio, pos = _TSPQ.unpack(key)
+                if staged is not None and staged.hides(t, pos):
+                    positioned = cur.set_range(_TSPQ.pack(t, s, prio, staged.last + 1))
+                    continue
                 m, attempts = _READY_VAL.unpack(cur.value())
                 if take(ReadyEntry(prio, pos, m, attempts)):
                     taken += 1
@@ -400,11 +456,17 @@ class Txn:
         return taken
 
     def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
+        """The head of s's queue of priority prio, a staged publish's entries left out."""
         prefix = _TSPQ.pack(t, s, prio, 0)[:7]
+        staged = self.staged()
         with self.txn.cursor(db=self._ready) as cur:
             if not cur.set_range(prefix) or cur.key()[:7] != prefix:
                 return None
             _, _, p, pos = _TSPQ.unpack(cur.key())
+            if staged is not None and staged.hides(t, pos):
+                if not cur.set_range(_TSPQ.pack(t, s, prio, staged.last + 1)) or cur.key()[:7] != prefix:
+                    return None
+                _, _, p, pos = _TSPQ.unpack(cur.key())
             m, attempts = _READY_VAL.unpack(cur.value())
             return ReadyEntry(p, pos, m, attempts)
 
@@ -471,15 +533,22 @@ class Txn:
         self.txn.delete(_ETM.pack(expires_ns, t, m), db=self._expiry)
 
     def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        """Up to `limit` (expires_ns, t, m) with expires_ns <= now_ns, oldest first."""
+        """(expires_ns, t, m) with expires_ns <= now_ns, oldest first, among the first
+        `limit` due entries. Those of a staged publish count toward the limit but are
+        left out: they wait (a delivery still checks expiry) rather than let one
+        sweep read a whole staged publish."""
         out = []
+        staged = self.staged()
+        seen = 0
         with self.txn.cursor(db=self._expiry) as cur:
             if cur.first():
                 for key in cur.iternext(values=False):
                     entry = _ETM.unpack(key)
-                    if entry[0] > now_ns or len(out) >= limit:
+                    if entry[0] > now_ns or seen >= limit:
                         break
-                    out.append(entry)
+                    seen += 1
+                    if staged is None or not staged.hides(entry[1], entry[2]):
+                        out.append(entry)
         return out
 
     def next_expiry_ns(self) -> int | None:

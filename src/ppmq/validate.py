@@ -24,10 +24,12 @@ class Prepared(NamedTuple):
     payload: bytes  # raw JSON, exactly as received
 
 
-def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: int, now_ns: int) -> list[Prepared]:
-    """Every message of a publish, checked; raises the RequestError of the first bad one."""
+def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: int, now_ns: int, first_index: int = 0) -> list[Prepared]:
+    """Every message of a publish, checked; raises the RequestError of the first bad one.
+    A publish staged in chunks (staging.py) passes each chunk's place in the whole
+    request as `first_index`, so an error names the message as the client counts it."""
     out = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(messages, first_index):
         where = f"Messages[{i}]"
         if not 0 <= m.priority < topic.priorities:
             raise p.BadRequest(f"{where}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")

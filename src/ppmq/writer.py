@@ -5,6 +5,13 @@ the next step takes all of them into one transaction, so one fsync serves them
 all, and replies leave only after that commit. The broker runs on a single
 worker thread: LMDB releases the GIL while it writes and syncs, so the event
 loop keeps reading sockets while the disk works.
+
+A step's work is bounded, so that no request makes the others wait long: at most
+MAX_OPS_PER_STEP requests, and about CHUNK_MESSAGES messages beside one chunk of
+a large publish, which the broker stages over several steps (staging.py) and
+answers in a later step than the one it arrived in. Until then the writer keeps
+its reply sink, and holds back what its connection sent after it, so that a
+connection's requests still apply, and are answered, in the order it sent them.
 """
 
 from __future__ import annotations
@@ -18,12 +25,15 @@ from typing import Protocol
 from msgspec import UNSET
 
 from . import protocol as p
-from .broker import Broker, Delivery, Guarded, Op, Returned, Written
+from . import staging
+from .broker import Broker, Delivery, Op, Returned, Written, request_of
 from .events import Event
+from .staging import Answer
 
 ReplySink = Callable[[p.Reply], None]
 EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
+MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
 ACK_GATHER_S = 0.002
@@ -43,6 +53,7 @@ class Writer:
         self.broker = broker
         self._journal = journal
         self._pending: list[tuple[Op, ReplySink | None]] = []
+        self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._wake = asyncio.Event()
         self._stopping = False
@@ -96,7 +107,9 @@ class Writer:
         try:
             while True:
                 self._heartbeat = time.monotonic()
-                if not self._pending:
+                if self.broker.staging:
+                    pass  # a large publish goes on, one chunk a step
+                elif not self._pending:
                     if self._stopping:
                         return
                     now_ns = time.time_ns()
@@ -105,8 +118,7 @@ class Writer:
                         continue
                 else:
                     await self._gather_acks()
-                batch = self._pending[:MAX_OPS_PER_STEP]
-                del self._pending[:MAX_OPS_PER_STEP]
+                batch = self._take_batch()
                 open_subs = set() if self._stopping else set(self._open)
                 ops = [op for op, _ in batch]
                 self._busy_since = time.monotonic()
@@ -115,6 +127,7 @@ class Writer:
                 finally:
                     self._busy_since = None
                 self._answer(batch, step.replies)
+                self._answer_later(step.finished)
                 self._dispatch(step.deliveries)
                 self._stepped.set()
                 self._stepped = asyncio.Event()
@@ -146,10 +159,43 @@ class Writer:
         except TimeoutError:
             pass
 
-    @staticmethod
-    def _answer(batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
-        for (_, sink), reply in zip(batch, replies):
-            if reply is not None and sink is not None:
+    def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
+        """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
+        MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
+        out the ops of connections whose staged publish is not answered yet, or
+        that come after a publish large enough to be staged."""
+        waiting = {sink for _, sink in self._later.values()}
+        batch, kept, messages = [], [], 0
+        for i, (op, sink) in enumerate(self._pending):
+            if len(batch) >= MAX_OPS_PER_STEP or (batch and messages >= MAX_MESSAGES_PER_STEP):
+                kept += self._pending[i:]
+                break
+            if sink is not None and sink in waiting:
+                kept.append((op, sink))
+                continue
+            batch.append((op, sink))
+            req = request_of(op)
+            if req is not None and req.messages:
+                messages += min(len(req.messages), staging.CHUNK_MESSAGES)
+                if len(req.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
+                    waiting.add(sink)
+        self._pending = kept
+        return batch
+
+    def _answer(self, batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
+        for (op, sink), reply in zip(batch, replies):
+            if sink is None:
+                continue
+            req = request_of(op)
+            if reply is not None:
+                sink(reply)
+            elif req is not None:  # staged: answered in a later step
+                self._later[id(req)] = (req, sink)
+
+    def _answer_later(self, finished: list[Answer]) -> None:
+        for op, reply in finished:
+            _, sink = self._later.pop(id(op), (op, None))
+            if sink is not None:
                 sink(reply)
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
@@ -169,6 +215,5 @@ def _quiet(op: Op) -> bool:
     anyone can see but the counters (and they are at least once anyway)."""
     if isinstance(op, Written):
         return True
-    if isinstance(op, Guarded):
-        op = op.request
+    op = request_of(op)
     return isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None
