@@ -15,6 +15,8 @@ class Workload(NamedTuple):
     subscribers: int = 2
     batch: int = 100  # messages per publish, each batch confirmed before the next
     priorities: int = 3
+    window: int = 1000  # messages in flight per subscriber (ppmq's Window; the peers' prefetch)
+    server_acks: bool = False  # ppmq subscribers ack the ppMQ way: one-way, to ServerSocket
 
     @property
     def paced(self) -> bool:

@@ -83,7 +83,7 @@ class Publisher:
 
 class Subscriber:
     def __init__(self, address: dict, w: Workload, index: int) -> None:
-        self.url, self.name, self.count = address["url"], f"s{index}", w.batch
+        self.url, self.name, self.count, self.window = address["url"], f"s{index}", w.batch, w.window
         self.loop = asyncio.new_event_loop()
 
     def prepare(self) -> None:
@@ -94,7 +94,7 @@ class Subscriber:
 
         self.nc, js = await _jetstream(self.url)
         await js.add_stream(name=STREAM, subjects=[SUBJECT], storage=StorageType.FILE, retention=RetentionPolicy.INTEREST)
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=10 * self.count)
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=self.window)
         self.sub = await js.pull_subscribe(SUBJECT, durable=self.name, stream=STREAM, config=config)
 
     def start(self) -> None:

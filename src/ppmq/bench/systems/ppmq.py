@@ -18,7 +18,6 @@ from . import IDLE_S
 
 NAME = "ppmq"
 TOPIC = "bench"
-WINDOW = 1000  # messages in flight per subscriber, as the peers' prefetch
 
 
 def missing() -> str | None:
@@ -32,14 +31,15 @@ def start(tmp: Path, w: Workload) -> Running:
         "DataPath": str(tmp / "data"),
         "Sync": w.durable,
         "RetryMax": "100ms",  # a backlog's subscribers come up once publishing ends
-        "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": WINDOW} for s in subs],
+        "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": w.window} for s in subs],
         "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs}],
     }
     (tmp / "ppmq.yaml").write_text(yaml.safe_dump(config))
     service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
     service.wait_unix(config["ServerSocket"])
     address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
-    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()})")
+    acks = "acks to ServerSocket" if w.server_acks else "acks on the delivery connection"
+    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks})")
 
 
 def _revision() -> str:
@@ -76,12 +76,17 @@ class _Batch(msgspec.Struct):
 
 
 class Subscriber:
-    """Listens on its socket; acks each batch on the delivery connection."""
+    """Listens on its socket; acks each batch on the delivery connection, or one-way
+    to ServerSocket (ppMQ's way) with `server_acks`."""
 
     def __init__(self, address: dict, w: Workload, index: int) -> None:
         self.path = address["subscribers"][index]
         self.backlog = w.backlog
         self.conn: socket.socket | None = None
+        self.acks: socket.socket | None = None
+        if w.server_acks:
+            self.acks = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.acks.connect(address["server"])
 
     def prepare(self) -> None:
         if os.path.exists(self.path):
@@ -100,6 +105,7 @@ class Subscriber:
 
     def batches(self) -> Iterator[list[bytes]]:
         decode = msgspec.json.Decoder(_Batch).decode
+        ack = (self.acks or self.conn).sendall
         buf = b""
         while True:
             try:
@@ -114,10 +120,11 @@ class Subscriber:
             for line in lines:
                 batch = decode(line)
                 keys = b",".join(bytes(m["Key"]) for m in batch.Messages)
-                self.conn.sendall(b'{"Topic":"%s","Subscriber":"%s","Acks":[%s]}\n' % (batch.Topic.encode(), batch.Subscriber.encode(), keys))
+                ack(b'{"Topic":"%s","Subscriber":"%s","Acks":[%s]}\n' % (batch.Topic.encode(), batch.Subscriber.encode(), keys))
                 yield [bytes(m["Payload"]) for m in batch.Messages]
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
+        for sock in (self.conn, self.acks):
+            if sock is not None:
+                sock.close()
         self.listener.close()

@@ -19,7 +19,6 @@ from . import IDLE_S, lacking
 
 NAME = "rabbitmq"
 EXCHANGE = "bench"
-PREFETCH = 1000
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # the real one; /usr/sbin's insists on user rabbitmq
 
 
@@ -97,7 +96,7 @@ class Subscriber:
 
     async def _declare(self) -> None:
         self.conn, channel, exchange = await _channel(self.url, confirms=False)
-        await channel.set_qos(prefetch_count=PREFETCH)
+        await channel.set_qos(prefetch_count=self.w.window)
         self.queue = await channel.declare_queue(self.name, durable=True, arguments={"x-max-priority": self.w.priorities})
         await self.queue.bind(exchange)
 
