@@ -88,13 +88,27 @@ class Ledger:
 
 class Recorder(Subscriber):
     """A subscriber that records every message with the broker run that sent it
-    (known from the peer's pid) and acks each batch on the delivery connection."""
+    (known from the peer's pid) and acks each batch on the delivery connection.
+
+    It reads a connection to its end, also once acking fails because the broker
+    is dead: what reached the socket before the kill was delivered (on an
+    `AckRequired: false` topic it is already gone from the store)."""
 
     def __init__(self, name: str, path: str, ledger: Ledger, on_batch: Callable[[], None]) -> None:
         self.name, self.ledger, self.on_batch = name, ledger, on_batch
+        self.reading = 0  # connections not yet read to their end
         super().__init__(path, ack=None)
 
     def _read(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.reading += 1
+        try:
+            self._read_to_the_end(conn)
+        finally:
+            with self.lock:
+                self.reading -= 1
+
+    def _read_to_the_end(self, conn: socket.socket) -> None:
         pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         wait_for(lambda: pid in self.ledger.run_of_pid, what=f"broker pid {pid} to be known")  # it may connect before start() returns
         run = self.ledger.run_of_pid[pid]
@@ -105,12 +119,15 @@ class Recorder(Subscriber):
                     obj = msgspec.json.decode(frame)
                     if "Status" in obj:
                         self._acked(pending.pop(0), obj, run)
-                    else:
-                        pending.append(self._batch(conn, obj, run, next(ids)))
+                        continue
+                    acked = self._batch(conn, obj, run, next(ids))
+                    if acked is not None:
+                        pending.append(acked)
         except OSError:
             pass
 
-    def _batch(self, conn: socket.socket, batch: dict, run: int, rid: int) -> tuple[str, list[str], int]:
+    def _batch(self, conn: socket.socket, batch: dict, run: int, rid: int) -> tuple[str, list[str], int] | None:
+        """Record a batch and ack it; None if the ack could not be sent."""
         payloads = []
         with self.ledger.lock:
             for m in batch["Messages"]:
@@ -118,8 +135,12 @@ class Recorder(Subscriber):
                 self.ledger.deliveries.append(Delivery(run, self.name, batch["Topic"], m["Payload"], expires))
                 payloads.append(m["Payload"])
         keys = [m["Key"] for m in batch["Messages"]]
-        conn.sendall(msgspec.json.encode({"Topic": batch["Topic"], "Subscriber": self.name, "Acks": keys, "Id": rid}) + b"\n")
-        self.on_batch()
+        try:
+            conn.sendall(msgspec.json.encode({"Topic": batch["Topic"], "Subscriber": self.name, "Acks": keys, "Id": rid}) + b"\n")
+        except OSError:
+            return None
+        finally:
+            self.on_batch()
         return batch["Topic"], payloads, len(keys)
 
     def _acked(self, pending: tuple[str, list[str], int], reply: dict, run: int) -> None:
@@ -251,9 +272,16 @@ class CrashRun:
         self._kill_at_batch = None
         self.broker.kill()
         publishers.join()
+        self.read_what_the_dead_broker_sent()
         self.check_frozen_store()
         self.check_runs(since=self._runs_checked)
         self._runs_checked = len(self.ledger.deliveries)
+
+    def read_what_the_dead_broker_sent(self) -> None:
+        """Let the subscribers accept and read to their end the connections of the
+        killed run (their accept loop looks every 0.1 s)."""
+        time.sleep(0.3)
+        wait_for(lambda: not any(r.reading for r in self.recorders), what="the subscribers to read the dead broker's connections")
 
     def check_frozen_store(self) -> None:
         """With the broker dead: fsck is clean, and every confirmed message has reached
