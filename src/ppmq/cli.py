@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 
-from . import daemon
+from . import daemon, sockets
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .fsck import FsckError, fsck
-from .server import ListenError
+from .sockets import ListenError
 from .store import StoreError
 from .systemd import configure_logging, listening_unix_socket
 
@@ -242,12 +242,11 @@ def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
 
 def _listen(args: argparse.Namespace) -> int:
     """Bind SOCKET, accept the broker's connections, print batches; Ctrl-C ends it (exit 0)."""
-    if os.path.exists(args.path):
-        os.unlink(args.path)
-    os.makedirs(os.path.dirname(os.path.abspath(args.path)), exist_ok=True)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(args.path)
-    server.listen(8)
+    try:
+        server = sockets.listen(os.path.abspath(args.path), 8)
+    except ListenError as exc:
+        print(f"ppmq listen: {exc}", file=sys.stderr)
+        return 1
     print(f"listening on {args.path}", file=sys.stderr)
     via_server = _client(args) if args.ack and (args.config or args.socket) else None
     try:
@@ -259,7 +258,7 @@ def _listen(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.close()
-        os.unlink(args.path)
+        sockets.remove(os.path.abspath(args.path))
 
 
 def _listen_connection(conn: socket.socket, ack: bool, via_server: Client | None) -> None:

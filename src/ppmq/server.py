@@ -10,9 +10,7 @@ client sends cannot grow the broker's memory without bound.
 from __future__ import annotations
 
 import asyncio
-import grp
 import logging
-import os
 import resource
 import socket
 import time
@@ -22,6 +20,7 @@ from functools import partial
 from msgspec import UNSET
 
 from . import protocol as p
+from . import sockets
 from .access import Peer, Policy
 from .broker import Guarded, Invalid
 from .framing import Framer
@@ -43,10 +42,6 @@ MAX_OUTSTANDING_BYTES = 1 << 20
 # larger buffer would only hold more for one that does not.
 MAX_UNSENT_BYTES = 1 << 16
 FD_RESERVE = 64  # descriptors kept for the store, subscribers and logs when MaxConnections is 0
-
-
-class ListenError(Exception):
-    """ServerSocket cannot be listened on (a live broker holds it, or the OS says no)."""
 
 
 class ReplyChannel:
@@ -269,22 +264,17 @@ class Server:
     async def start(self, inherited: socket.socket | None = None, mode: int | None = None, group: str | None = None) -> None:
         """Listen on ServerSocket, or on the socket systemd passed (never unlinked:
         it is systemd's, and producers may already be waiting in its backlog).
-        A socket we bind ourselves gets `mode` (and `group`); it is bound with a
-        umask that lets nobody but root in until then."""
+        A socket we bind ourselves gets `mode` (and `group`) before it listens."""
         try:
             if inherited is not None:
                 self._server = await asyncio.start_unix_server(self._handle, sock=inherited, backlog=LISTEN_BACKLOG)
                 self._check_inherited_path(inherited)
                 return
-            gid = _group_id(group) if group is not None else None
-            _claim_socket_path(self.path)
-            sock = _bound_socket(self.path)
+            sock = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
             self._owns_path = True
-            if mode is not None:  # before listening: nobody connects through a mode not yet set
-                set_socket_access(self.path, mode, gid)
             self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
         except OSError as exc:
-            raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
+            raise sockets.ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
     def _check_inherited_path(self, sock: socket.socket) -> None:
         bound = sock.getsockname()
@@ -326,12 +316,8 @@ class Server:
         self.stopping.set()
         if self._server is not None:
             self._server.close()
-        if not self._owns_path:
-            return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self._owns_path:
+            sockets.remove(self.path)
 
     async def close_connections(self, timeout_s: float) -> None:
         """Once the writer is done: let every connection take its last replies
@@ -351,51 +337,3 @@ class Server:
 def _open_file_limit() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
-
-
-def _bound_socket(path: str) -> socket.socket:
-    """A stream socket bound to path, not yet listening, created with a umask
-    that lets nobody but its owner in until set_socket_access runs."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(path)
-    except OSError:
-        sock.close()
-        raise
-    finally:
-        os.umask(old_umask)
-    return sock
-
-
-def set_socket_access(path: str, mode: int, gid: int | None) -> None:
-    """SocketMode and SocketGroup of a socket the broker bound itself (one that
-    systemd passes in is systemd's business)."""
-    if gid is not None:
-        os.chown(path, -1, gid)
-    os.chmod(path, mode)
-
-
-def _group_id(group: str) -> int:
-    if group.isdigit():
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ListenError(f"SocketGroup: no group {group!r} on this host") from None
-
-
-def _claim_socket_path(path: str) -> None:
-    """Remove a stale socket file, but refuse to steal one a live broker listens on."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)
-    else:
-        raise ListenError(f"another process is already listening on {path}")
-    finally:
-        probe.close()

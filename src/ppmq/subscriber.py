@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import inspect
 import logging
-import os
 import signal
 import socket
 import sys
@@ -59,7 +58,7 @@ import msgspec
 from .client import AsyncClient, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
-from .server import ListenError, _claim_socket_path
+from . import sockets
 from .systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger(__name__)
@@ -181,23 +180,14 @@ class _Listener:
     def close(self) -> None:
         self.sock.close()
         if self.bound_path is not None:
-            try:
-                os.unlink(self.bound_path)
-            except FileNotFoundError:
-                pass
+            sockets.remove(self.bound_path)
 
 
 def _bind(path: str) -> socket.socket:
     try:
-        _claim_socket_path(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(path)
-        sock.listen(8)
-    except ListenError as exc:
+        return sockets.listen(path, 8)
+    except sockets.ListenError as exc:
         raise SubscriberError(str(exc)) from None
-    except OSError as exc:
-        raise SubscriberError(f"cannot listen on {path}: {exc.strerror or exc}") from None
-    return sock
 
 
 def _idle_exit_s(configured: float | None, activated: bool) -> float | None:
