@@ -10,9 +10,8 @@ and it runs on one thread: the writer thread of the server, or a test.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -27,6 +26,7 @@ from .store import Body, Flight, ReadyEntry, Store, StoreError, StoreFullError, 
 from .validate import MAX_KEY_BYTES, Prepared, prepare
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TICK_NS = NS  # expiry and redelivery run at least this often
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
@@ -365,8 +365,7 @@ class Broker:
             return self._reconfigure(txn, op.config)
         step_batches, self._batches = self._batches, {}
         try:
-            with self._undoable(txn):
-                reply = self._request(txn, op, now_ns)
+            reply = self._undoable(txn, lambda: self._request(txn, op, now_ns))
             self._events += self._batches.values()
             return reply
         except p.RequestError as exc:
@@ -381,16 +380,15 @@ class Broker:
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
 
-    @contextmanager
-    def _undoable(self, txn: Txn) -> Iterator[None]:
-        """A block whose writes, counters, config and fresh messages all vanish if
+    def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
+        """apply(), whose writes, counters, config and fresh messages all vanish if
         it raises. The step's fresh lists are kept by value: a STATUS or a reload
-        moves them into the queues (and empties the dict) inside the block."""
+        moves them into the queues (and empties the dict) inside it."""
         before, wiring = snapshot(self.state), self._wiring
         fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
         try:
             with txn.savepoint():
-                yield
+                return apply()
         except BaseException:
             self.state = restore(before)
             self._rewire(wiring)
@@ -430,8 +428,7 @@ class Broker:
         """All of the new config, or none of it (the old one keeps running); the
         reload is always answered, so whoever asked for it never waits for ever."""
         try:
-            with self._undoable(txn):
-                self._switch(txn, config)
+            self._undoable(txn, lambda: self._switch(txn, config))
         except ConfigError as exc:
             return p.error_reply(p.BadRequest(str(exc)))
         except StoreFullError as exc:

@@ -109,6 +109,8 @@ class Staging:
         """One chunk of work: an orphan's rows deleted, or the next chunk of the job
         whose turn it is, through `apply` (the broker's request path), which answers
         None until the job is whole. Returns the job's answer once it has one."""
+        if not self.busy:
+            return []  # nothing staged: the record is absent, and stays so
         answers = []
         if self._orphan is not None:
             self._delete_chunk(txn, self._orphan)
