@@ -2,21 +2,28 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+BROKER := $(VENV)/.installed-broker
 STAMP  := $(VENV)/.installed
 
 .PHONY: serve test test-slow bench bench-peers bench-isolation soak fuzz install clean package rpm test-package
 
-$(STAMP): pyproject.toml
-	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
+# The broker alone: its own dependencies, no Java and no Spark.
+$(BROKER): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(BROKER)
+
+# Everything the tests use: the test tools, and the spark extra with Java for `ppmq report`.
+$(STAMP): $(BROKER)
+	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-## serve: set up the virtualenv and run the broker on ppmq.example.yaml (data under ./var/)
-serve: $(STAMP)
+## serve: set up the virtualenv with the broker alone and run it on ppmq.example.yaml (data under ./var/)
+serve: $(BROKER)
 	mkdir -p var/sub
 	$(BIN)/ppmq serve -c ppmq.example.yaml
 

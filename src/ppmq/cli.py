@@ -295,7 +295,8 @@ def _report(args: argparse.Namespace) -> int:
         from .pipeline.report import report
         from .pipeline.session import local_session
     except ImportError as exc:
-        raise Failure(f"needs the spark extra (pip install 'ppmq[spark]'): {exc}") from None
+        print(f"ppmq report: needs PySpark, which the spark extra brings: pip install 'ppmq[spark]' (and Java 17 on PATH); {exc}", file=sys.stderr)
+        return 2
     logging.getLogger("py4j").setLevel(logging.WARNING)
     running = SparkSession.getActiveSession()
     spark = local_session(args.master, "ppmq report")

@@ -1,0 +1,32 @@
+"""The README's two commands, as make would run them on a fresh clone (`make -n -B`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
+
+
+def planned(target: str) -> str:
+    """Every command `make TARGET` would run from scratch, without running any."""
+    return subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_make_serve_installs_the_broker_alone_without_java_or_spark() -> None:
+    commands = planned("serve")
+    assert "pip install --quiet -e .\n" in commands
+    assert "ppmq serve -c ppmq.example.yaml" in commands
+    assert "spark" not in commands and "java" not in commands and "openjdk" not in commands
+
+
+def test_make_test_installs_the_test_tools_spark_and_java_then_runs_every_test() -> None:
+    commands = planned("test")
+    assert "pip install --quiet -e '.[test,spark]'" in commands
+    assert "openjdk-17-jre-headless" in commands
+    assert commands.rstrip().endswith("-m pytest -q")
