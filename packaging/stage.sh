@@ -6,6 +6,7 @@
 #   /usr/lib/systemd/system   the units of systemd/, unchanged
 #   /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
 #   /etc/ppmq/ppmq.yaml       ppmq.example.yaml with the service's paths
+#   /usr/share/man            ppmq(1) and ppmq.yaml(5), made from the parser and the config
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
 #                             copyright, with the bundled packages' licenses, and
 #                             examples/subscriber, which README.md walks through
@@ -84,9 +85,16 @@ system_files() {
     ln -s /opt/ppmq/bin/ppmq "$stage/usr/bin/ppmq"
 }
 
+# ppmq(1) and ppmq.yaml(5), made by the staged ppmq from its own parser and config
+# Structs (-B: no bytecode written into the stage after compile).
+manual_pages() {
+    "$venv/bin/python" -B -m ppmq.manpages "$stage/usr/share/man" --example "$src/ppmq.example.yaml" >/dev/null
+}
+
 rm -rf "$stage" "$stage.wheels"
 build_venv
 relocate
 compile
 production_config
 system_files
+manual_pages

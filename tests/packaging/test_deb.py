@@ -60,6 +60,12 @@ def test_the_units_find_the_command_the_config_and_the_documentation(installed: 
     assert Path("/usr/bin/ppmq").resolve() == Path("/opt/ppmq/bin/ppmq")
 
 
+def test_man_finds_the_command_and_the_config_pages(installed: Machine) -> None:
+    for section, page, expected in (("1", "ppmq", "PPMQ_CONFIG"), ("5", "ppmq.yaml", "MaxAttempts")):
+        done = subprocess.run(["man", "-P", "cat", section, page], capture_output=True, text=True, env={**os.environ, "MANWIDTH": "100"})
+        assert done.returncode == 0 and expected in done.stdout, done.stderr
+
+
 def test_the_packaged_config_uses_the_sockets_and_the_directory_of_the_units(installed: Machine) -> None:
     config = yaml.safe_load(CONFIG.read_text())
     assert unit_values("ppmq.socket", "ListenStream") == [config["ServerSocket"]]
