@@ -189,8 +189,8 @@ def _drain_until_flushed(out: asyncio.StreamWriter) -> None:
     CPython 3.11 to 3.13 (transports.py, selector_events.py write/_write_ready
     or _write_send, streams.py FlowControlMixin). A write the kernel takes at
     once never pauses, so a subscriber that keeps up costs no extra wait. Acks
-    read on this connection wait on the same drain (serve_requests): they are
-    read on once the batch ahead of their replies is out. The one way
+    read on this connection do not wait for it: their reply channel waits only
+    while more than MAX_UNSENT_BYTES are unsent (server.ReplyChannel). The one way
     drain() returns with bytes unsent is transport.abort(), never used here:
     errors close the transport with the error, and close() flushes first.
     """
