@@ -265,6 +265,8 @@ class Broker:
         """Whether a step with no requests would do anything now."""
         if now_ns < self._retry_at_ns:
             return False
+        if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+            return True
         return now_ns >= self._next_tick_ns or any(self._space(s, t) > 0 for s in open_subs for t in self.sub_topics.get(s, ()))
 
     def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:

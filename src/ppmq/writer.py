@@ -107,10 +107,8 @@ class Writer:
         try:
             while True:
                 self._heartbeat = time.monotonic()
-                if self.broker.staging:
-                    pass  # a large publish goes on, one chunk a step
-                elif not self._pending:
-                    if self._stopping:
+                if not self._pending:
+                    if self._stopping and not self.broker.staging:  # a large publish is finished first
                         return
                     now_ns = time.time_ns()
                     if not self.broker.wants_step(set(self._open), now_ns):

@@ -178,6 +178,32 @@ def test_a_commit_that_fails_ends_the_staged_publish_with_its_error_and_the_next
     assert h.status()["bulk"]["Stored"] == 5 and h.fsck() == []
 
 
+def test_the_writer_backs_off_failing_commits_also_while_a_publish_is_staged(h, monkeypatch):
+    # Given a publish in progress, and a store where every commit fails
+    h.broker.step([publish("bulk", 10, rid=1), publish("bulk", 5, rid=2)], set(), NOW)
+    real, commits = h.store.write, []
+
+    @contextmanager
+    def failing() -> Iterator[Txn]:
+        commits.append(1)
+        with real() as txn:
+            yield txn
+            raise StoreFullError("disk full")
+
+    monkeypatch.setattr(h.store, "write", failing)
+
+    async def run() -> None:
+        task = asyncio.create_task(Writer(h.broker).run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    # When the writer runs for half a second
+    asyncio.run(run())
+    # Then it tried a few times with growing pauses (100 ms, 200 ms, ...), not thousands
+    assert h.broker.staging and 1 <= len(commits) <= 5
+
+
 @pytest.mark.parametrize("topic", ["dd", "capped"])
 def test_topics_with_dedupe_or_limits_refuse_a_publish_larger_than_a_chunk_with_413(h, topic):
     (reply,) = h.broker.step([publish(topic, CHUNK + 1)], set(), NOW).replies
