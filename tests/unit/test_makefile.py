@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +15,11 @@ pytestmark = pytest.mark.skipif(not shutil.which("make"), reason="make is not in
 
 
 def planned(target: str) -> str:
-    """Every command `make TARGET` would run from scratch, without running any."""
-    return subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    """Every command `make TARGET` would run from scratch, without running any
+    (also from inside `make test`, whose settings a child make would inherit)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    argv = ["make", "--no-print-directory", "-n", "-B", target]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
 
 
 def test_make_serve_installs_the_broker_alone_without_java_or_spark() -> None:
@@ -29,4 +33,4 @@ def test_make_test_installs_the_test_tools_spark_and_java_then_runs_every_test()
     commands = planned("test")
     assert "pip install --quiet -e '.[test,spark]'" in commands
     assert "openjdk-17-jre-headless" in commands
-    assert commands.rstrip().endswith("-m pytest -q")
+    assert commands.splitlines()[-1].endswith("-m pytest -q")
