@@ -81,6 +81,19 @@ def test_a_store_the_broker_wrote_is_clean(store):
     assert len(snap.bodies) == 6 + 3 and snap.inflight and snap.deadlines and snap.expiry and snap.dedupe
 
 
+def test_payloads_of_any_json_number_are_clean(tmp_path):
+    # Given payloads the broker passes on as they came: numbers no float holds
+    config = make_config(tmp_path)
+    store = Store(config.data_path, sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    payloads = [b"1e999", b"-1e999", b"9" * 400, b"1.5e-400"]
+    reply = broker.step([publish("g", *({"Payload": msgspec.Raw(x)} for x in payloads))], set(), NOW).replies[0]
+    store.close()
+    # Then fsck finds nothing wrong with them
+    assert reply.status == 200
+    assert check(read_snapshot(config.data_path), config) == []
+
+
 def first_entry(txn: Txn, db: str) -> tuple[bytes, bytes]:
     return next(iter(txn.txn.cursor(db=txn.store.dbs[db])))
 
