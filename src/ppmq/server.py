@@ -14,8 +14,8 @@ import logging
 import resource
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
-from functools import partial
 
 from msgspec import UNSET
 
@@ -60,6 +60,7 @@ class ReplyChannel:
         self.peer = peer
         self.outstanding = 0
         self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
+        self._frame_bytes: deque[int] = deque()  # of each of them, oldest first
         self._answered = asyncio.Event()  # set by every reply: admit looks again
         self._idle = asyncio.Event()
         self._idle.set()
@@ -85,15 +86,18 @@ class ReplyChannel:
         return self.outstanding < MAX_OUTSTANDING_REQUESTS and self.outstanding_bytes + frame_bytes <= MAX_OUTSTANDING_BYTES
 
     def expect(self, frame_bytes: int) -> ReplySink:
-        """Count a request handed to the writer; returns where its reply goes."""
+        """Count a request handed to the writer; returns where its reply goes: one
+        sink for every request of the connection, which is how the writer tells a
+        connection's requests apart (and keeps them, and their replies, in order)."""
         self.outstanding += 1
         self.outstanding_bytes += frame_bytes
+        self._frame_bytes.append(frame_bytes)
         self._idle.clear()
-        return partial(self._reply, frame_bytes)
+        return self._reply
 
-    def _reply(self, frame_bytes: int, reply: p.Reply) -> None:
+    def _reply(self, reply: p.Reply) -> None:
         self.outstanding -= 1
-        self.outstanding_bytes -= frame_bytes
+        self.outstanding_bytes -= self._frame_bytes.popleft()  # replies come in the order of the requests
         self._answered.set()
         if not self.outstanding:
             self._idle.set()

@@ -161,3 +161,19 @@ def _ignore_errors(call, *args) -> None:
         call(*args)
     except (OSError, ValueError, msgspec.DecodeError):
         pass
+
+
+def test_a_connection_gets_its_replies_in_order_when_a_staged_publish_is_followed_by_a_small_one(broker_factory):
+    # Given a publish just over a chunk (20,001 tiny messages, well under 1 MiB), then
+    # a small publish, pipelined on one connection
+    b, _ = start(broker_factory)
+    big = b'{"Id":"big","Topic":"bulk","Messages":[' + b",".join([b'{"Payload":1}'] * 20_001) + b"]}\n"
+    small = b'{"Id":"small","Topic":"small","Messages":[{"Payload":2}]}\n'
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(WAIT_S)
+        sock.connect(b.socket)
+        sock.sendall(big + small)
+        replies = sock.makefile("rb")
+        # Then the replies come in the order of the requests, both 200
+        got = [msgspec.json.decode(replies.readline()) for _ in range(2)]
+    assert [(r["Id"], r["Status"]) for r in got] == [("big", 200), ("small", 200)]
