@@ -22,7 +22,8 @@ from .config import Config, ConfigError, SubscriberConfig, TopicConfig
 from .events import Event
 from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
-from .store import Body, Flight, ReadyEntry, Store, StoreError, StoreFullError, Txn
+from .queues import Fresh, Queue, space
+from .store import Body, Store, StoreError, StoreFullError, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,6 @@ class Wiring(NamedTuple):
             {i: n for n, i in state.sub_ids.items()},
             Rules(config),
         )
-
-
-class Fresh(NamedTuple):
-    """A message published in this step, for a subscriber that may take it at once."""
-
-    prio: int
-    m: int  # message id, and its queue position
-    fragment: bytes
 
 
 class Delivery(NamedTuple):
@@ -210,16 +203,17 @@ class Broker:
     def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:
         """sub no longer takes topic: what it still had there is released, and
         messages nobody else holds are deleted (like deleting a bound queue)."""
+        msgs = self._queue_of(txn, topic, sub).drop_all()
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        msgs: list[int] = []
-        txn.pull_ready(t, s, 1 << 62, lambda entry: msgs.append(entry.msg) or True)
-        for m, _ in txn.inflight_of(t, s):
-            txn.pop_inflight(t, s, m)
-            msgs.append(m)
         for m in msgs:
             self._release(txn, topic, t, s, m)
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
+
+    def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
+        """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
+        fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
+        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list)
 
     def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
         """On an `AckRequired: false` topic nothing will ever ack what a previous run
@@ -530,9 +524,7 @@ class Broker:
         stats.stored_bytes += job.stored_bytes
         stats.published += job.done
         for name in topic.subscribers:
-            ready = self.state.subs[topic.name][name].ready
-            for prio, count in enumerate(job.ready):
-                ready[prio] += count
+            self._queue_of(txn, topic.name, name).reveal(job.ready)
         if job.event is not None:
             job.event.ts = self._now_ns
             self._batches[(ev.PUBLISH, topic.name, None, None)] = job.event  # the key `_batch` files it under
@@ -552,45 +544,16 @@ class Broker:
             stats.seq = m
             stats.stored += 1
             stats.stored_bytes += len(fragment)
-            if topic.dedupe:
-                txn.put_dedupe(t, msg.key, m)
-            self._index_expiry(txn, topic, t, m, msg)
             bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment)))
-        txn.put_bodies(t, bodies)
+        txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # A dedupe replacement, an expiry or a drop in this step would look for it in the queue.
-        may_skip = [not topic.dedupe and not topic.limited and not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        may_stay_fresh = [not topic.dedupe and not topic.limited and not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        new = [(m, body.priority, body.fragment) for m, body in bodies]
         for name in topic.subscribers:
-            self._enqueue_new(txn, topic.name, t, name, bodies, may_skip)
+            is_open = name in self._open
+            self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in topic.subscribers], [(m, body.priority) for m, body in bodies])
         return [(m, len(body.fragment)) for m, body in bodies]
-
-    def _enqueue_new(self, txn: Txn, topic: str, t: int, name: str, bodies: list[tuple[int, Body]], may_skip: list[bool]) -> None:
-        """New messages for one subscriber: while it is open and has nothing older
-        queued they stay fresh (a batch may take them in this step), else they queue."""
-        stats = self.state.subs[topic][name]
-        fresh = self._fresh.get((topic, name))
-        caught_up = name in self._open and sum(stats.ready) == (len(fresh) if fresh else 0)
-        queued = []
-        for (m, body), skip in zip(bodies, may_skip):
-            if caught_up and skip:
-                if fresh is None:
-                    fresh = self._fresh[(topic, name)] = []
-                fresh.append(Fresh(body.priority, m, body.fragment))
-            else:
-                caught_up = False
-                queued.append((body.priority, m, m))
-            stats.ready[body.priority] += 1
-        if queued:
-            txn.push_ready_many(t, self.state.sub_ids[name], queued)
-
-    def _put_body(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, fragment: bytes, now_ns: int) -> None:
-        txn.put_body(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
-        self._index_expiry(txn, topic, t, m, msg)
-
-    @staticmethod
-    def _index_expiry(txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared) -> None:
-        if msg.expires_ns and topic.expire:
-            txn.add_expiry(msg.expires_ns, t, m)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 
@@ -627,42 +590,28 @@ class Broker:
         return None
 
     def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> int:
-        """PROTOCOL §3 Dedupe: the newest version wins; a ready one keeps its place
-        unless it gains priority; in flight or acked ones queue again at the end.
-        Returns the size of the new version's JSON."""
+        """PROTOCOL §3 Dedupe: the newest version wins, and each subscriber's queue
+        decides where it goes (Queue.requeue_version). Returns the size of the new
+        version's JSON."""
         stats = self.state.topics[topic.name]
         stats.replaced += 1
+        new_pos: list[int] = []
+
+        def next_pos() -> int:  # one new place for every subscriber that moves it
+            if not new_pos:
+                stats.seq += 1
+                new_pos.append(stats.seq)
+            return new_pos[0]
+
+        holders = txn.get_holders(t, m)
+        for name in topic.subscribers:
+            queue = self._queue_of(txn, topic.name, name)
+            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos)
+        txn.put_holders(t, m, holders)
         fragment = _fragment(msg)
-        old = txn.get_body(t, m)
+        old = txn.replace_message(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment), expire=topic.expire)
         if old is not None:
             stats.stored_bytes += len(fragment) - len(old.fragment)
-        if old is not None and old.expires_ns and topic.expire:
-            txn.remove_expiry(old.expires_ns, t, m)
-        holders = txn.get_holders(t, m)
-        prio = msg.prio
-        new_pos = None
-        for name in topic.subscribers:
-            s = self.state.sub_ids[name]
-            sub = self.state.subs[topic.name][name]
-            place = holders.get(s)
-            if place is not None:
-                if txn.pop_inflight(t, s, m) is not None:
-                    sub.inflight -= 1
-                    place = None
-                elif prio >= place[0]:
-                    txn.push_ready(t, s, place[0], place[1], m, 0)  # same place, new version
-                    continue
-                else:
-                    txn.remove_ready(t, s, *place)
-                    sub.ready[place[0]] -= 1
-            if new_pos is None:
-                stats.seq += 1
-                new_pos = stats.seq
-            txn.push_ready(t, s, prio, new_pos, m, 0)
-            sub.ready[prio] += 1
-            holders[s] = (prio, new_pos)
-        txn.put_holders(t, m, holders)
-        self._put_body(txn, topic, t, m, msg, fragment, now_ns)
         return len(fragment)
 
     # --- acks, completion -----------------------------------------------------------------
@@ -680,23 +629,19 @@ class Broker:
         return self._ack_msgs(txn, topic.name, sub, msgs)
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
-        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        stats = self.state.subs[topic][sub]
+        queue = self._queue_of(txn, topic, sub)
         event = self._batch(ev.ACK, topic, sub, reason) if self._journaled else None
         done = 0
         for m in msgs:
-            flight = txn.pop_inflight(t, s, m) if m is not None else None
+            flight = queue.ack(m)
             if flight is None:
-                stats.ignored_acks += 1
                 continue
             if event is not None:
                 event.ids.append(m)
-                event.pub_ns.append(txn.publish_ns(t, m))
+                event.pub_ns.append(txn.publish_ns(queue.t, m))
                 event.attempts.append(flight.attempts)
-            stats.inflight -= 1
-            stats.acked += 1
             done += 1
-            self._release(txn, topic, t, s, m)
+            self._release(txn, topic, queue.t, queue.s, m)
         return done
 
     def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
@@ -705,18 +650,14 @@ class Broker:
             self._delete_message(txn, topic, t, m)
 
     def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
-        body = txn.delete_body(t, m)
-        if body is None:
-            return
         tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        if body.expires_ns and (tc is None or tc.expire):
-            txn.remove_expiry(body.expires_ns, t, m)
-        if tc is None or tc.dedupe:
-            txn.delete_dedupe(t, body.key)
+        gone = txn.delete_message(t, m, dedupe=tc is None or tc.dedupe)
+        if gone is None:
+            return
         stats = self.state.topics[topic]
         stats.stored -= 1
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - body.size)
+        stats.stored_bytes = max(0, stats.stored_bytes - gone.size)
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
@@ -739,22 +680,23 @@ class Broker:
     def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str) -> None:
         """Back to its place in the queue, as if it had not been delivered yet;
         after MaxAttempts deliveries, to the dead-letter topic instead."""
-        flight = txn.pop_inflight(t, s, m)
+        stats = self._stats(t, s)
+        if stats is None:  # a subscription no config names: nothing counts it
+            flight = txn.pop_inflight(t, s, m)
+            if flight is not None:
+                txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
+            return
+        queue = Queue(txn, t, s, stats)
+        flight = queue.unflight(m)
         if flight is None:
             return
-        stats = self._stats(t, s)
-        if stats is None:
-            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
-            return
-        stats.inflight -= 1
         topic = self.topics[self._topic_by_id[t]]
         if topic.max_attempts and flight.attempts >= topic.max_attempts:
             stats.dead_lettered += 1
             reason = "MaxAttempts"  # given up on; a copy may go to the DeadLetter topic
             self._dead_letter(txn, topic, t, s, m, now_ns)
         else:
-            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
-            stats.ready[flight.prio] += 1
+            queue.put_back(m, flight)
         if self._journaled:
             self._batch(ev.REQUEUE, topic.name, self._sub_by_id[s], reason).ids.append(m)
 
@@ -784,20 +726,11 @@ class Broker:
 
     def _return(self, txn: Txn, op: Returned) -> None:
         """A batch that never reached the subscriber: as if it had not been sent."""
-        t, s = self.state.topic_ids[op.topic], self.state.sub_ids[op.subscriber]
-        stats = self.state.subs[op.topic][op.subscriber]
+        queue = self._queue_of(txn, op.topic, op.subscriber)
         event = self._batch(ev.RETURN, op.topic, op.subscriber) if self._journaled else None
         for m in op.msgs:
-            flight = txn.pop_inflight(t, s, m)
-            if flight is None:
-                continue  # acked, expired or replaced meanwhile
-            if event is not None:
+            if queue.give_back(m) and event is not None:
                 event.ids.append(m)
-            txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts - 1)
-            stats.inflight -= 1
-            stats.ready[flight.prio] += 1
-            stats.delivered -= 1
-            stats.redelivered -= flight.attempts > 1
 
     # --- timers: expiry and AckRetry ----------------------------------------------------------
 
@@ -833,15 +766,7 @@ class Broker:
             name = self._sub_by_id.get(s)
             if name not in subs:
                 continue
-            attempts = txn.pop_ready(t, s, prio, pos)
-            if attempts is not None:
-                subs[name].ready[prio] -= 1
-                delivered = attempts > 0  # back in the queue after a delivery
-            elif txn.pop_inflight(t, s, m) is not None:
-                subs[name].inflight -= 1
-                delivered = True
-            else:
-                delivered = False
+            delivered = bool(Queue(txn, t, s, subs[name]).remove(m, prio, pos))
             held.append(subs[name])
             if self._journaled:
                 event = self._batch(kind, topic, name)
@@ -859,12 +784,9 @@ class Broker:
     # --- delivery ---------------------------------------------------------------------------
 
     def _space(self, sub: str, topic: TopicConfig) -> int:
-        """How many messages of topic may be pushed to sub now (Window minus in flight)."""
-        stats = self.state.subs[topic.name][sub]
-        if not any(stats.ready):
-            return 0
+        """How many messages of topic may be pushed to sub now."""
         sc = self.sub_configs[sub]
-        return max(0, min(sc.batch_size, self.config.window(sc) - stats.inflight))  # below 0 after a reload lowers Window
+        return space(self.state.subs[topic.name][sub], sc.batch_size, self.config.window(sc))
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one
@@ -882,85 +804,39 @@ class Broker:
         return out
 
     def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
+        """The next batch for sub: its fresh messages when they are its whole queue,
+        else from the ready rows; expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        stats = self.state.subs[topic.name][sub]
+        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         event = self._batch(ev.DELIVER, topic.name, sub) if self._journaled else None
-        fresh = self._fresh.pop((topic.name, sub), [])
-        if fresh and sum(stats.ready) == len(fresh):  # nothing older queued: straight into flight
-            return self._deliver_fresh(txn, sub, topic, sorted(fresh), limit, deadline, event)
-        self._queue(txn, t, s, fresh)
-        msgs: list[int] = []
-        fragments: list[bytes] = []
-        expired: list[int] = []
-
-        def take(entry: ReadyEntry) -> bool:
-            body = txn.get_body(t, entry.msg)
-            if body is None:
-                log.error("store: ready entry of %s/%s points at missing message %d", topic.name, sub, entry.msg)
-                stats.ready[entry.prio] -= 1
-                return True
-            if topic.expire and body.expires_ns and body.expires_ns <= now_ns:
-                expired.append(entry.msg)
-                return False
-            txn.put_inflight(t, s, entry.msg, Flight(entry.prio, entry.pos, deadline, entry.attempts + 1))
-            stats.ready[entry.prio] -= 1
-            stats.inflight += 1
-            stats.delivered += 1
-            stats.redelivered += entry.attempts > 0
-            msgs.append(entry.msg)
-            fragments.append(body.fragment)
-            if event is not None:
+        taken = queue.take_fresh(limit, deadline)
+        if taken is not None:
+            if event is not None:  # published in this very step
+                event.ids += [f.m for f in taken]
+                event.pub_ns += [self._now_ns] * len(taken)
+                event.attempts += [1] * len(taken)
+                event.bytes += [len(f.fragment) for f in taken]
+            return Delivery(sub, topic.name, [f.m for f in taken], p.batch_frame(topic.name, sub, [f.fragment for f in taken]), auto_ack=not topic.ack_required)
+        pulled = queue.pull(limit, deadline, lambda m: txn.get_body(t, m), lambda body: topic.expire and 0 < body.expires_ns <= now_ns)
+        for m in pulled.expired:
+            self._expire(txn, topic.name, t, m)
+        if not pulled.entries:
+            return None
+        if event is not None:
+            for entry, body in pulled.entries:
                 event.ids.append(entry.msg)
                 event.pub_ns.append(body.publish_ns)
                 event.attempts.append(entry.attempts + 1)
                 event.bytes.append(len(body.fragment))
-            return True
-
-        if not txn.pull_ready(t, s, limit, take) and not expired:
-            # The counters promised messages the queue does not have; trust the queue,
-            # or every step would come back here for nothing.
-            log.error("store: %s/%s counted %s ready but has none; counters reset", topic.name, sub, stats.ready)
-            stats.ready = [0] * len(stats.ready)
-        for m in expired:
-            self._expire(txn, topic.name, t, m)
-        if not msgs:
-            return None
-        frame = p.batch_frame(topic.name, sub, fragments)
-        return Delivery(sub, topic.name, msgs, frame, auto_ack=not topic.ack_required)
-
-    def _deliver_fresh(
-        self, txn: Txn, sub: str, topic: TopicConfig, fresh: list[Fresh], limit: int, deadline: int, event: Event | None
-    ) -> Delivery:
-        """`fresh` in queue order is sub's whole queue: take the head, queue the rest."""
-        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        stats = self.state.subs[topic.name][sub]
-        taken = fresh[:limit]
-        txn.put_inflight_many(t, s, [(f.m, Flight(f.prio, f.m, deadline, 1)) for f in taken])
-        for f in taken:
-            stats.ready[f.prio] -= 1
-        if event is not None:  # published in this very step
-            event.ids += [f.m for f in taken]
-            event.pub_ns += [self._now_ns] * len(taken)
-            event.attempts += [1] * len(taken)
-            event.bytes += [len(f.fragment) for f in taken]
-        stats.inflight += len(taken)
-        stats.delivered += len(taken)
-        self._queue(txn, t, s, fresh[limit:])
-        frame = p.batch_frame(topic.name, sub, [f.fragment for f in taken])
-        return Delivery(sub, topic.name, [f.m for f in taken], frame, auto_ack=not topic.ack_required)
+        frame = p.batch_frame(topic.name, sub, [body.fragment for _, body in pulled.entries])
+        return Delivery(sub, topic.name, [entry.msg for entry, _ in pulled.entries], frame, auto_ack=not topic.ack_required)
 
     def _queue_fresh(self, txn: Txn) -> None:
         """Fresh messages no batch took join the ready queues."""
         for (topic, sub), fresh in self._fresh.items():
-            self._queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], fresh)
+            Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh).settle()
         self._fresh = {}
-
-    @staticmethod
-    def _queue(txn: Txn, t: int, s: int, fresh: list[Fresh]) -> None:
-        if fresh:
-            txn.push_ready_many(t, s, [(f.prio, f.m, f.m) for f in fresh])
-
 
 def generated_id(key: str) -> int | None:
     """The message id a generated key names (PROTOCOL §3 Keys), or None: only the

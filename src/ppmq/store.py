@@ -345,6 +345,36 @@ class Txn:
     def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
         self._put_all_in_order([(_TM.pack(t, m), _body_value(body)) for m, body in bodies], self._bodies)
 
+    def put_messages(self, t: int, bodies: list[tuple[int, Body]], *, dedupe: bool, expire: bool) -> None:
+        """New messages with their index entries: the dedupe key of each on a
+        Dedupe topic, its expiry on an Expire topic."""
+        self.put_bodies(t, bodies)
+        for m, body in bodies:
+            if dedupe:
+                self.put_dedupe(t, body.key, m)
+            if expire and body.expires_ns:
+                self.add_expiry(body.expires_ns, t, m)
+
+    def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
+        """A new version of m (its dedupe key is the same); returns the old one."""
+        old = self.get_body(t, m)
+        if old is not None and old.expires_ns:
+            self.remove_expiry(old.expires_ns, t, m)
+        self.put_body(t, m, body)
+        if expire and body.expires_ns:
+            self.add_expiry(body.expires_ns, t, m)
+        return old
+
+    def delete_message(self, t: int, m: int, *, dedupe: bool) -> Gone | None:
+        """Delete m with its index entries; what was deleted, or None if m was not stored."""
+        gone = self.delete_body(t, m)
+        if gone is not None:
+            if gone.expires_ns:
+                self.remove_expiry(gone.expires_ns, t, m)
+            if dedupe:
+                self.delete_dedupe(t, gone.key)
+        return gone
+
     def delete_body(self, t: int, m: int) -> Gone | None:
         """Delete m; return what its indexes and counters need, or None if it was
         not stored. On the path of every last ack, so the body is not copied."""
