@@ -205,8 +205,7 @@ class Broker:
         messages nobody else holds are deleted (like deleting a bound queue)."""
         msgs = self._queue_of(txn, topic, sub).drop_all()
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        for m in msgs:
-            self._release(txn, topic, t, s, m)
+        self._release(txn, topic, t, s, msgs)
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
@@ -630,34 +629,29 @@ class Broker:
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)
-        event = self._batch(ev.ACK, topic, sub, reason) if self._journaled else None
-        done = 0
-        for m in msgs:
-            flight = queue.ack(m)
-            if flight is None:
-                continue
-            if event is not None:
-                event.ids.append(m)
-                event.pub_ns.append(txn.publish_ns(queue.t, m))
-                event.attempts.append(flight.attempts)
-            done += 1
-            self._release(txn, topic, queue.t, queue.s, m)
-        return done
+        acked = queue.ack(msgs)
+        ids = [m for m, _ in acked]
+        if self._journaled and ids:
+            event = self._batch(ev.ACK, topic, sub, reason)
+            event.ids += ids
+            event.pub_ns += txn.publish_ns_of(queue.t, ids)
+            event.attempts += [n for _, n in acked]
+        self._release(txn, topic, queue.t, queue.s, ids)
+        return len(ids)
 
-    def _release(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
-        """Subscriber s is done with m; the last one out deletes the message."""
-        if txn.release_holder(t, m, s):
-            self._delete_message(txn, topic, t, m)
+    def _release(self, txn: Txn, topic: str, t: int, s: int, ms: list[int]) -> None:
+        """Subscriber s is done with ms; the last one out deletes a message."""
+        done = txn.release_holders(t, s, ms)
+        if done:
+            self._delete_messages(txn, topic, t, done)
 
-    def _delete_message(self, txn: Txn, topic: str, t: int, m: int) -> None:
+    def _delete_messages(self, txn: Txn, topic: str, t: int, ms: list[int]) -> None:
         tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        gone = txn.delete_message(t, m, dedupe=tc is None or tc.dedupe)
-        if gone is None:
-            return
+        gone = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
         stats = self.state.topics[topic]
-        stats.stored -= 1
+        stats.stored -= len(gone)
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - gone.size)
+        stats.stored_bytes = max(0, stats.stored_bytes - sum(g.size for g in gone))
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
@@ -705,7 +699,7 @@ class Broker:
         topic's DeadLetter topic (with no expiry), or is dropped with a log record."""
         body = txn.get_body(t, m)
         sub = self._sub_by_id[s]
-        self._release(txn, topic.name, t, s, m)
+        self._release(txn, topic.name, t, s, [m])
         if body is None:
             return
         target = self.topics.get(topic.dead_letter) if topic.dead_letter else None
@@ -774,7 +768,7 @@ class Broker:
                 event.pub_ns.append(publish_ns)
                 event.delivered.append(delivered)
         txn.put_holders(t, m, {})
-        self._delete_message(txn, topic, t, m)
+        self._delete_messages(txn, topic, t, [m])
         return held
 
     def _next_tick(self, txn: Txn, now_ns: int) -> int:

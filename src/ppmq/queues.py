@@ -159,14 +159,17 @@ class Queue:
 
     # --- leaving flight ----------------------------------------------------------------------
 
-    def ack(self, m: int | None) -> Flight | None:
-        """The subscriber is done with m; an ack of anything not in flight is counted as ignored."""
-        flight = self.unflight(m) if m is not None else None
-        if flight is None:
-            self.stats.ignored_acks += 1
-        else:
-            self.stats.acked += 1
-        return flight
+    def ack(self, ms: list[int | None]) -> list[tuple[int, int]]:
+        """The subscriber is done with ms (None: a key that names no message);
+        returns (m, deliveries so far) of those that were in flight. Acks of
+        anything else are counted as ignored (PROTOCOL §3 Acks)."""
+        named = [m for m in ms if m is not None]
+        attempts = self._txn.pop_inflight_attempts(self.t, self.s, named)
+        acked = [(m, n) for m, n in zip(named, attempts) if n]
+        self.stats.inflight -= len(acked)
+        self.stats.acked += len(acked)
+        self.stats.ignored_acks += len(ms) - len(acked)
+        return acked
 
     def unflight(self, m: int) -> Flight | None:
         """m leaves flight, to go wherever the caller puts it."""

@@ -339,6 +339,9 @@ class Txn:
         raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
         return 0 if raw is None else _BODY_HEAD.unpack_from(raw)[1]
 
+    def publish_ns_of(self, t: int, ms: list[int]) -> list[int]:
+        return [self.publish_ns(t, m) for m in ms]
+
     def put_body(self, t: int, m: int, body: Body) -> None:
         self._put_in_order(_TM.pack(t, m), _body_value(body), self._bodies)
 
@@ -364,6 +367,10 @@ class Txn:
         if expire and body.expires_ns:
             self.add_expiry(body.expires_ns, t, m)
         return old
+
+    def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> list[Gone]:
+        """`delete_message` for each of ms; what was deleted."""
+        return [gone for m in ms if (gone := self.delete_message(t, m, dedupe=dedupe)) is not None]
 
     def delete_message(self, t: int, m: int, *, dedupe: bool) -> Gone | None:
         """Delete m with its index entries; what was deleted, or None if m was not stored."""
@@ -417,6 +424,10 @@ class Txn:
         """Every subscriber in subs holds each new (m, prio) at position m."""
         items = [(_TM.pack(t, m), b"".join([_HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
         self._put_all_in_order(items, self._holders)
+
+    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """`release_holder` for each of ms; those nobody holds any more."""
+        return [m for m in ms if self.release_holder(t, m, s)]
 
     def release_holder(self, t: int, m: int, s: int) -> bool:
         """Remove s from m's holders; True when nobody holds m any more.
@@ -513,6 +524,23 @@ class Txn:
         for m, flight in flights:
             if flight.deadline_ns:
                 self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+
+    def pop_inflight_attempts(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """Take each of ms out of flight to s, with its deadline entry; per m, its
+        deliveries so far, or 0 if it was not in flight. The path of every ack:
+        one call a batch, and no Flight built."""
+        pop, delete, key, db = self.txn.pop, self.txn.delete, _TSM.pack, self._inflight
+        out = []
+        for m in ms:
+            raw = pop(key(t, s, m), db=db)
+            if raw is None:
+                out.append(0)
+                continue
+            _, _, deadline_ns, attempts = _FLIGHT.unpack(raw)
+            if deadline_ns:
+                delete(_DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
+            out.append(attempts)
+        return out
 
     def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
         raw = self.txn.get(_TSM.pack(t, s, m), db=self._inflight)
