@@ -7,8 +7,9 @@ or a damaged file shows up as two copies that disagree, which is what this
 checks. Rows of a publish being staged (staging.py) are uncounted by design:
 while the meta `staging` record names their range they are left out of the
 counters (its rows must still agree with each other); without the record they
-would show up as counters that disagree. It opens the environment read-only and reads one LMDB snapshot, so it
-runs beside a live broker (which keeps writing meanwhile) as well as on a
+would show up as counters that disagree. It reads one snapshot through
+store.StoreReader, whose records are the store's own decoding of every row (a
+row that does not decode is a problem here), so it runs beside a live broker (which keeps writing meanwhile) as well as on a
 stopped one; it never writes, and refuses a DataPath that is not a ppmq store.
 It holds the indexes (not the payloads) in memory, a hundred bytes or so per
 entry, and while it reads, the broker cannot reuse the pages of its snapshot.
@@ -17,35 +18,31 @@ entry, and while it reads, the broker cannot reuse the pages of its snapshot.
 from __future__ import annotations
 
 import os
-import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import lmdb
 import msgspec
 
 from .config import Config
-from .protocol import fragment_payload
 from .state import State, restore
 from .store import (
-    _BODY_HEAD,
-    _DBS,
-    _DTSM,
-    _ETM,
-    _FLIGHT,
-    _HOLDER,
-    _READY_VAL,
-    _STAGED,
-    _TM,
-    _TSM,
-    _TSPQ,
-    _U64,
-    SCHEMA_VERSION,
-    STAGING_KEY,
     Body,
+    BodyRecord,
+    Damaged,
+    DeadlineRecord,
+    DedupeRecord,
+    ExpiryRecord,
     Flight,
+    FlightRecord,
+    HoldersRecord,
+    ReadTxn,
+    ReadyRecord,
+    Record,
     Staged,
+    StoreError,
+    StoreReader,
 )
 
 
@@ -99,89 +96,73 @@ def read_snapshot(data_path: str, *, fragments: bool = False) -> Snapshot:
     if not os.path.isfile(os.path.join(data_path, "data.mdb")):
         raise FsckError(f"no store at {data_path} (no data.mdb)")
     try:
-        env = lmdb.open(data_path, readonly=True, lock=True, max_dbs=len(_DBS), readahead=False)
-    except lmdb.Error as exc:
-        raise FsckError(f"cannot open the LMDB environment at {data_path}: {exc}") from None
+        reader = StoreReader(data_path)
+    except StoreError as exc:
+        raise FsckError(str(exc)) from None
     try:
-        with env.begin() as txn:
-            try:
-                dbs = {name.decode(): env.open_db(name, txn=txn, create=False) for name in _DBS}
-            except lmdb.NotFoundError:
-                raise FsckError(f"{data_path} is an LMDB environment but not a ppmq store (databases missing)") from None
-            return _decode(txn, dbs, fragments)
+        with reader.snapshot() as txn:
+            return _decode(txn, fragments)
     finally:
-        env.close()
+        reader.close()
 
 
-def _decode(txn: lmdb.Transaction, dbs: dict, fragments: bool) -> Snapshot:
-    schema = txn.get(b"schema", db=dbs["meta"])
-    if schema is None or schema != b"%d" % SCHEMA_VERSION:
-        raise FsckError(f"store schema is {schema!r}, this ppmq reads {SCHEMA_VERSION}")
-    raw_state = txn.get(b"state", db=dbs["meta"])
+def _decode(txn: ReadTxn, fragments: bool) -> Snapshot:
+    raw_state = txn.get_meta(b"state")
     try:
         state = restore(raw_state) if raw_state is not None else State()
     except msgspec.DecodeError as exc:
         raise FsckError(f"the persisted counters (meta 'state') do not decode: {exc}") from None
-    raw_staged = txn.get(STAGING_KEY, db=dbs["meta"])
-    snap = Snapshot(state, Staged._make(_STAGED.unpack(raw_staged)) if raw_staged is not None else None)
-    for name, key_layout, decode in _LAYOUTS:
-        for key, value in txn.cursor(db=dbs[name]):
-            try:
-                decode(snap, key_layout.unpack(key) if key_layout else key, value, fragments)
-            except (struct.error, ValueError, msgspec.DecodeError) as exc:
-                snap.problems.append(f"{name}: entry {key.hex()} does not decode: {exc}")
+    snap = Snapshot(state, txn.staged())
+    for db, keep in _KEEP.items():
+        for record in txn.records(db):
+            if isinstance(record, Damaged):
+                snap.problems.append(f"{db}: entry {record.key.hex()} does not decode: {record.reason}")
+            else:
+                keep(snap, record, fragments)
     return snap
 
 
-def _body(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(value)
-    start = _BODY_HEAD.size
-    fragment = value[start + klen :]
-    if start + klen > len(value):
-        raise ValueError(f"key length {klen} runs past the end")
-    fragment_payload(fragment)  # deliverable as JSON, read as the broker reads it: numbers of any size pass
-    if not snap.hidden(*key):
-        snap.fragment_bytes[key[0]] += len(fragment)
-    snap.bodies[key] = Body(prio, publish_ns, expires_ns, value[start : start + klen], fragment if fragments else b"")
+def _body(snap: Snapshot, record: BodyRecord, fragments: bool) -> None:
+    """The payload is counted, and kept only on request: fsck holds indexes, not payloads."""
+    t, m, body = record
+    if not snap.hidden(t, m):
+        snap.fragment_bytes[t] += len(body.fragment)
+    snap.bodies[t, m] = body if fragments else body._replace(fragment=b"")
 
 
-def _holders(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    if len(value) % _HOLDER.size:
-        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
-    snap.holders[key] = {s: (p, pos) for s, p, pos in _HOLDER.iter_unpack(value)}
+def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
+    snap.holders[record.t, record.m] = record.holders
 
 
-def _ready(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    snap.ready[key] = _READY_VAL.unpack(value)
+def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:
+    snap.ready[record.t, record.s, record.prio, record.pos] = (record.m, record.attempts)
 
 
-def _inflight(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    snap.inflight[key] = Flight._make(_FLIGHT.unpack(value))
+def _inflight(snap: Snapshot, record: FlightRecord, fragments: bool) -> None:
+    snap.inflight[record.t, record.s, record.m] = record.flight
 
 
-def _deadline(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    snap.deadlines.add(key)
+def _deadline(snap: Snapshot, record: DeadlineRecord, fragments: bool) -> None:
+    snap.deadlines.add(tuple(record))
 
 
-def _expiry(snap: Snapshot, key: tuple, value: bytes, fragments: bool) -> None:
-    snap.expiry.add(key)
+def _expiry(snap: Snapshot, record: ExpiryRecord, fragments: bool) -> None:
+    snap.expiry.add(tuple(record))
 
 
-def _dedupe(snap: Snapshot, key: bytes, value: bytes, fragments: bool) -> None:
-    if len(key) < 4:
-        raise ValueError("key shorter than a topic id")
-    snap.dedupe[(int.from_bytes(key[:4], "big"), key[4:])] = _U64.unpack(value)[0]
+def _dedupe(snap: Snapshot, record: DedupeRecord, fragments: bool) -> None:
+    snap.dedupe[record.t, record.key] = record.m
 
 
-_LAYOUTS = (
-    ("bodies", _TM, _body),
-    ("holders", _TM, _holders),
-    ("ready", _TSPQ, _ready),
-    ("inflight", _TSM, _inflight),
-    ("deadlines", _DTSM, _deadline),
-    ("expiry", _ETM, _expiry),
-    ("dedupe", None, _dedupe),
-)
+_KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
+    "bodies": _body,
+    "holders": _holders,
+    "ready": _ready,
+    "inflight": _inflight,
+    "deadlines": _deadline,
+    "expiry": _expiry,
+    "dedupe": _dedupe,
+}
 
 
 # --- the checks: each finds one kind of disagreement --------------------------------

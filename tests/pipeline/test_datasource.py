@@ -9,6 +9,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from ppmq.store import Store
+
 from ..conftest import wait_for
 
 
@@ -63,6 +65,21 @@ def test_a_snapshot_of_a_running_brokers_store(spark, broker_factory) -> None:
 def test_a_missing_store_is_named(spark, tmp_path) -> None:
     with pytest.raises(Exception, match="no ppmq store at"):
         spark.read.format("ppmq").load(str(tmp_path)).collect()
+
+
+def test_a_damaged_message_fails_the_read_and_is_named(spark, broker_factory) -> None:
+    """A snapshot short of a message would pass for a whole one: the read fails instead."""
+    b = broker_factory([{"Name": "q", "Subscribers": ["idle"]}], ["idle"])
+    with b.client() as c:
+        c.publish("q", [{"Payload": "p"}])
+    b.stop()
+    store = Store(b.config["DataPath"], sync=False, max_bytes=1 << 24)
+    with store.write() as txn:
+        (key, body), = txn.txn.cursor(db=store.dbs["bodies"])
+        txn.txn.put(key, body[:5], db=store.dbs["bodies"])
+    store.close()
+    with pytest.raises(Exception, match=f"damaged message \\(bodies entry {key.hex()}"):
+        spark.read.format("ppmq").load(b.config["DataPath"]).collect()
 
 
 def test_rows_are_published_through_the_broker(spark, broker_factory) -> None:
