@@ -23,7 +23,8 @@ from .events import Event
 from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .queues import Fresh, Queue, space
-from .store import Body, Store, StoreError, StoreFullError, Txn
+from .schema import Body, StoreError, StoreFullError
+from .store import Store, Txn
 from .validate import MAX_KEY_BYTES, Prepared, prepare
 
 log = logging.getLogger(__name__)

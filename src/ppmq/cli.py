@@ -18,7 +18,7 @@ from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .fsck import FsckError, fsck
 from .sockets import ListenError
-from .store import StoreError
+from .schema import StoreError
 from .systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq")

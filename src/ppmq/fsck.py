@@ -1,6 +1,6 @@
 """`ppmq fsck`: do the store's indexes, messages and counters agree?
 
-The store (schema in store.py) keeps every fact twice: a message's place in a
+The store (schema in schema.py) keeps every fact twice: a message's place in a
 subscriber's queue is in `ready` or `inflight` and in its `holders`, its expiry
 and dedupe key in their indexes, and the counters STATUS shows in `meta`. A bug
 or a damaged file shows up as two copies that disagree, which is what this
@@ -27,23 +27,20 @@ import msgspec
 
 from .config import Config
 from .state import State, restore
-from .store import (
-    Body,
+from .reader import (
     BodyRecord,
     Damaged,
     DeadlineRecord,
     DedupeRecord,
     ExpiryRecord,
-    Flight,
     FlightRecord,
     HoldersRecord,
     ReadTxn,
     ReadyRecord,
     Record,
-    Staged,
-    StoreError,
     StoreReader,
 )
+from .schema import Body, Flight, Staged, StoreError
 
 
 class FsckError(Exception):

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .state import SubStats
-from .store import Body, Flight, ReadyEntry, Txn
+from .schema import Body, Flight, ReadyEntry
+from .store import Txn
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ from . import protocol as p
 from .config import TopicConfig
 from .events import Event
 from .state import TopicStats
-from .store import Body, Staged, Txn
+from .schema import Body, Staged
+from .store import Txn
 from .validate import Prepared, prepare
 
 CHUNK_MESSAGES = 20_000  # per step: about a tenth of a second of the writer's time

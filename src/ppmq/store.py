@@ -1,27 +1,10 @@
-"""The LMDB schema and the operations the broker composes into transactions.
+"""The operations the broker composes into LMDB write transactions.
 
-One environment under DataPath holds named databases. Keys are fixed-width
-big-endian integers, so a cursor walks them in the order the broker needs:
-
-    bodies    T M             -> Body header, key, message JSON   (stored once per topic)
-    holders   T M             -> (S, prio, pos) for every subscriber not done with M
-    ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
-    inflight  T S M           -> prio, pos, deadline_ns, attempts  (delivered, not acked)
-    deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
-    expiry    expires_ns T M  -> ""                                (sweep by time)
-    dedupe    T key           -> M                                 (newest version of key)
-    meta      name            -> schema version, name ids, broker state, staging record
-
-T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
-position (u64, both taken from the topic's one sequence, so never reused), prio a
-u8. `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
-it back there (PROTOCOL §3), and dedupe may move it. Only the writer thread
-touches the environment: one Txn is one LMDB write transaction.
-
-A publish too large for one transaction is stored over several (staging.py):
-while meta `staging` names its topic and id range, the rows in that range are
-hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
-publish before it is whole.
+The layout of every key and value is in schema.py; this module is the only
+writer, and owns the rules that tie the databases together: a message put,
+replaced or deleted takes its expiry and dedupe entries with it. Only the
+writer thread touches the environment: one Txn is one LMDB write transaction.
+Readers in other processes (fsck, reports) use reader.py.
 """
 
 from __future__ import annotations
@@ -29,96 +12,45 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import lmdb
 
-from .protocol import fragment_payload
+from .schema import (
+    BODY_HEAD,
+    Body,
+    DBS,
+    DTSM,
+    ETM,
+    FLIGHT,
+    Flight,
+    Gone,
+    HOLDER,
+    READY_VAL,
+    ReadyEntry,
+    SCHEMA_VERSION,
+    STAGED,
+    STAGING_KEY,
+    Staged,
+    StoreError,
+    StoreFullError,
+    TM,
+    TS,
+    TSM,
+    TSPQ,
+    U64,
+    decode_body,
+    encode_body,
+    u32,
+)
 
-# Bump when a key or value layout changes, and teach Store.open to convert or refuse.
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from .reader import StoreReader
+
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
-_DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
-
-_TM = struct.Struct(">IQ")
-_TS = struct.Struct(">IH")
-_TSPQ = struct.Struct(">IHBQ")
-_TSM = struct.Struct(">IHQ")
-_ETM = struct.Struct(">QIQ")
-_DTSM = struct.Struct(">QIHQ")
-_U64 = struct.Struct(">Q")
-_READY_VAL = struct.Struct(">QI")  # M, attempts
-_FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
-_HOLDER = struct.Struct(">HBQ")  # S, prio, pos
-_BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
-_STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
-STAGING_KEY = b"staging"
-
-
-class Body(NamedTuple):
-    """A stored message: its delivered JSON object and what the broker needs to know."""
-
-    priority: int
-    publish_ns: int
-    expires_ns: int  # 0: never
-    key: bytes
-    fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
-
-
-def _body(raw: bytes | None) -> Body | None:
-    if raw is None:
-        return None
-    prio, publish_ns, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-    start = _BODY_HEAD.size
-    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
-
-
-class Gone(NamedTuple):
-    """A deleted message, as far as the indexes and counters care."""
-
-    expires_ns: int
-    key: bytes
-    size: int  # bytes of its delivered JSON (Body.fragment)
-
-
-class Flight(NamedTuple):
-    """An in-flight delivery and the queue place it returns to."""
-
-    prio: int
-    pos: int
-    deadline_ns: int  # 0: no AckRetry
-    attempts: int
-
-
-class ReadyEntry(NamedTuple):
-    prio: int
-    pos: int
-    msg: int
-    attempts: int
-
-
-class Staged(NamedTuple):
-    """The ids of topic t that a publish in progress has reserved: invisible until it is whole."""
-
-    t: int
-    first: int
-    last: int
-
-    def hides(self, t: int, m: int) -> bool:
-        return t == self.t and self.first <= m <= self.last
-
-
-class StoreError(Exception):
-    """The store cannot be opened or used."""
-
-
-class StoreFullError(StoreError):
-    """LMDB's map is full: the transaction was rolled back."""
-
 
 class Store:
     """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir."""
@@ -138,7 +70,7 @@ class Store:
             self.env = lmdb.open(
                 self.path,
                 map_size=max_bytes + headroom,
-                max_dbs=len(_DBS),
+                max_dbs=len(DBS),
                 sync=sync and not self._tmp,
                 metasync=sync and not self._tmp,
                 readahead=False,  # the backlog is read in order, and RAM is scarce
@@ -146,7 +78,7 @@ class Store:
             )
         except lmdb.Error as exc:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
-        self.dbs = {name.decode(): self.env.open_db(name) for name in _DBS}
+        self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
         self._check_schema()
 
     def _check_schema(self) -> None:
@@ -207,51 +139,6 @@ class Store:
         self.env.close()
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
-
-
-class StoreReader:
-    """A read-only view of a store, for another process (fsck, a report, a Spark
-    job) while the broker runs: LMDB readers never block the writer, and one
-    `snapshot()` is one consistent read transaction, whose records are decoded
-    by ReadTxn (below) and nowhere else. The process needs write access to
-    lock.mdb, where LMDB registers its readers."""
-
-    def __init__(self, path: str) -> None:
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
-            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
-        try:
-            self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(_DBS), readahead=False)
-        except lmdb.Error as exc:
-            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
-        try:
-            self.dbs = self._open_dbs(path)
-            self._check_schema(path)
-        except BaseException:
-            self.env.close()
-            raise
-
-    def _open_dbs(self, path: str) -> dict[str, lmdb._Database]:
-        try:
-            return {name.decode(): self.env.open_db(name, create=False) for name in _DBS}
-        except lmdb.NotFoundError:
-            raise StoreError(f"{path} is an LMDB environment but not a ppmq store (databases missing)") from None
-        except lmdb.Error as exc:
-            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
-
-    def _check_schema(self, path: str) -> None:
-        """Compared as bytes: a damaged record is refused with what it holds, not a ValueError."""
-        with self.snapshot() as txn:
-            found = txn.get_meta(b"schema")
-        if found != b"%d" % SCHEMA_VERSION:
-            raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}")
-
-    @contextmanager
-    def snapshot(self) -> Iterator[ReadTxn]:
-        with self.env.begin() as txn:
-            yield ReadTxn(self, txn)
-
-    def close(self) -> None:
-        self.env.close()
 
 
 class Txn:
@@ -326,23 +213,23 @@ class Txn:
         walks below ask for it at every step."""
         if self._staged is False:
             raw = self.get_meta(STAGING_KEY)
-            self._staged = Staged._make(_STAGED.unpack(raw)) if raw is not None else None
+            self._staged = Staged._make(STAGED.unpack(raw)) if raw is not None else None
         return self._staged
 
     def put_staged(self, staged: Staged | None) -> None:
         if staged is None:
             self.txn.delete(STAGING_KEY, db=self._meta)
         else:
-            self.put_meta(STAGING_KEY, _STAGED.pack(*staged))
+            self.put_meta(STAGING_KEY, STAGED.pack(*staged))
         self._staged = staged
 
     def staged_ids(self, staged: Staged, limit: int) -> list[int]:
         """Up to `limit` ids of stored messages in the staged range, lowest first."""
         out = []
         with self.txn.cursor(db=self._bodies) as cur:
-            if cur.set_range(_TM.pack(staged.t, staged.first)):
+            if cur.set_range(TM.pack(staged.t, staged.first)):
                 for key in cur.iternext(values=False):
-                    t, m = _TM.unpack(key)
+                    t, m = TM.unpack(key)
                     if t != staged.t or m > staged.last or len(out) >= limit:
                         break
                     out.append(m)
@@ -350,21 +237,21 @@ class Txn:
 
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
-        return _body(self.txn.get(_TM.pack(t, m), db=self._bodies))
+        return decode_body(self.txn.get(TM.pack(t, m), db=self._bodies))
 
     def publish_ns(self, t: int, m: int) -> int:
         """When m was published (0 if it is gone); reads the header only."""
-        raw = self.txn.get(_TM.pack(t, m), db=self._bodies)
-        return 0 if raw is None else _BODY_HEAD.unpack_from(raw)[1]
+        raw = self.txn.get(TM.pack(t, m), db=self._bodies)
+        return 0 if raw is None else BODY_HEAD.unpack_from(raw)[1]
 
     def publish_ns_of(self, t: int, ms: list[int]) -> list[int]:
         return [self.publish_ns(t, m) for m in ms]
 
     def put_body(self, t: int, m: int, body: Body) -> None:
-        self._put_in_order(_TM.pack(t, m), _body_value(body), self._bodies)
+        self._put_in_order(TM.pack(t, m), encode_body(body), self._bodies)
 
     def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
-        self._put_all_in_order([(_TM.pack(t, m), _body_value(body)) for m, body in bodies], self._bodies)
+        self._put_all_in_order([(TM.pack(t, m), encode_body(body)) for m, body in bodies], self._bodies)
 
     def put_messages(self, t: int, bodies: list[tuple[int, Body]], *, dedupe: bool, expire: bool) -> None:
         """New messages with their index entries: the dedupe key of each on a
@@ -403,44 +290,44 @@ class Txn:
     def delete_body(self, t: int, m: int) -> Gone | None:
         """Delete m; return what its indexes and counters need, or None if it was
         not stored. On the path of every last ack, so the body is not copied."""
-        raw = self.txn.pop(_TM.pack(t, m), db=self._bodies)
+        raw = self.txn.pop(TM.pack(t, m), db=self._bodies)
         if raw is None:
             return None
-        _, _, expires_ns, klen = _BODY_HEAD.unpack_from(raw)
-        start = _BODY_HEAD.size
+        _, _, expires_ns, klen = BODY_HEAD.unpack_from(raw)
+        start = BODY_HEAD.size
         return Gone(expires_ns, raw[start : start + klen], len(raw) - start - klen)
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id; none of a publish being staged."""
-        prefix = _U32(t)
+        prefix = u32(t)
         staged = self.staged()
         with self.txn.cursor(db=self._bodies) as cur:
             if cur.set_range(prefix):
                 for key, raw in cur:
                     if key[:4] != prefix:
                         break
-                    m = _TM.unpack(key)[1]
+                    m = TM.unpack(key)[1]
                     if staged is None or not staged.hides(t, m):
-                        yield m, _body(raw)
+                        yield m, decode_body(raw)
 
     # --- holders: which subscribers still have a message, and at which place -------
     def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
-        raw = self.txn.get(_TM.pack(t, m), db=self._holders)
+        raw = self.txn.get(TM.pack(t, m), db=self._holders)
         if raw is None:
             return {}
-        return {s: (p, pos) for s, p, pos in _HOLDER.iter_unpack(raw)}
+        return {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(raw)}
 
     def put_holders(self, t: int, m: int, holders: dict[int, tuple[int, int]]) -> None:
-        key = _TM.pack(t, m)
+        key = TM.pack(t, m)
         if holders:
-            raw = b"".join(_HOLDER.pack(s, p, pos) for s, (p, pos) in holders.items())
+            raw = b"".join(HOLDER.pack(s, p, pos) for s, (p, pos) in holders.items())
             self.txn.put(key, raw, db=self._holders)
         else:
             self.txn.delete(key, db=self._holders)
 
     def put_new_holders(self, t: int, subs: list[int], msgs: list[tuple[int, int]]) -> None:
         """Every subscriber in subs holds each new (m, prio) at position m."""
-        items = [(_TM.pack(t, m), b"".join([_HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
+        items = [(TM.pack(t, m), b"".join([HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
         self._put_all_in_order(items, self._holders)
 
     def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
@@ -452,14 +339,14 @@ class Txn:
 
         The hot path of every ack, so it splices bytes instead of decoding them.
         """
-        key = _TM.pack(t, m)
+        key = TM.pack(t, m)
         raw = self.txn.get(key, db=self._holders)
         if raw is None:
             return True
         sub = s.to_bytes(2, "big")
-        for i in range(0, len(raw), _HOLDER.size):
+        for i in range(0, len(raw), HOLDER.size):
             if raw[i : i + 2] == sub:
-                raw = raw[:i] + raw[i + _HOLDER.size :]
+                raw = raw[:i] + raw[i + HOLDER.size :]
                 break
         if raw:
             self.txn.put(key, raw, db=self._holders)
@@ -469,31 +356,31 @@ class Txn:
 
     # --- ready queues ---------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
-        self._put_in_order(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, attempts), self._ready)
+        self._put_in_order(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, attempts), self._ready)
 
     def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
         """(prio, pos, m) entries, first attempts, into s's queue in one call."""
-        items = [(_TSPQ.pack(t, s, prio, pos), _READY_VAL.pack(m, 0)) for prio, pos, m in entries]
+        items = [(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, 0)) for prio, pos, m in entries]
         self._put_all_in_order(items, self._ready)
 
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
-        return self.txn.delete(_TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return self.txn.delete(TSPQ.pack(t, s, prio, pos), db=self._ready)
 
     def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
-        raw = self.txn.get(_TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else _READY_VAL.unpack(raw)[1]
+        raw = self.txn.get(TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else READY_VAL.unpack(raw)[1]
 
     def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Remove a ready entry; return its attempts so far, or None if there was none."""
-        raw = self.txn.pop(_TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else _READY_VAL.unpack(raw)[1]
+        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self._ready)
+        return None if raw is None else READY_VAL.unpack(raw)[1]
 
     def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
         """Walk s's queue on t by priority then position, deleting each entry that
         `take` accepts, until `limit` are taken; return how many were taken.
         A staged publish's entries (one run of positions per priority) are jumped over."""
-        prefix = _TS.pack(t, s)
+        prefix = TS.pack(t, s)
         staged = self.staged()
         taken = 0
         with self.txn.cursor(db=self._ready) as cur:
@@ -502,11 +389,11 @@ class Txn:
                 key = cur.key()
                 if key[:6] != prefix:
                     break
-                _, _, prio, pos = _TSPQ.unpack(key)
+                _, _, prio, pos = TSPQ.unpack(key)
                 if staged is not None and staged.hides(t, pos):
-                    positioned = cur.set_range(_TSPQ.pack(t, s, prio, staged.last + 1))
+                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
                     continue
-                m, attempts = _READY_VAL.unpack(cur.value())
+                m, attempts = READY_VAL.unpack(cur.value())
                 if take(ReadyEntry(prio, pos, m, attempts)):
                     taken += 1
                     positioned = cur.delete() and bool(cur.key())
@@ -516,61 +403,61 @@ class Txn:
 
     def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
         """The head of s's queue of priority prio, a staged publish's entries left out."""
-        prefix = _TSPQ.pack(t, s, prio, 0)[:7]
+        prefix = TSPQ.pack(t, s, prio, 0)[:7]
         staged = self.staged()
         with self.txn.cursor(db=self._ready) as cur:
             if not cur.set_range(prefix) or cur.key()[:7] != prefix:
                 return None
-            _, _, p, pos = _TSPQ.unpack(cur.key())
+            _, _, p, pos = TSPQ.unpack(cur.key())
             if staged is not None and staged.hides(t, pos):
-                if not cur.set_range(_TSPQ.pack(t, s, prio, staged.last + 1)) or cur.key()[:7] != prefix:
+                if not cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1)) or cur.key()[:7] != prefix:
                     return None
-                _, _, p, pos = _TSPQ.unpack(cur.key())
-            m, attempts = _READY_VAL.unpack(cur.value())
+                _, _, p, pos = TSPQ.unpack(cur.key())
+            m, attempts = READY_VAL.unpack(cur.value())
             return ReadyEntry(p, pos, m, attempts)
 
     # --- in flight --------------------------------------------------------------------
     def put_inflight(self, t: int, s: int, m: int, flight: Flight) -> None:
         """Record a delivery, and index its AckRetry deadline if it has one."""
-        self.txn.put(_TSM.pack(t, s, m), _FLIGHT.pack(*flight), db=self._inflight)
+        self.txn.put(TSM.pack(t, s, m), FLIGHT.pack(*flight), db=self._inflight)
         if flight.deadline_ns:
-            self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+            self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
 
     def put_inflight_many(self, t: int, s: int, flights: list[tuple[int, Flight]]) -> None:
         """A whole batch's deliveries to s."""
-        self._put_all_in_order([(_TSM.pack(t, s, m), _FLIGHT.pack(*flight)) for m, flight in flights], self._inflight)
+        self._put_all_in_order([(TSM.pack(t, s, m), FLIGHT.pack(*flight)) for m, flight in flights], self._inflight)
         for m, flight in flights:
             if flight.deadline_ns:
-                self.txn.put(_DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+                self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
 
     def pop_inflight_attempts(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Take each of ms out of flight to s, with its deadline entry; per m, its
         deliveries so far, or 0 if it was not in flight. The path of every ack:
         one call a batch, and no Flight built."""
-        pop, delete, key, db = self.txn.pop, self.txn.delete, _TSM.pack, self._inflight
+        pop, delete, key, db = self.txn.pop, self.txn.delete, TSM.pack, self._inflight
         out = []
         for m in ms:
             raw = pop(key(t, s, m), db=db)
             if raw is None:
                 out.append(0)
                 continue
-            _, _, deadline_ns, attempts = _FLIGHT.unpack(raw)
+            _, _, deadline_ns, attempts = FLIGHT.unpack(raw)
             if deadline_ns:
-                delete(_DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
+                delete(DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
             out.append(attempts)
         return out
 
     def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.get(_TSM.pack(t, s, m), db=self._inflight)
-        return None if raw is None else Flight._make(_FLIGHT.unpack(raw))
+        raw = self.txn.get(TSM.pack(t, s, m), db=self._inflight)
+        return None if raw is None else Flight._make(FLIGHT.unpack(raw))
 
     def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.pop(_TSM.pack(t, s, m), db=self._inflight)
+        raw = self.txn.pop(TSM.pack(t, s, m), db=self._inflight)
         if raw is None:
             return None
-        flight = Flight._make(_FLIGHT.unpack(raw))
+        flight = Flight._make(FLIGHT.unpack(raw))
         if flight.deadline_ns:
-            self.txn.delete(_DTSM.pack(flight.deadline_ns, t, s, m), db=self._deadlines)
+            self.txn.delete(DTSM.pack(flight.deadline_ns, t, s, m), db=self._deadlines)
         return flight
 
     def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
@@ -579,7 +466,7 @@ class Txn:
         with self.txn.cursor(db=self._deadlines) as cur:
             if cur.first():
                 for key in cur.iternext(values=False):
-                    deadline, t, s, m = _DTSM.unpack(key)
+                    deadline, t, s, m = DTSM.unpack(key)
                     if deadline > now_ns or len(out) >= limit:
                         break
                     out.append((t, s, m))
@@ -587,26 +474,26 @@ class Txn:
 
     def next_deadline_ns(self) -> int | None:
         with self.txn.cursor(db=self._deadlines) as cur:
-            return _DTSM.unpack(cur.key())[0] if cur.first() else None
+            return DTSM.unpack(cur.key())[0] if cur.first() else None
 
     def inflight_of(self, t: int, s: int) -> list[tuple[int, Flight]]:
         """Everything in flight to s on t (at most its Window, so a short list)."""
-        prefix = _TS.pack(t, s)
+        prefix = TS.pack(t, s)
         out = []
         with self.txn.cursor(db=self._inflight) as cur:
             if cur.set_range(prefix):
                 for key, raw in cur:
                     if key[:6] != prefix:
                         break
-                    out.append((_TSM.unpack(key)[2], Flight._make(_FLIGHT.unpack(raw))))
+                    out.append((TSM.unpack(key)[2], Flight._make(FLIGHT.unpack(raw))))
         return out
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
-        self.txn.put(_ETM.pack(expires_ns, t, m), b"", db=self._expiry)
+        self.txn.put(ETM.pack(expires_ns, t, m), b"", db=self._expiry)
 
     def remove_expiry(self, expires_ns: int, t: int, m: int) -> None:
-        self.txn.delete(_ETM.pack(expires_ns, t, m), db=self._expiry)
+        self.txn.delete(ETM.pack(expires_ns, t, m), db=self._expiry)
 
     def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
         """(expires_ns, t, m) with expires_ns <= now_ns, oldest first, among the first
@@ -619,7 +506,7 @@ class Txn:
         with self.txn.cursor(db=self._expiry) as cur:
             if cur.first():
                 for key in cur.iternext(values=False):
-                    entry = _ETM.unpack(key)
+                    entry = ETM.unpack(key)
                     if entry[0] > now_ns or seen >= limit:
                         break
                     seen += 1
@@ -629,160 +516,15 @@ class Txn:
 
     def next_expiry_ns(self) -> int | None:
         with self.txn.cursor(db=self._expiry) as cur:
-            return _ETM.unpack(cur.key())[0] if cur.first() else None
+            return ETM.unpack(cur.key())[0] if cur.first() else None
 
     # --- dedupe index -----------------------------------------------------------------
     def get_dedupe(self, t: int, key: bytes) -> int | None:
-        raw = self.txn.get(_U32(t) + key, db=self._dedupe)
-        return _U64.unpack(raw)[0] if raw is not None else None
+        raw = self.txn.get(u32(t) + key, db=self._dedupe)
+        return U64.unpack(raw)[0] if raw is not None else None
 
     def put_dedupe(self, t: int, key: bytes, m: int) -> None:
-        self.txn.put(_U32(t) + key, _U64.pack(m), db=self._dedupe)
+        self.txn.put(u32(t) + key, U64.pack(m), db=self._dedupe)
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
-        self.txn.delete(_U32(t) + key, db=self._dedupe)
-
-
-def _body_value(body: Body) -> bytes:
-    head = _BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
-    return b"".join((head, body.key, body.fragment))
-
-
-def _U32(t: int) -> bytes:
-    return t.to_bytes(4, "big")
-
-
-# === The read side: every record of a store, decoded ==================================
-# One decoder of the schema for whoever reads a whole store (fsck, the Spark data
-# source): a record per database row, or Damaged where a row does not decode.
-
-
-class BodyRecord(NamedTuple):
-    """bodies: message m of topic t."""
-
-    t: int
-    m: int
-    body: Body
-
-
-class HoldersRecord(NamedTuple):
-    """holders: the subscribers not done with message m of topic t, each with its queue place."""
-
-    t: int
-    m: int
-    holders: dict[int, tuple[int, int]]  # S -> (prio, pos)
-
-
-class ReadyRecord(NamedTuple):
-    """ready: message m queued for subscriber s of topic t at (prio, pos)."""
-
-    t: int
-    s: int
-    prio: int
-    pos: int
-    m: int
-    attempts: int
-
-
-class FlightRecord(NamedTuple):
-    """inflight: message m delivered to subscriber s of topic t, not acked yet."""
-
-    t: int
-    s: int
-    m: int
-    flight: Flight
-
-
-class DeadlineRecord(NamedTuple):
-    """deadlines: the AckRetry deadline of an in-flight entry."""
-
-    deadline_ns: int
-    t: int
-    s: int
-    m: int
-
-
-class ExpiryRecord(NamedTuple):
-    """expiry: when message m of topic t expires."""
-
-    expires_ns: int
-    t: int
-    m: int
-
-
-class DedupeRecord(NamedTuple):
-    """dedupe: the newest message of topic t stored under key."""
-
-    t: int
-    key: bytes
-    m: int
-
-
-class Damaged(NamedTuple):
-    """A row that does not decode: yielded, not raised, so one damaged row neither
-    hides the others nor stops a reader that reports damage (fsck)."""
-
-    db: str
-    key: bytes
-    reason: str
-
-
-Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | ExpiryRecord | DedupeRecord
-
-
-def _body_record(key: bytes, value: bytes) -> BodyRecord:
-    """A body decodes when its key fits in it and its fragment is the JSON object
-    the broker delivers, read as the broker reads it (numbers of any size pass)."""
-    klen = _BODY_HEAD.unpack_from(value)[3]
-    if _BODY_HEAD.size + klen > len(value):
-        raise ValueError(f"key length {klen} runs past the end")
-    body = _body(value)
-    fragment_payload(body.fragment)
-    return BodyRecord(*_TM.unpack(key), body)
-
-
-def _holders_record(key: bytes, value: bytes) -> HoldersRecord:
-    if len(value) % _HOLDER.size:
-        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
-    return HoldersRecord(*_TM.unpack(key), {s: (p, pos) for s, p, pos in _HOLDER.iter_unpack(value)})
-
-
-def _ready_record(key: bytes, value: bytes) -> ReadyRecord:
-    return ReadyRecord(*_TSPQ.unpack(key), *_READY_VAL.unpack(value))
-
-
-def _flight_record(key: bytes, value: bytes) -> FlightRecord:
-    return FlightRecord(*_TSM.unpack(key), Flight._make(_FLIGHT.unpack(value)))
-
-
-def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
-    if len(key) < 4:
-        raise ValueError("key shorter than a topic id")
-    return DedupeRecord(int.from_bytes(key[:4], "big"), key[4:], _U64.unpack(value)[0])
-
-
-_RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
-    "bodies": _body_record,
-    "holders": _holders_record,
-    "ready": _ready_record,
-    "inflight": _flight_record,
-    "deadlines": lambda key, value: DeadlineRecord._make(_DTSM.unpack(key)),
-    "expiry": lambda key, value: ExpiryRecord._make(_ETM.unpack(key)),
-    "dedupe": _dedupe_record,
-}
-
-
-class ReadTxn(Txn):
-    """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
-
-    def records(self, db: str) -> Iterator[Record | Damaged]:
-        """Every row of database db (a name in the schema above, but meta), in key
-        order, staged rows included: Staged.hides tells them apart."""
-        decode = _RECORDS[db]
-        with self.txn.cursor(db=self.store.dbs[db]) as cur:
-            for key, value in cur:
-                try:
-                    record: Record | Damaged = decode(key, value)
-                except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
-                    record = Damaged(db, key, str(exc))
-                yield record
+        self.txn.delete(u32(t) + key, db=self._dedupe)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import msgspec
 
-import pytest
-
 from ppmq import broker as broker_module
 from ppmq import protocol as p
 from ppmq.broker import Broker, Reconfigure, Returned

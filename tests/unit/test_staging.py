@@ -18,7 +18,8 @@ from ppmq.broker import Broker, Reconfigure
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
 from ppmq.state import NS
-from ppmq.store import Store, StoreFullError, Txn
+from ppmq.schema import StoreFullError
+from ppmq.store import Store, Txn
 from ppmq.writer import Writer
 
 NOW = 1_800_000_000 * NS

@@ -11,18 +11,18 @@ from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.state import NS
-from ppmq.store import (
+from ppmq.reader import (
     BodyRecord,
     Damaged,
     DeadlineRecord,
     DedupeRecord,
-    Flight,
     FlightRecord,
     HoldersRecord,
     ReadyRecord,
-    Store,
     StoreReader,
 )
+from ppmq.schema import Flight
+from ppmq.store import Store
 
 NOW = 1_800_000_000 * NS
 ACK_RETRY_S = 60

@@ -13,7 +13,7 @@ import threading
 import msgspec
 
 from ppmq.client import Client
-from ppmq.store import StoreReader
+from ppmq.reader import StoreReader
 
 from ..conftest import WAIT_S, BrokerProcess, Subscriber, wait_for
 

@@ -188,7 +188,7 @@ def publish(payloads) -> p.Request:
 
 HOLD_A_SNAPSHOT = """
 import sys, time
-from ppmq.store import StoreReader
+from ppmq.reader import StoreReader
 with StoreReader(sys.argv[1]).snapshot():
     print("reading", flush=True)
     time.sleep(60)

@@ -35,7 +35,8 @@ from ..client import Client, ClientError
 from ..config import load_config
 from ..protocol import fragment_payload
 from ..state import restore
-from ..store import BodyRecord, Damaged, ReadTxn, StoreError, StoreReader
+from ..reader import BodyRecord, Damaged, ReadTxn, StoreReader
+from ..schema import StoreError
 
 SNAPSHOT_SCHEMA = (
     "topic string, key string, priority int, payload string, payload_json string, "

@@ -1,0 +1,216 @@
+"""Reading a store from another process: one snapshot, every record decoded.
+
+The one decoder of the schema (schema.py) for whoever reads a whole store:
+fsck, reports and the Spark data source. LMDB readers never block the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import lmdb
+
+from .protocol import fragment_payload
+from .schema import (
+    BODY_HEAD,
+    Body,
+    DBS,
+    DTSM,
+    ETM,
+    FLIGHT,
+    Flight,
+    HOLDER,
+    READY_VAL,
+    SCHEMA_VERSION,
+    StoreError,
+    TM,
+    TSM,
+    TSPQ,
+    U64,
+    decode_body,
+)
+from .store import Txn
+
+
+class StoreReader:
+    """A read-only view of a store, for another process (fsck, a report, a Spark
+    job) while the broker runs: LMDB readers never block the writer, and one
+    `snapshot()` is one consistent read transaction, whose records are decoded
+    by ReadTxn (below) and nowhere else. The process needs write access to
+    lock.mdb, where LMDB registers its readers."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
+        try:
+            self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(DBS), readahead=False)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
+        try:
+            self.dbs = self._open_dbs(path)
+            self._check_schema(path)
+        except BaseException:
+            self.env.close()
+            raise
+
+    def _open_dbs(self, path: str) -> dict[str, lmdb._Database]:
+        try:
+            return {name.decode(): self.env.open_db(name, create=False) for name in DBS}
+        except lmdb.NotFoundError:
+            raise StoreError(f"{path} is an LMDB environment but not a ppmq store (databases missing)") from None
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
+
+    def _check_schema(self, path: str) -> None:
+        """Compared as bytes: a damaged record is refused with what it holds, not a ValueError."""
+        with self.snapshot() as txn:
+            found = txn.get_meta(b"schema")
+        if found != b"%d" % SCHEMA_VERSION:
+            raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[ReadTxn]:
+        with self.env.begin() as txn:
+            yield ReadTxn(self, txn)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# One decoder of the schema for whoever reads a whole store (fsck, the Spark data
+# source): a record per database row, or Damaged where a row does not decode.
+
+
+class BodyRecord(NamedTuple):
+    """bodies: message m of topic t."""
+
+    t: int
+    m: int
+    body: Body
+
+
+class HoldersRecord(NamedTuple):
+    """holders: the subscribers not done with message m of topic t, each with its queue place."""
+
+    t: int
+    m: int
+    holders: dict[int, tuple[int, int]]  # S -> (prio, pos)
+
+
+class ReadyRecord(NamedTuple):
+    """ready: message m queued for subscriber s of topic t at (prio, pos)."""
+
+    t: int
+    s: int
+    prio: int
+    pos: int
+    m: int
+    attempts: int
+
+
+class FlightRecord(NamedTuple):
+    """inflight: message m delivered to subscriber s of topic t, not acked yet."""
+
+    t: int
+    s: int
+    m: int
+    flight: Flight
+
+
+class DeadlineRecord(NamedTuple):
+    """deadlines: the AckRetry deadline of an in-flight entry."""
+
+    deadline_ns: int
+    t: int
+    s: int
+    m: int
+
+
+class ExpiryRecord(NamedTuple):
+    """expiry: when message m of topic t expires."""
+
+    expires_ns: int
+    t: int
+    m: int
+
+
+class DedupeRecord(NamedTuple):
+    """dedupe: the newest message of topic t stored under key."""
+
+    t: int
+    key: bytes
+    m: int
+
+
+class Damaged(NamedTuple):
+    """A row that does not decode: yielded, not raised, so one damaged row neither
+    hides the others nor stops a reader that reports damage (fsck)."""
+
+    db: str
+    key: bytes
+    reason: str
+
+
+Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | ExpiryRecord | DedupeRecord
+
+
+def _body_record(key: bytes, value: bytes) -> BodyRecord:
+    """A body decodes when its key fits in it and its fragment is the JSON object
+    the broker delivers, read as the broker reads it (numbers of any size pass)."""
+    klen = BODY_HEAD.unpack_from(value)[3]
+    if BODY_HEAD.size + klen > len(value):
+        raise ValueError(f"key length {klen} runs past the end")
+    body = decode_body(value)
+    fragment_payload(body.fragment)
+    return BodyRecord(*TM.unpack(key), body)
+
+
+def _holders_record(key: bytes, value: bytes) -> HoldersRecord:
+    if len(value) % HOLDER.size:
+        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
+    return HoldersRecord(*TM.unpack(key), {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value)})
+
+
+def _ready_record(key: bytes, value: bytes) -> ReadyRecord:
+    return ReadyRecord(*TSPQ.unpack(key), *READY_VAL.unpack(value))
+
+
+def _flight_record(key: bytes, value: bytes) -> FlightRecord:
+    return FlightRecord(*TSM.unpack(key), Flight._make(FLIGHT.unpack(value)))
+
+
+def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
+    if len(key) < 4:
+        raise ValueError("key shorter than a topic id")
+    return DedupeRecord(int.from_bytes(key[:4], "big"), key[4:], U64.unpack(value)[0])
+
+
+_RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
+    "bodies": _body_record,
+    "holders": _holders_record,
+    "ready": _ready_record,
+    "inflight": _flight_record,
+    "deadlines": lambda key, value: DeadlineRecord._make(DTSM.unpack(key)),
+    "expiry": lambda key, value: ExpiryRecord._make(ETM.unpack(key)),
+    "dedupe": _dedupe_record,
+}
+
+
+class ReadTxn(Txn):
+    """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
+
+    def records(self, db: str) -> Iterator[Record | Damaged]:
+        """Every row of database db (a name in the schema above, but meta), in key
+        order, staged rows included: Staged.hides tells them apart."""
+        decode = _RECORDS[db]
+        with self.txn.cursor(db=self.store.dbs[db]) as cur:
+            for key, value in cur:
+                try:
+                    record: Record | Damaged = decode(key, value)
+                except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
+                    record = Damaged(db, key, str(exc))
+                yield record

@@ -1,0 +1,119 @@
+"""The store's schema: its databases, the layout of their keys and values, and
+the values they decode to, shared by the writer (store.py) and the readers
+(reader.py), so that one layout has one definition.
+
+One environment under DataPath holds named databases. Keys are fixed-width
+big-endian integers, so a cursor walks them in the order the broker needs:
+
+    bodies    T M             -> Body header, key, message JSON   (stored once per topic)
+    holders   T M             -> (S, prio, pos) for every subscriber not done with M
+    ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
+    inflight  T S M           -> prio, pos, deadline_ns, attempts  (delivered, not acked)
+    deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
+    expiry    expires_ns T M  -> ""                                (sweep by time)
+    dedupe    T key           -> M                                 (newest version of key)
+    meta      name            -> schema version, name ids, broker state, staging record
+
+T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
+position (u64, both taken from the topic's one sequence, so never reused), prio a
+u8. `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
+it back there (PROTOCOL §3), and dedupe may move it.
+
+A publish too large for one transaction is stored over several (staging.py):
+while meta `staging` names its topic and id range, the rows in that range are
+hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
+publish before it is whole.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+# Bump when a key or value layout changes, and teach Store.open to convert or refuse.
+SCHEMA_VERSION = 1
+DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
+
+TM = struct.Struct(">IQ")
+TS = struct.Struct(">IH")
+TSPQ = struct.Struct(">IHBQ")
+TSM = struct.Struct(">IHQ")
+ETM = struct.Struct(">QIQ")
+DTSM = struct.Struct(">QIHQ")
+U64 = struct.Struct(">Q")
+READY_VAL = struct.Struct(">QI")  # M, attempts
+FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
+HOLDER = struct.Struct(">HBQ")  # S, prio, pos
+BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
+STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
+STAGING_KEY = b"staging"
+
+
+class Body(NamedTuple):
+    """A stored message: its delivered JSON object and what the broker needs to know."""
+
+    priority: int
+    publish_ns: int
+    expires_ns: int  # 0: never
+    key: bytes
+    fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
+
+
+def decode_body(raw: bytes | None) -> Body | None:
+    if raw is None:
+        return None
+    prio, publish_ns, expires_ns, klen = BODY_HEAD.unpack_from(raw)
+    start = BODY_HEAD.size
+    return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
+
+
+class Gone(NamedTuple):
+    """A deleted message, as far as the indexes and counters care."""
+
+    expires_ns: int
+    key: bytes
+    size: int  # bytes of its delivered JSON (Body.fragment)
+
+
+class Flight(NamedTuple):
+    """An in-flight delivery and the queue place it returns to."""
+
+    prio: int
+    pos: int
+    deadline_ns: int  # 0: no AckRetry
+    attempts: int
+
+
+class ReadyEntry(NamedTuple):
+    prio: int
+    pos: int
+    msg: int
+    attempts: int
+
+
+class Staged(NamedTuple):
+    """The ids of topic t that a publish in progress has reserved: invisible until it is whole."""
+
+    t: int
+    first: int
+    last: int
+
+    def hides(self, t: int, m: int) -> bool:
+        return t == self.t and self.first <= m <= self.last
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used."""
+
+
+class StoreFullError(StoreError):
+    """LMDB's map is full: the transaction was rolled back."""
+
+
+def encode_body(body: Body) -> bytes:
+    head = BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
+    return b"".join((head, body.key, body.fragment))
+
+
+def u32(t: int) -> bytes:
+    return t.to_bytes(4, "big")
