@@ -13,13 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
-import msgspec
-
 from . import events as ev
 from . import protocol as p
 from .access import Policy, Rules
 from .config import Config, ConfigError, SubscriberConfig, TopicConfig
 from .events import Event
+from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Written, request_id
 from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
 from .queues import Fresh, Queue, space
@@ -33,47 +32,6 @@ TICK_NS = NS  # expiry and redelivery run at least this often
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
 MAX_RETRY_NS = 5 * NS
-
-
-class Returned(NamedTuple):
-    """A batch that could not be written to its subscriber: back to ready."""
-
-    subscriber: str
-    topic: str
-    msgs: list[int]
-
-
-class Written(NamedTuple):
-    """A batch written whole to a subscriber of an `AckRequired: false` topic."""
-
-    subscriber: str
-    topic: str
-    msgs: list[int]
-
-
-class Invalid(NamedTuple):
-    """A frame the server could not decode: counted, and answered in order."""
-
-    error: p.RequestError
-    id: msgspec.Raw | msgspec.UnsetType
-
-
-class Reconfigure(NamedTuple):
-    """Switch to a new config (SIGHUP) in this transaction, or refuse it whole."""
-
-    config: Config
-
-
-class Guarded(NamedTuple):
-    """A request from a connection, with that connection's access check: run when
-    the request is applied, so it is judged by the rules of the config it is
-    applied under, also when a reload comes between its arrival and its step."""
-
-    request: p.Request
-    check: Callable[[p.Request], None]  # raises Forbidden
-
-
-Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure
 
 
 class Wiring(NamedTuple):
@@ -99,28 +57,6 @@ class Wiring(NamedTuple):
             {i: n for n, i in state.sub_ids.items()},
             Rules(config),
         )
-
-
-class Delivery(NamedTuple):
-    """A committed batch for one subscriber's connection."""
-
-    subscriber: str
-    topic: str
-    msgs: list[int]
-    frame: bytes
-    auto_ack: bool  # AckRequired: false - complete once written
-
-
-class Step(NamedTuple):
-    """What one transaction produced."""
-
-    # One per op; None for internal ops, and for a publish staged over later steps
-    # (staging.py), whose reply comes in `finished` of the step that ends it.
-    replies: list[p.Reply | None]
-    deliveries: list[Delivery]
-    next_tick_ns: int
-    events: list[Event] = []  # for the journal; empty unless the config keeps one
-    finished: list[Answer] = []  # staged publishes of earlier steps, answered now
 
 
 class Broker:
@@ -334,7 +270,7 @@ class Broker:
         # Nobody resends a returned or written batch: keep it for the next step.
         self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
         err = _reply_error(exc)
-        replies = [None if isinstance(op, (Returned, Written)) else p.error_reply(err, _request_id(op)) for op in ops]
+        replies = [None if isinstance(op, (Returned, Written)) else p.error_reply(err, request_id(op)) for op in ops]
         return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
@@ -843,21 +779,6 @@ def generated_id(key: str) -> int | None:
 def _reply_error(exc: StoreError) -> p.RequestError:
     """What a request in a step that could not commit is answered."""
     return p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))
-
-
-def request_of(op: Op) -> p.Request | None:
-    """The client's request an op carries; None for internal ops."""
-    if isinstance(op, Guarded):
-        return op.request
-    return op if isinstance(op, p.Request) else None
-
-
-def _request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:
-    """The Id to answer an op with; internal ops have none."""
-    req = request_of(op)
-    if req is not None:
-        return req.id
-    return op.id if isinstance(op, Invalid) else msgspec.UNSET
 
 
 def _fragment(msg: Prepared) -> bytes:
