@@ -17,7 +17,7 @@ from . import events as ev
 from . import protocol as p
 from .access import Policy, Rules
 from .config import Config, ConfigError, SubscriberConfig, TopicConfig
-from .events import Event
+from .events import StepEvents
 from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Written, request_id
 from .staging import Answer, Staging, is_large
 from .state import NS, State, SubStats, refused_changes, restore, snapshot, status_body
@@ -70,13 +70,7 @@ class Broker:
         # queue (no put, no walk, no re-read); what is left goes there at the end.
         self._fresh: dict[tuple[str, str], list[Fresh]] = {}
         self._open: set[str] = set()
-        # Journal events of the current step, by kind, topic, subscriber and reason; a
-        # request collects into its own dict, merged only if it succeeds. Whether
-        # there is a journal is settled at start, as the journal itself is.
-        self._journaled = config.journaled
-        self._now_ns = now_ns
-        self._batches: dict[tuple, Event] = {}
-        self._events: list[Event] = []
+        self._events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
         self._retry_at_ns = 0  # after a failed commit, no step without requests before this
@@ -223,7 +217,7 @@ class Broker:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._take_events(), ended + finished)
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished)
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -239,7 +233,7 @@ class Broker:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised."""
         before, wiring = snapshot(self.state), self._wiring
-        self._open, self._fresh, self._now_ns = open_subs, {}, now_ns
+        self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
                 replies = [self._apply(txn, op, now_ns) for op in ops]
@@ -254,7 +248,8 @@ class Broker:
         except BaseException:
             self.state = restore(before)
             self._rewire(wiring)
-            self._batches, self._events, self._fresh = {}, [], {}
+            self._events.clear()
+            self._fresh = {}
             raise
         return replies, deliveries, next_tick, finished
 
@@ -294,11 +289,8 @@ class Broker:
             return self._rejected(p.error_reply(op.error, op.id), None, 0)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
-        step_batches, self._batches = self._batches, {}
         try:
-            reply = self._undoable(txn, lambda: self._request(txn, op, now_ns))
-            self._events += self._batches.values()
-            return reply
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns)))
         except p.RequestError as exc:
             error = exc
         except StoreFullError as exc:
@@ -306,8 +298,6 @@ class Broker:
         except Exception as exc:  # a bug must cost one request, not the broker
             log.exception("internal error on a request")
             error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            self._batches = step_batches
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
 
@@ -326,34 +316,9 @@ class Broker:
             self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
             raise
 
-    # --- journal events ------------------------------------------------------------------
-
-    def _batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
-        """The event of this kind collecting the current step's (or request's) messages."""
-        key = (kind, topic, sub, reason)
-        event = self._batches.get(key)
-        if event is None:
-            event = self._batches[key] = Event(event=kind, ts=self._now_ns, topic=topic, subscriber=sub, reason=reason)
-        return event
-
     def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
-        if self._journaled:
-            self._events.append(Event(event=ev.REJECT, ts=self._now_ns, topic=topic, status=reply.status, error=reply.error, count=count))
+        self._events.reject(topic, reply.status, reply.error, count)
         return reply
-
-    def _take_events(self) -> list[Event]:
-        """The step's events; batches that found nothing to do are left out."""
-        events = [e for e in self._events + list(self._batches.values()) if e.ids or e.status]
-        self._batches, self._events = {}, []
-        return events
-
-    def _journal_publish(self, topic: str, m: int, msg: Prepared, size: int, replaced: bool) -> None:
-        event = self._batch(ev.PUBLISH, topic)
-        event.ids.append(m)
-        event.prio.append(msg.prio)
-        event.bytes.append(size)
-        event.expires_ns.append(msg.expires_ns)
-        event.replaced.append(replaced)
 
     def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
         """All of the new config, or none of it (the old one keeps running); the
@@ -425,9 +390,9 @@ class Broker:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
             stored = self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
-            if self._journaled:
+            if self._events.journaled:
                 for (m, size), msg in zip(stored, prepared):
-                    self._journal_publish(topic.name, m, msg, size, False)
+                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, False)
         else:
             for i, msg in enumerate(prepared):  # one by one: a key may come twice, a limit may drop
                 old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
@@ -438,8 +403,8 @@ class Broker:
                         [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns)
                     except p.StoreFull as exc:
                         raise p.StoreFull(f"Messages[{i}]: {exc}") from None
-                if self._journaled:
-                    self._journal_publish(topic.name, m, msg, size, old is not None)
+                if self._events.journaled:
+                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, old is not None)
         self.state.topics[topic.name].published += len(prepared)
 
     def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
@@ -448,7 +413,7 @@ class Broker:
         counted here, journaled with this request, in this transaction."""
         job = self._staging.job_of(req)
         if job is None:
-            self._staging.queue(req, topic, now_ns, self._journaled)
+            self._staging.queue(req, topic, now_ns, self._events.journaled)
             return False
         t = self.state.topic_ids[topic.name]
         stats = self.state.topics[topic.name]
@@ -461,8 +426,7 @@ class Broker:
         for name in topic.subscribers:
             self._queue_of(txn, topic.name, name).reveal(job.ready)
         if job.event is not None:
-            job.event.ts = self._now_ns
-            self._batches[(ev.PUBLISH, topic.name, None, None)] = job.event  # the key `_batch` files it under
+            self._events.file(job.event)
         return True
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
@@ -567,8 +531,8 @@ class Broker:
         queue = self._queue_of(txn, topic, sub)
         acked = queue.ack(msgs)
         ids = [m for m, _ in acked]
-        if self._journaled and ids:
-            event = self._batch(ev.ACK, topic, sub, reason)
+        if self._events.journaled and ids:
+            event = self._events.batch(ev.ACK, topic, sub, reason)
             event.ids += ids
             event.pub_ns += txn.publish_ns_of(queue.t, ids)
             event.attempts += [n for _, n in acked]
@@ -627,8 +591,8 @@ class Broker:
             self._dead_letter(txn, topic, t, s, m, now_ns)
         else:
             queue.put_back(m, flight)
-        if self._journaled:
-            self._batch(ev.REQUEUE, topic.name, self._sub_by_id[s], reason).ids.append(m)
+        if self._events.journaled:
+            self._events.batch(ev.REQUEUE, topic.name, self._sub_by_id[s], reason).ids.append(m)
 
     def _dead_letter(self, txn: Txn, topic: TopicConfig, t: int, s: int, m: int, now_ns: int) -> None:
         """PROTOCOL §3 extension: subscriber s gives up on m; a copy goes to the
@@ -657,7 +621,7 @@ class Broker:
     def _return(self, txn: Txn, op: Returned) -> None:
         """A batch that never reached the subscriber: as if it had not been sent."""
         queue = self._queue_of(txn, op.topic, op.subscriber)
-        event = self._batch(ev.RETURN, op.topic, op.subscriber) if self._journaled else None
+        event = self._events.batch(ev.RETURN, op.topic, op.subscriber) if self._events.journaled else None
         for m in op.msgs:
             if queue.give_back(m) and event is not None:
                 event.ids.append(m)
@@ -690,7 +654,7 @@ class Broker:
         for why (expire, overflow)."""
         holders = txn.get_holders(t, m)
         subs = self.state.subs[topic]
-        publish_ns = txn.publish_ns(t, m) if self._journaled else 0
+        publish_ns = txn.publish_ns(t, m) if self._events.journaled else 0
         held = []
         for s, (prio, pos) in holders.items():
             name = self._sub_by_id.get(s)
@@ -698,8 +662,8 @@ class Broker:
                 continue
             delivered = bool(Queue(txn, t, s, subs[name]).remove(m, prio, pos))
             held.append(subs[name])
-            if self._journaled:
-                event = self._batch(kind, topic, name)
+            if self._events.journaled:
+                event = self._events.batch(kind, topic, name)
                 event.ids.append(m)
                 event.pub_ns.append(publish_ns)
                 event.delivered.append(delivered)
@@ -739,12 +703,12 @@ class Broker:
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        event = self._batch(ev.DELIVER, topic.name, sub) if self._journaled else None
+        event = self._events.batch(ev.DELIVER, topic.name, sub) if self._events.journaled else None
         taken = queue.take_fresh(limit, deadline)
         if taken is not None:
             if event is not None:  # published in this very step
                 event.ids += [f.m for f in taken]
-                event.pub_ns += [self._now_ns] * len(taken)
+                event.pub_ns += [now_ns] * len(taken)
                 event.attempts += [1] * len(taken)
                 event.bytes += [len(f.fragment) for f in taken]
             return Delivery(sub, topic.name, [f.m for f in taken], p.batch_frame(topic.name, sub, [f.fragment for f in taken]), auto_ack=not topic.ack_required)
