@@ -17,10 +17,11 @@ import socket
 import time
 from pathlib import Path
 
-from .broker import Broker, Reconfigure
+from .broker import Broker
 from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
 from .journal import Journal
+from .ops import Reconfigure
 from .server import Server
 from .store import Store
 from .systemd import Notifier

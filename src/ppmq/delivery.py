@@ -26,8 +26,8 @@ import random
 import time
 
 from .access import Peer, Policy
-from .broker import Delivery, Returned, Written
 from .config import SubscriberConfig
+from .ops import Delivery, Returned, Written
 from .server import ReplyChannel, serve_requests
 from .writer import Writer
 

@@ -8,7 +8,12 @@ JSON lines; docs/journal.md is the format, field by field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import msgspec
+
+T = TypeVar("T")
 
 PUBLISH = "publish"  # stored by a publish: Ids, Prio, Bytes, ExpiresNs, Replaced
 DELIVER = "deliver"  # pushed to a subscriber: Ids, PubNs, Attempts, Bytes
@@ -40,3 +45,61 @@ class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
     status: int | None = None
     error: str | None = None
     count: int | None = None
+
+
+class StepEvents:
+    """The events of the step being applied, one per kind, topic, subscriber and
+    reason. A request collects into batches of its own, kept only if it succeeds:
+    a rejected request changed nothing, so it reports nothing but its rejection.
+    Whether anything is collected is settled at start, as the journal itself is."""
+
+    def __init__(self, journaled: bool, now_ns: int) -> None:
+        self.journaled = journaled
+        self.now_ns = now_ns  # the time of the step: every event's Ts
+        self._batches: dict[tuple, Event] = {}
+        self._done: list[Event] = []
+
+    def batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
+        """The event of this kind collecting the current step's (or request's) messages."""
+        key = (kind, topic, sub, reason)
+        event = self._batches.get(key)
+        if event is None:
+            event = self._batches[key] = Event(event=kind, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason)
+        return event
+
+    def file(self, event: Event) -> None:
+        """An event collected over several steps (a staged publish) becomes this
+        step's, where `batch` would look for it."""
+        event.ts = self.now_ns
+        self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
+
+    def publish(self, topic: str, m: int, prio: int, size: int, expires_ns: int, replaced: bool) -> None:
+        event = self.batch(PUBLISH, topic)
+        event.ids.append(m)
+        event.prio.append(prio)
+        event.bytes.append(size)
+        event.expires_ns.append(expires_ns)
+        event.replaced.append(replaced)
+
+    def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
+        if self.journaled:
+            self._done.append(Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count))
+
+    def of_request(self, apply: Callable[[], T]) -> T:
+        """apply(), whose batches join the step's only if it returns."""
+        outer, self._batches = self._batches, {}
+        try:
+            result = apply()
+            self._done += self._batches.values()
+            return result
+        finally:
+            self._batches = outer
+
+    def take(self) -> list[Event]:
+        """The step's events; batches that found nothing to do are left out."""
+        events = [e for e in self._done + list(self._batches.values()) if e.ids or e.status]
+        self.clear()
+        return events
+
+    def clear(self) -> None:
+        self._batches, self._done = {}, []

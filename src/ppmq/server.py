@@ -22,8 +22,8 @@ from msgspec import UNSET
 from . import protocol as p
 from . import sockets
 from .access import Peer, Policy
-from .broker import Guarded, Invalid
 from .framing import Framer
+from .ops import Guarded, Invalid
 from .writer import ReplySink, Writer
 
 log = logging.getLogger(__name__)

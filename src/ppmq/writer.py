@@ -26,8 +26,9 @@ from msgspec import UNSET
 
 from . import protocol as p
 from . import staging
-from .broker import Broker, Delivery, Op, Returned, Written, request_of
+from .broker import Broker
 from .events import Event
+from .ops import Delivery, Op, Returned, Written, request_of
 from .staging import Answer
 
 ReplySink = Callable[[p.Reply], None]

@@ -7,9 +7,10 @@ import msgspec
 
 from ppmq import broker as broker_module
 from ppmq import protocol as p
-from ppmq.broker import Broker, Reconfigure, Returned
+from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
+from ppmq.ops import Reconfigure, Returned
 from ppmq.state import NS
 from ppmq.store import Store
 

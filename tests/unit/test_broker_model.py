@@ -34,8 +34,10 @@ from hypothesis.stateful import (
 
 from ppmq import protocol as p
 from ppmq import staging
-from ppmq.broker import NS, Broker, Returned, Written
+from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.ops import Returned, Written
+from ppmq.state import NS
 from ppmq.store import Store
 
 SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)

@@ -14,9 +14,10 @@ import pytest
 
 from ppmq import protocol as p
 from ppmq import staging
-from ppmq.broker import Broker, Reconfigure
+from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
+from ppmq.ops import Reconfigure
 from ppmq.state import NS
 from ppmq.schema import StoreFullError
 from ppmq.store import Store, Txn

@@ -14,10 +14,11 @@ import msgspec
 import pytest
 
 from ppmq import protocol as p
-from ppmq.broker import Broker, Returned
+from ppmq.broker import Broker
 from ppmq.client import Client, ClientError
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import read_snapshot
+from ppmq.ops import Returned
 from ppmq.state import NS
 from ppmq.store import Store
 

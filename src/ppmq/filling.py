@@ -1,0 +1,84 @@
+"""Filling subscribers: the batches a step pushes (PROTOCOL §3 Window, Order).
+
+A Broker part (see wiring.py for why the parts are mixins). It also keeps the
+step's fresh messages: published in this step for an open subscriber with nothing
+older queued, they go into flight from memory if a batch takes them in the same
+step (no ready row written, walked and read back), and join the ready queue at
+the end otherwise. A step that commits must therefore `_queue_fresh` first.
+"""
+
+from __future__ import annotations
+
+from . import events as ev
+from . import protocol as p
+from .config import TopicConfig
+from .ops import Delivery
+from .queues import Fresh, Queue, space
+from .state import NS
+from .store import Txn
+from .wiring import Wired
+
+
+class Filling(Wired):
+    _fresh: dict[tuple[str, str], list[Fresh]]  # (topic, subscriber) -> its fresh messages, oldest first
+    _open: set[str]  # the subscribers that can take a batch in this step
+
+    def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
+        """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
+        fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
+        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list)
+
+    def _space(self, sub: str, topic: TopicConfig) -> int:
+        """How many messages of topic may be pushed to sub now."""
+        sc = self.sub_configs[sub]
+        return space(self.state.subs[topic.name][sub], sc.batch_size, self.config.window(sc))
+
+    def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
+        """Batches for every open subscriber, as many as its Window allows: one
+        batch a step would leave a subscriber that fell one batch behind (say,
+        connecting after the first publish) behind for good, taking every new
+        message through the ready queue instead of straight into flight."""
+        out = []
+        for sub in sorted(open_subs):
+            for topic in self.sub_topics.get(sub, ()):
+                while (limit := self._space(sub, topic)) > 0:
+                    delivery = self._pull(txn, sub, topic, limit, now_ns)
+                    if delivery is None:
+                        break
+                    out.append(delivery)
+        return out
+
+    def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
+        """The next batch for sub: its fresh messages when they are its whole queue,
+        else from the ready rows; expired ones met on the way are expired."""
+        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
+        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
+        deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        event = self._events.batch(ev.DELIVER, topic.name, sub) if self._events.journaled else None
+        taken = queue.take_fresh(limit, deadline)
+        if taken is not None:
+            if event is not None:  # published in this very step
+                event.ids += [f.m for f in taken]
+                event.pub_ns += [now_ns] * len(taken)
+                event.attempts += [1] * len(taken)
+                event.bytes += [len(f.fragment) for f in taken]
+            return Delivery(sub, topic.name, [f.m for f in taken], p.batch_frame(topic.name, sub, [f.fragment for f in taken]), auto_ack=not topic.ack_required)
+        pulled = queue.pull(limit, deadline, lambda m: txn.get_body(t, m), lambda body: topic.expire and 0 < body.expires_ns <= now_ns)
+        for m in pulled.expired:
+            self._expire(txn, topic.name, t, m)
+        if not pulled.entries:
+            return None
+        if event is not None:
+            for entry, body in pulled.entries:
+                event.ids.append(entry.msg)
+                event.pub_ns.append(body.publish_ns)
+                event.attempts.append(entry.attempts + 1)
+                event.bytes.append(len(body.fragment))
+        frame = p.batch_frame(topic.name, sub, [body.fragment for _, body in pulled.entries])
+        return Delivery(sub, topic.name, [entry.msg for entry, _ in pulled.entries], frame, auto_ack=not topic.ack_required)
+
+    def _queue_fresh(self, txn: Txn) -> None:
+        """Fresh messages no batch took join the ready queues."""
+        for (topic, sub), fresh in self._fresh.items():
+            Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh).settle()
+        self._fresh = {}

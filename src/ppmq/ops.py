@@ -1,0 +1,96 @@
+"""What goes into a broker step and what comes out of it.
+
+These are the values the writer, the server and the delivery links exchange with
+`Broker.step`; they live apart from the state machine so that the asyncio side
+can name them without reading (or importing) how a step applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+
+from . import protocol as p
+from .config import Config
+from .events import Event
+from .staging import Answer
+
+
+class Returned(NamedTuple):
+    """A batch that could not be written to its subscriber: back to ready."""
+
+    subscriber: str
+    topic: str
+    msgs: list[int]
+
+
+class Written(NamedTuple):
+    """A batch written whole to a subscriber of an `AckRequired: false` topic."""
+
+    subscriber: str
+    topic: str
+    msgs: list[int]
+
+
+class Invalid(NamedTuple):
+    """A frame the server could not decode: counted, and answered in order."""
+
+    error: p.RequestError
+    id: msgspec.Raw | msgspec.UnsetType
+
+
+class Reconfigure(NamedTuple):
+    """Switch to a new config (SIGHUP) in this transaction, or refuse it whole."""
+
+    config: Config
+
+
+class Guarded(NamedTuple):
+    """A request from a connection, with that connection's access check: run when
+    the request is applied, so it is judged by the rules of the config it is
+    applied under, also when a reload comes between its arrival and its step."""
+
+    request: p.Request
+    check: Callable[[p.Request], None]  # raises Forbidden
+
+
+Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure
+
+
+class Delivery(NamedTuple):
+    """A committed batch for one subscriber's connection."""
+
+    subscriber: str
+    topic: str
+    msgs: list[int]
+    frame: bytes
+    auto_ack: bool  # AckRequired: false - complete once written
+
+
+class Step(NamedTuple):
+    """What one transaction produced."""
+
+    # One per op; None for internal ops, and for a publish staged over later steps
+    # (staging.py), whose reply comes in `finished` of the step that ends it.
+    replies: list[p.Reply | None]
+    deliveries: list[Delivery]
+    next_tick_ns: int
+    events: list[Event] = []  # for the journal; empty unless the config keeps one
+    finished: list[Answer] = []  # staged publishes of earlier steps, answered now
+
+
+def request_of(op: Op) -> p.Request | None:
+    """The client's request an op carries; None for internal ops."""
+    if isinstance(op, Guarded):
+        return op.request
+    return op if isinstance(op, p.Request) else None
+
+
+def request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:
+    """The Id to answer an op with; internal ops have none."""
+    req = request_of(op)
+    if req is not None:
+        return req.id
+    return op.id if isinstance(op, Invalid) else msgspec.UNSET

@@ -1,0 +1,159 @@
+"""Publishing (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry; §6 MaxMessages, MaxBytes,
+OverflowPolicy): how a message gets into the store and into every subscriber's queue.
+
+A Broker part (see wiring.py for why the parts are mixins). A batch without
+dedupe or limits is stored with one store write for all of it; a key that may
+come twice or a limit that may drop a message takes it one by one, each seeing
+the last. Nothing is counted before a limit has let a message in, so a refused
+message leaves no trace.
+"""
+
+from __future__ import annotations
+
+from . import events as ev
+from . import protocol as p
+from .config import TopicConfig
+from .schema import Body
+from .staging import Staging
+from .store import Txn
+from .validate import Prepared
+from .wiring import Wired
+
+
+class Publishing(Wired):
+    _staging: Staging
+
+    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
+        """Counted as published once stored: a refused dead-letter copy is not."""
+        t = self.state.topic_ids[topic.name]
+        if not topic.subscribers:
+            pass  # nobody to deliver to, like a fanout exchange without queues
+        elif not topic.dedupe and not topic.limited:
+            stored = self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
+            if self._events.journaled:
+                for (m, size), msg in zip(stored, prepared):
+                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, False)
+        else:
+            for i, msg in enumerate(prepared):  # one by one: a key may come twice, a limit may drop
+                old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+                if old is not None:
+                    m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
+                else:
+                    try:
+                        [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns)
+                    except p.StoreFull as exc:
+                        raise p.StoreFull(f"Messages[{i}]: {exc}") from None
+                if self._events.journaled:
+                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, old is not None)
+        self.state.topics[topic.name].published += len(prepared)
+
+    def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
+        """A publish too large for one step: queued on arrival, then one chunk per
+        step stored unseen; True in the step that makes it whole, and visible:
+        counted here, journaled with this request, in this transaction."""
+        job = self._staging.job_of(req)
+        if job is None:
+            self._staging.queue(req, topic, now_ns, self._events.journaled)
+            return False
+        t = self.state.topic_ids[topic.name]
+        stats = self.state.topics[topic.name]
+        subs = [self.state.sub_ids[name] for name in topic.subscribers]
+        if not self._staging.store_chunk(txn, job, topic, t, subs, stats, self.config.max_message_bytes):
+            return False
+        stats.stored += sum(job.ready)
+        stats.stored_bytes += job.stored_bytes
+        stats.published += job.done
+        for name in topic.subscribers:
+            self._queue_of(txn, topic.name, name).reveal(job.ready)
+        if job.event is not None:
+            self._events.file(job.event)
+        return True
+
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
+        """Store messages with new ids, each store write once for the whole batch;
+        return each one's id and the size of its JSON."""
+        stats = self.state.topics[topic.name]
+        bodies = []
+        for msg in batch:
+            m = stats.seq + 1
+            if msg.key is None:
+                msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
+            fragment = _fragment(msg)
+            self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
+            stats.seq = m
+            stats.stored += 1
+            stats.stored_bytes += len(fragment)
+            bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment)))
+        txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
+        # A dedupe replacement, an expiry or a drop in this step would look for it in the queue.
+        may_stay_fresh = [not topic.dedupe and not topic.limited and not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        new = [(m, body.priority, body.fragment) for m, body in bodies]
+        for name in topic.subscribers:
+            is_open = name in self._open
+            self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open)
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in topic.subscribers], [(m, body.priority) for m, body in bodies])
+        return [(m, len(body.fragment)) for m, body in bodies]
+
+    # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
+
+    def _make_room(self, txn: Txn, topic: TopicConfig, t: int, size: int) -> None:
+        """Room for one more message of `size` bytes, or StoreFull; under
+        `drop-oldest` the oldest message of the lowest priority waiting in a
+        queue goes first. Raises before any change if nothing can be dropped."""
+        if not topic.limited:
+            return
+        stats = self.state.topics[topic.name]
+        if topic.max_bytes and size > topic.max_bytes:
+            raise p.StoreFull(f"{size} bytes exceeds MaxBytes ({topic.max_bytes}) of topic {topic.name!r}")
+        while True:
+            if topic.max_messages and stats.stored >= topic.max_messages:
+                limit = f"MaxMessages ({topic.max_messages})"
+            elif topic.max_bytes and stats.stored_bytes + size > topic.max_bytes:
+                limit = f"MaxBytes ({topic.max_bytes})"
+            else:
+                return
+            victim = self._oldest_lowest(txn, topic, t) if topic.overflow_policy == "drop-oldest" else None
+            if victim is None:
+                raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
+            self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
+            stats.dropped += 1
+
+    def _oldest_lowest(self, txn: Txn, topic: TopicConfig, t: int) -> int | None:
+        """The message at the head of the lowest non-empty priority of any of the
+        topic's queues (the smallest position among them); None if all are empty."""
+        for prio in reversed(range(topic.priorities)):
+            heads = [txn.first_ready(t, self.state.sub_ids[name], prio) for name in topic.subscribers]
+            heads = [h for h in heads if h is not None]
+            if heads:
+                return min(heads, key=lambda h: h.pos).msg
+        return None
+
+    def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> int:
+        """PROTOCOL §3 Dedupe: the newest version wins, and each subscriber's queue
+        decides where it goes (Queue.requeue_version). Returns the size of the new
+        version's JSON."""
+        stats = self.state.topics[topic.name]
+        stats.replaced += 1
+        new_pos: list[int] = []
+
+        def next_pos() -> int:  # one new place for every subscriber that moves it
+            if not new_pos:
+                stats.seq += 1
+                new_pos.append(stats.seq)
+            return new_pos[0]
+
+        holders = txn.get_holders(t, m)
+        for name in topic.subscribers:
+            queue = self._queue_of(txn, topic.name, name)
+            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos)
+        txn.put_holders(t, m, holders)
+        fragment = _fragment(msg)
+        old = txn.replace_message(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment), expire=topic.expire)
+        if old is not None:
+            stats.stored_bytes += len(fragment) - len(old.fragment)
+        return len(fragment)
+
+
+def _fragment(msg: Prepared) -> bytes:
+    """A message's JSON as delivered (its key already assigned)."""
+    return p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)

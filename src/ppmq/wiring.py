@@ -1,0 +1,81 @@
+"""The config in force, and the ground the broker's parts share.
+
+A Broker is put together from mixins: publishing (publishing.py), completion
+(completion.py) and filling subscribers (filling.py), over this base. They are
+parts of one object rather than collaborators because a failed request, step or
+reload puts back the counters and the wiring by replacing them whole (`restore`,
+`_rewire`): a collaborator holding its own reference would go on with the
+discarded value. Here each part reads them through the one broker, and the
+declarations below say what every part may rely on. The parts also call one
+another through it: a limit that drops a message, or an expiry met while
+filling, is completion's; a dead-letter copy is a publish.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .access import Rules
+from .config import Config, SubscriberConfig, TopicConfig
+from .events import StepEvents
+from .state import State
+from .store import Store
+
+
+class Wiring(NamedTuple):
+    """What the broker derives from its config: switched as one value by a reload,
+    and switched back whole if that reload's commit fails."""
+
+    config: Config
+    topics: dict[str, TopicConfig]
+    sub_configs: dict[str, SubscriberConfig]
+    sub_topics: dict[str, list[TopicConfig]]  # subscriber -> the topics it takes
+    topic_by_id: dict[int, str]
+    sub_by_id: dict[int, str]
+    rules: Rules | None  # the access rules of config
+
+    @classmethod
+    def of(cls, config: Config, state: State) -> Wiring:
+        return cls(
+            config,
+            {t.name: t for t in config.topics},
+            {s.name: s for s in config.subscribers},
+            {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers},
+            {i: n for n, i in state.topic_ids.items()},
+            {i: n for n, i in state.sub_ids.items()},
+            Rules(config),
+        )
+
+
+class Wired:
+    """What the parts of a Broker share: the store, the counters, the step's
+    journal events, and the config in force, read through one Wiring."""
+
+    store: Store
+    state: State  # replaced whole when a request or a step is undone
+    _wiring: Wiring | None
+    _events: StepEvents
+
+    @property
+    def config(self) -> Config:
+        return self._wiring.config
+
+    @property
+    def topics(self) -> dict[str, TopicConfig]:
+        return self._wiring.topics if self._wiring is not None else {}
+
+    @property
+    def sub_configs(self) -> dict[str, SubscriberConfig]:
+        return self._wiring.sub_configs
+
+    @property
+    def sub_topics(self) -> dict[str, list[TopicConfig]]:
+        return self._wiring.sub_topics
+
+    @property
+    def _topic_by_id(self) -> dict[int, str]:
+        return self._wiring.topic_by_id
+
+    @property
+    def _sub_by_id(self) -> dict[int, str]:
+        return self._wiring.sub_by_id
