@@ -32,14 +32,15 @@ def start(tmp: Path, w: Workload) -> Running:
         "Sync": w.durable,
         "RetryMax": "100ms",  # a backlog's subscribers come up once publishing ends
         "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": w.window} for s in subs],
-        "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs}],
+        "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs, "Dedupe": w.dedupe}],
     }
     (tmp / "ppmq.yaml").write_text(yaml.safe_dump(config))
     service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
     service.wait_unix(config["ServerSocket"])
     address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
     acks = "acks to ServerSocket" if w.server_acks else "acks on the delivery connection"
-    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks})")
+    dedupe = ", Dedupe with a Key a message" if w.dedupe else ""
+    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe})")
 
 
 def _revision() -> str:
@@ -57,9 +58,15 @@ class Publisher:
         self.sock.connect(address["server"])
         self.file = self.sock.makefile("rb")
         self.head = b'{"Topic":"%s","Id":1,"Messages":[' % TOPIC.encode()
+        self.dedupe = w.dedupe
+        self.sent = 0
 
     def publish(self, batch: list[tuple[int, bytes]]) -> None:
-        body = b",".join(b'{"Priority":%d,"Payload":"%s"}' % (prio, payload) for prio, payload in batch)
+        if self.dedupe:  # every key new: what a producer that may resend sends
+            first, self.sent = self.sent, self.sent + len(batch)
+            body = b",".join(b'{"Key":"k%d","Priority":%d,"Payload":"%s"}' % (first + i, prio, payload) for i, (prio, payload) in enumerate(batch))
+        else:
+            body = b",".join(b'{"Priority":%d,"Payload":"%s"}' % (prio, payload) for prio, payload in batch)
         self.sock.sendall(self.head + body + b"]}\n")
         reply = msgspec.json.decode(self.file.readline())
         if reply.get("Status") != 200:
