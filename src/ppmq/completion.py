@@ -159,6 +159,7 @@ class Completion(Wired):
         """Remove m from every queue and from in flight, and delete it; return the
         counters of the subscribers that still held it. `kind` is the journal's word
         for why (expire, overflow)."""
+        self._settle_fresh(txn, topic)  # m may be fresh: its place must be a row
         holders = txn.get_holders(t, m)
         subs = self.state.subs[topic]
         journaled = self._events.journaled

@@ -77,8 +77,18 @@ class Filling(Wired):
         frame = p.batch_frame(topic.name, sub, [body.fragment for _, body in pulled.entries])
         return Delivery(sub, topic.name, [entry.msg for entry, _ in pulled.entries], frame, auto_ack=not topic.ack_required)
 
+    def _settle_fresh(self, txn: Txn, topic: str) -> None:
+        """The fresh messages of one topic join its ready queues now: before a
+        replacement, a drop or an expiry looks a message up by its place."""
+        for key in [key for key in self._fresh if key[0] == topic]:
+            self._settle(txn, key, self._fresh.pop(key))
+
     def _queue_fresh(self, txn: Txn) -> None:
         """Fresh messages no batch took join the ready queues."""
-        for (topic, sub), fresh in self._fresh.items():
-            Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh).settle()
+        for key, fresh in self._fresh.items():
+            self._settle(txn, key, fresh)
         self._fresh = {}
+
+    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Fresh]) -> None:
+        topic, sub = key
+        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh).settle()

@@ -85,8 +85,8 @@ class Publishing(Wired):
             stats.stored_bytes += len(fragment)
             bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment)))
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
-        # A dedupe replacement, an expiry or a drop in this step would look for it in the queue.
-        may_stay_fresh = [not topic.dedupe and not topic.limited and not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        # One expired already is expired by the batch that meets it in the queue.
+        may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
         new = [(m, body.priority, body.fragment) for m, body in bodies]
         for name in topic.subscribers:
             is_open = name in self._open
@@ -112,7 +112,10 @@ class Publishing(Wired):
                 limit = f"MaxBytes ({topic.max_bytes})"
             else:
                 return
-            victim = self._oldest_lowest(txn, topic, t) if topic.overflow_policy == "drop-oldest" else None
+            victim = None
+            if topic.overflow_policy == "drop-oldest":
+                self._settle_fresh(txn, topic.name)  # the oldest may be fresh
+                victim = self._oldest_lowest(txn, topic, t)
             if victim is None:
                 raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
             self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
@@ -132,6 +135,7 @@ class Publishing(Wired):
         """PROTOCOL §3 Dedupe: the newest version wins, and each subscriber's queue
         decides where it goes (Queue.requeue_version). Returns the size of the new
         version's JSON."""
+        self._settle_fresh(txn, topic.name)  # the old version may be fresh: its place must be a row
         stats = self.state.topics[topic.name]
         stats.replaced += 1
         new_pos: list[int] = []

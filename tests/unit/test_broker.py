@@ -247,3 +247,36 @@ def test_a_full_map_backs_off_instead_of_retrying_every_moment(tmp_path, caplog)
     assert broker.state.subs["t"]["s"].ready == [1000]
     assert any("succeed again" in r.getMessage() for r in caplog.records)
     store.close()
+
+
+def keyed(*pairs: tuple[str, bytes], priority: int = 0) -> p.Request:
+    messages = [p.Message(key=k, payload=msgspec.Raw(v), priority=priority) for k, v in pairs]
+    return p.Request(topic="t", messages=messages, id=msgspec.Raw(b"1"))
+
+
+def test_a_key_published_twice_in_one_step_to_an_open_subscriber_goes_out_once_with_the_newest_content(tmp_path):
+    # Given a Dedupe topic whose subscriber is open and caught up
+    broker, store = open_broker(tmp_path, dedupe=True, priorities=2)
+    # When one step holds a publish of a and b, then a new version of a
+    step = broker.step([keyed(("a", b"1"), ("b", b"2")), keyed(("a", b"3"))], {"s"}, NOW)
+    # Then one batch goes out in queue order: a at its old place with its new content, then b
+    (delivery,) = step.deliveries
+    sent = [(m["Key"], m["Payload"]) for m in msgspec.json.decode(delivery.frame)["Messages"]]
+    assert sent == [("a", 3), ("b", 2)]
+    stats = broker.state.subs["t"]["s"]
+    assert (stats.ready, stats.inflight, broker.state.topics["t"].stored) == ([0, 0], 2, 2)
+    store.close()
+
+
+def test_drop_oldest_drops_a_message_of_the_same_step_that_has_not_been_pushed_yet(tmp_path):
+    # Given a topic of at most 2 messages whose subscriber is open and caught up
+    broker, store = open_broker(tmp_path, max_messages=2, overflow_policy="drop-oldest")
+    # When one publish brings three
+    step = broker.step([publish(b"1", b"2", b"3")], {"s"}, NOW)
+    # Then the first made room for the third, and the other two go out
+    (delivery,) = step.deliveries
+    assert [m["Payload"] for m in msgspec.json.decode(delivery.frame)["Messages"]] == [2, 3]
+    assert (broker.state.topics["t"].stored, broker.state.topics["t"].dropped) == (2, 1)
+    stats = broker.state.subs["t"]["s"]
+    assert (stats.ready, stats.inflight) == ([0], 2)
+    store.close()
