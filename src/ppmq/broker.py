@@ -60,7 +60,7 @@ class Broker(Publishing, Completion, Filling):
             self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
             self._switch(txn, config)
             self._requeue_unconfirmed(txn, now_ns)
-            self._save(txn)
+            self._committed = self._save(txn)  # the counters as the store holds them
         self._next_tick_ns = now_ns
 
     @property
@@ -137,7 +137,7 @@ class Broker(Publishing, Completion, Filling):
     def _commit(self, ops: list[Op], open_subs: set[str], now_ns: int) -> tuple[list, list[Delivery], int, list[Answer]]:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised."""
-        before, wiring = snapshot(self.state), self._wiring
+        wiring = self._wiring
         self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
@@ -148,14 +148,15 @@ class Broker(Publishing, Completion, Filling):
                 deliveries = self._fill(txn, open_subs, now_ns)
                 self._queue_fresh(txn)
                 self.state.commits += 1
-                self._save(txn)
+                saved = self._save(txn)
                 next_tick = self._next_tick(txn, now_ns)
         except BaseException:
-            self.state = restore(before)
+            self.state = restore(self._committed)
             self._rewire(wiring)
             self._events.clear()
             self._fresh = {}
             raise
+        self._committed = saved
         return replies, deliveries, next_tick, finished
 
     def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int, ended: list[Answer]) -> Step:
@@ -343,8 +344,12 @@ class Broker(Publishing, Completion, Filling):
                     for m, _ in txn.inflight_of(t, s):
                         self._requeue(txn, t, s, m, now_ns, "Unconfirmed")
 
-    def _save(self, txn: Txn) -> None:
-        txn.put_meta(b"state", snapshot(self.state))
+    def _save(self, txn: Txn) -> bytes:
+        """The counters into the step's transaction; the bytes are what a failed
+        next step puts back, so a step encodes them once."""
+        raw = snapshot(self.state)
+        txn.put_meta(b"state", raw)
+        return raw
 
 
 def _reply_error(exc: StoreError) -> p.RequestError:
