@@ -13,6 +13,7 @@ from __future__ import annotations
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
+from .queues import Fresh
 from .schema import Body
 from .staging import Staging
 from .store import Txn
@@ -76,18 +77,18 @@ class Publishing(Wired):
         bodies = []
         for msg in batch:
             m = stats.seq + 1
-            if msg.key is None:
-                msg = msg._replace(key=b"%d" % m)  # generated keys: the message id, unique per topic, never reused
-            fragment = _fragment(msg)
-            self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
+            key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
+            fragment = _fragment(key, msg)
+            if topic.limited:
+                self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
             stats.seq = m
-            stats.stored += 1
             stats.stored_bytes += len(fragment)
-            bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment)))
+            bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, key, fragment)))
+        stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
-        new = [(m, body.priority, body.fragment) for m, body in bodies]
+        new = [Fresh(body.priority, m, body.fragment) for m, body in bodies]  # one tuple shared by every queue
         for name in topic.subscribers:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open)
@@ -151,13 +152,13 @@ class Publishing(Wired):
             queue = self._queue_of(txn, topic.name, name)
             holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos)
         txn.put_holders(t, m, holders)
-        fragment = _fragment(msg)
+        fragment = _fragment(msg.key, msg)
         old = txn.replace_message(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment), expire=topic.expire)
         if old is not None:
             stats.stored_bytes += len(fragment) - len(old.fragment)
         return len(fragment)
 
 
-def _fragment(msg: Prepared) -> bytes:
-    """A message's JSON as delivered (its key already assigned)."""
-    return p.message_fragment(msg.key.decode(), msg.payload, msg.prio, msg.expires_ns)
+def _fragment(key: bytes, msg: Prepared) -> bytes:
+    """A message's JSON as delivered, under the key it is stored with."""
+    return p.message_fragment(key.decode(), msg.payload, msg.prio, msg.expires_ns)

@@ -74,20 +74,20 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[tuple[int, int, bytes]], may_stay_fresh: list[bool], open_: bool) -> None:
-        """New messages (m, prio, fragment) at the end of the queue. While the
-        subscriber is open and has nothing older queued they stay fresh, else
-        they get ready rows."""
+    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool], open_: bool) -> None:
+        """New messages at the end of the queue. While the subscriber is open and
+        has nothing older queued they stay fresh, else they get ready rows."""
         fresh = self.fresh
         caught_up = open_ and fresh is not None and self.ready == len(fresh)
         queued = []
-        for (m, prio, fragment), may in zip(msgs, may_stay_fresh):
+        ready = self.stats.ready
+        for f, may in zip(msgs, may_stay_fresh):
             if caught_up and may:
-                fresh.append(Fresh(prio, m, fragment))
+                fresh.append(f)
             else:
                 caught_up = False
-                queued.append((prio, m, m))
-            self.stats.ready[prio] += 1
+                queued.append((f.prio, f.m, f.m))
+            ready[f.prio] += 1
         if queued:
             self._txn.push_ready_many(self.t, self.s, queued)
 
@@ -115,9 +115,10 @@ class Queue:
             return None
         fresh = sorted(fresh)
         taken, self.fresh = fresh[:limit], fresh[limit:]
-        self._txn.put_inflight_many(self.t, self.s, [(f.m, Flight(f.prio, f.m, deadline_ns, 1)) for f in taken])
+        self._txn.put_first_flights(self.t, self.s, [(f.m, f.prio) for f in taken], deadline_ns)
+        ready = self.stats.ready
         for f in taken:
-            self.stats.ready[f.prio] -= 1
+            ready[f.prio] -= 1
         self._count_delivered(len(taken), 0)
         self.settle()
         return taken

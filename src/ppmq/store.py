@@ -245,7 +245,9 @@ class Txn:
         return 0 if raw is None else BODY_HEAD.unpack_from(raw)[1]
 
     def publish_ns_of(self, t: int, ms: list[int]) -> list[int]:
-        return [self.publish_ns(t, m) for m in ms]
+        """`publish_ns` of each of ms, for the journal's ack events."""
+        get, db, key_of, head = self.txn.get, self._bodies, TM.pack, BODY_HEAD.unpack_from
+        return [0 if (raw := get(key_of(t, m), db=db)) is None else head(raw)[1] for m in ms]
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         self._put_in_order(TM.pack(t, m), encode_body(body), self._bodies)
@@ -257,7 +259,7 @@ class Txn:
         """New messages with their index entries: the dedupe key of each on a
         Dedupe topic, its expiry on an Expire topic."""
         self.put_bodies(t, bodies)
-        for m, body in bodies:
+        for m, body in bodies if dedupe or expire else ():
             if dedupe:
                 self.put_dedupe(t, body.key, m)
             if expire and body.expires_ns:
@@ -331,28 +333,27 @@ class Txn:
         self._put_all_in_order(items, self._holders)
 
     def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
-        """`release_holder` for each of ms; those nobody holds any more."""
-        return [m for m in ms if self.release_holder(t, m, s)]
+        """Remove s from the holders of each of ms; return those nobody holds any more.
 
-    def release_holder(self, t: int, m: int, s: int) -> bool:
-        """Remove s from m's holders; True when nobody holds m any more.
-
-        The hot path of every ack, so it splices bytes instead of decoding them.
+        The path of every ack, so it splices bytes instead of decoding them.
         """
-        key = TM.pack(t, m)
-        raw = self.txn.get(key, db=self._holders)
-        if raw is None:
-            return True
-        sub = s.to_bytes(2, "big")
-        for i in range(0, len(raw), HOLDER.size):
-            if raw[i : i + 2] == sub:
-                raw = raw[:i] + raw[i + HOLDER.size :]
-                break
-        if raw:
-            self.txn.put(key, raw, db=self._holders)
-            return False
-        self.txn.delete(key, db=self._holders)
-        return True
+        get, put, delete, db, key_of = self.txn.get, self.txn.put, self.txn.delete, self._holders, TM.pack
+        sub, size = s.to_bytes(2, "big"), HOLDER.size
+        done = []
+        for m in ms:
+            key = key_of(t, m)
+            raw = get(key, db=db)
+            if raw is not None:
+                for i in range(0, len(raw), size):
+                    if raw[i : i + 2] == sub:
+                        raw = raw[:i] + raw[i + size :]
+                        break
+                if raw:
+                    put(key, raw, db=db)
+                    continue
+                delete(key, db=db)
+            done.append(m)
+        return done
 
     # --- ready queues ---------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
@@ -423,12 +424,13 @@ class Txn:
         if flight.deadline_ns:
             self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
 
-    def put_inflight_many(self, t: int, s: int, flights: list[tuple[int, Flight]]) -> None:
-        """A whole batch's deliveries to s."""
-        self._put_all_in_order([(TSM.pack(t, s, m), FLIGHT.pack(*flight)) for m, flight in flights], self._inflight)
-        for m, flight in flights:
-            if flight.deadline_ns:
-                self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
+    def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int) -> None:
+        """A whole batch's first deliveries to s: (m, prio), each at its place (prio, m)."""
+        key, value = TSM.pack, FLIGHT.pack
+        self._put_all_in_order([(key(t, s, m), value(prio, m, deadline_ns, 1)) for m, prio in msgs], self._inflight)
+        if deadline_ns:
+            for m, _ in msgs:
+                self.txn.put(DTSM.pack(deadline_ns, t, s, m), b"", db=self._deadlines)
 
     def pop_inflight_attempts(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Take each of ms out of flight to s, with its deadline entry; per m, its
