@@ -17,8 +17,9 @@ from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .fsck import FsckError, fsck
+from .schema import SCHEMA_VERSION, StoreError
 from .sockets import ListenError
-from .schema import StoreError
+from .store import Store
 from .systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq")
@@ -74,6 +75,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     command("serve", _serve, "run the broker in the foreground")
     command("check", _check, "validate a config file")
     command("fsck", _fsck, "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)")
+    command("migrate", _migrate, "convert a store an older ppmq wrote to this ppmq's schema (the broker also does it when it starts)")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
     pub.add_argument("topic")
     pub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
@@ -137,6 +139,21 @@ def _fsck(args: argparse.Namespace) -> int:
     verdict = f"{len(problems)} problems" if problems else "clean"
     print(f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    config = load_config(args.config or default_config_path())
+    if config.in_memory:
+        print("DataPath is mem: there is no store to convert")
+        return 0
+    try:
+        store = Store(config.data_path, sync=config.sync, max_bytes=config.max_store_bytes)
+    except StoreError as exc:
+        raise Failure(str(exc)) from None
+    verdict = "converted to" if store.migrated else "already has"
+    store.close()
+    print(f"{config.data_path}: {verdict} schema {SCHEMA_VERSION}")
+    return 0
 
 
 # --- client side -----------------------------------------------------------------------

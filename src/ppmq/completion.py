@@ -46,12 +46,12 @@ class Completion(Wired):
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)
         acked = queue.ack(msgs)
-        ids = [m for m, _ in acked]
+        ids = [m for m, _, _ in acked]
         if self._events.journaled and ids:
             event = self._events.batch(ev.ACK, topic, sub, reason)
             event.ids += ids
-            event.pub_ns += txn.publish_ns_of(queue.t, ids)
-            event.attempts += [n for _, n in acked]
+            event.pub_ns += [publish_ns for _, _, publish_ns in acked]
+            event.attempts += [n for _, n, _ in acked]
         self._release(txn, topic, queue.t, queue.s, ids)
         return len(ids)
 

@@ -55,7 +55,7 @@ class Filling(Wired):
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         event = self._events.batch(ev.DELIVER, topic.name, sub) if self._events.journaled else None
-        taken = queue.take_fresh(limit, deadline)
+        taken = queue.take_fresh(limit, deadline, now_ns)
         if taken is not None:
             if event is not None:  # published in this very step
                 event.ids += [f.m for f in taken]

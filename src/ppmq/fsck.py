@@ -8,7 +8,7 @@ checks. Rows of a publish being staged (staging.py) are uncounted by design:
 while the meta `staging` record names their range they are left out of the
 counters (its rows must still agree with each other); without the record they
 would show up as counters that disagree. It reads one snapshot through
-store.StoreReader, whose records are the store's own decoding of every row (a
+reader.StoreReader, whose records are the store's own decoding of every row (a
 row that does not decode is a problem here), so it runs beside a live broker (which keeps writing meanwhile) as well as on a
 stopped one; it never writes, and refuses a DataPath that is not a ppmq store.
 It holds the indexes (not the payloads) in memory, a hundred bytes or so per
@@ -246,6 +246,8 @@ def _inflight_points_at_messages(snap: Snapshot, config: Config) -> list[str]:
             out.append(f"{where} is not stored")
         elif s not in snap.holders.get((t, m), {}):
             out.append(f"{where} is not among its holders")
+        elif flight.publish_ns != snap.bodies[t, m].publish_ns:
+            out.append(f"{where} was published at {flight.publish_ns}, its message at {snap.bodies[t, m].publish_ns}")
         if flight.deadline_ns and (flight.deadline_ns, t, s, m) not in snap.deadlines:
             out.append(f"{where} has an AckRetry deadline missing from the deadline index")
     return out

@@ -107,15 +107,16 @@ class Queue:
 
     # --- delivery ------------------------------------------------------------------------
 
-    def take_fresh(self, limit: int, deadline_ns: int) -> list[Fresh] | None:
-        """When the fresh messages are the whole queue: the first `limit` of them
-        in queue order, now in flight; the rest settle. None otherwise."""
+    def take_fresh(self, limit: int, deadline_ns: int, now_ns: int) -> list[Fresh] | None:
+        """When the fresh messages (published at now_ns) are the whole queue: the
+        first `limit` of them in queue order, now in flight; the rest settle.
+        None otherwise."""
         fresh = self.fresh
         if not fresh or self.ready != len(fresh):
             return None
         fresh = sorted(fresh)
         taken, self.fresh = fresh[:limit], fresh[limit:]
-        self._txn.put_first_flights(self.t, self.s, [(f.m, f.prio) for f in taken], deadline_ns)
+        self._txn.put_first_flights(self.t, self.s, [(f.m, f.prio) for f in taken], deadline_ns, now_ns)
         ready = self.stats.ready
         for f in taken:
             ready[f.prio] -= 1
@@ -141,7 +142,7 @@ class Queue:
             if expired(body):
                 out.expired.append(entry.msg)
                 return False
-            self._txn.put_inflight(self.t, self.s, entry.msg, Flight(entry.prio, entry.pos, deadline_ns, entry.attempts + 1))
+            self._txn.put_inflight(self.t, self.s, entry.msg, Flight(entry.prio, entry.pos, deadline_ns, entry.attempts + 1, body.publish_ns))
             stats.ready[entry.prio] -= 1
             out.entries.append((entry, body))
             return True
@@ -161,13 +162,13 @@ class Queue:
 
     # --- leaving flight ----------------------------------------------------------------------
 
-    def ack(self, ms: list[int | None]) -> list[tuple[int, int]]:
+    def ack(self, ms: list[int | None]) -> list[tuple[int, int, int]]:
         """The subscriber is done with ms (None: a key that names no message);
-        returns (m, deliveries so far) of those that were in flight. Acks of
-        anything else are counted as ignored (PROTOCOL §3 Acks)."""
+        returns (m, deliveries so far, publish_ns) of those that were in flight.
+        Acks of anything else are counted as ignored (PROTOCOL §3 Acks)."""
         named = [m for m in ms if m is not None]
-        attempts = self._txn.pop_inflight_attempts(self.t, self.s, named)
-        acked = [(m, n) for m, n in zip(named, attempts) if n]
+        flights = self._txn.pop_flights(self.t, self.s, named)
+        acked = [(m, *flight) for m, flight in zip(named, flights) if flight is not None]
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)
         self.stats.ignored_acks += len(ms) - len(acked)

@@ -70,7 +70,9 @@ class StoreReader:
         with self.snapshot() as txn:
             found = txn.get_meta(b"schema")
         if found != b"%d" % SCHEMA_VERSION:
-            raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}")
+            older = found is not None and found.isdigit() and int(found) < SCHEMA_VERSION
+            hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
+            raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}{hint}")
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:

@@ -8,7 +8,7 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     bodies    T M             -> Body header, key, message JSON   (stored once per topic)
     holders   T M             -> (S, prio, pos) for every subscriber not done with M
     ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
-    inflight  T S M           -> prio, pos, deadline_ns, attempts  (delivered, not acked)
+    inflight  T S M           -> prio, pos, deadline_ns, attempts, publish_ns (delivered, not acked)
     deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
@@ -30,8 +30,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-# Bump when a key or value layout changes, and teach Store.open to convert or refuse.
-SCHEMA_VERSION = 1
+# Bump when a key or value layout changes, and add the conversion to migrate.py.
+SCHEMA_VERSION = 2
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
 
 TM = struct.Struct(">IQ")
@@ -42,7 +42,7 @@ ETM = struct.Struct(">QIQ")
 DTSM = struct.Struct(">QIHQ")
 U64 = struct.Struct(">Q")
 READY_VAL = struct.Struct(">QI")  # M, attempts
-FLIGHT = struct.Struct(">BQQI")  # prio, pos, deadline_ns, attempts
+FLIGHT = struct.Struct(">BQQIQ")  # prio, pos, deadline_ns, attempts, publish_ns (schema 2)
 HOLDER = struct.Struct(">HBQ")  # S, prio, pos
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
@@ -82,6 +82,7 @@ class Flight(NamedTuple):
     pos: int
     deadline_ns: int  # 0: no AckRetry
     attempts: int
+    publish_ns: int  # of the version delivered: the journal's ack events carry it without reading the body
 
 
 class ReadyEntry(NamedTuple):

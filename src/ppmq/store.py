@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
+from .migrate import upgrade
 from .schema import (
     BODY_HEAD,
     Body,
@@ -63,6 +64,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
         self.max_bytes = max_bytes
+        self.migrated = False  # whether opening converted a store an older ppmq wrote
         # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
         # and deliveries, which also need fresh pages in a copy-on-write tree, go on.
         headroom = max(32 << 20, max_bytes // 20)
@@ -82,12 +84,14 @@ class Store:
         self._check_schema()
 
     def _check_schema(self) -> None:
-        with self.env.begin(write=True, db=self.dbs["meta"]) as txn:
-            found = txn.get(b"schema")
+        """A new store gets this ppmq's schema; one an older ppmq wrote is
+        converted (migrate.py), in this one transaction."""
+        with self.env.begin(write=True) as txn:
+            found = txn.get(b"schema", db=self.dbs["meta"])
             if found is None:
-                txn.put(b"schema", b"%d" % SCHEMA_VERSION)
-            elif int(found) != SCHEMA_VERSION:
-                raise StoreError(f"store {self.path} has schema {int(found)}, this ppmq reads {SCHEMA_VERSION}")
+                txn.put(b"schema", b"%d" % SCHEMA_VERSION, db=self.dbs["meta"])
+            else:
+                self.migrated = upgrade(txn, self.dbs, int(found), self.path)
 
     @contextmanager
     def write(self) -> Iterator[Txn]:
@@ -243,11 +247,6 @@ class Txn:
         """When m was published (0 if it is gone); reads the header only."""
         raw = self.txn.get(TM.pack(t, m), db=self._bodies)
         return 0 if raw is None else BODY_HEAD.unpack_from(raw)[1]
-
-    def publish_ns_of(self, t: int, ms: list[int]) -> list[int]:
-        """`publish_ns` of each of ms, for the journal's ack events."""
-        get, db, key_of, head = self.txn.get, self._bodies, TM.pack, BODY_HEAD.unpack_from
-        return [0 if (raw := get(key_of(t, m), db=db)) is None else head(raw)[1] for m in ms]
 
     def put_body(self, t: int, m: int, body: Body) -> None:
         self._put_in_order(TM.pack(t, m), encode_body(body), self._bodies)
@@ -424,29 +423,30 @@ class Txn:
         if flight.deadline_ns:
             self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
 
-    def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int) -> None:
-        """A whole batch's first deliveries to s: (m, prio), each at its place (prio, m)."""
+    def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int, publish_ns: int) -> None:
+        """A whole batch's first deliveries to s of messages published at
+        publish_ns: (m, prio), each at its place (prio, m)."""
         key, value = TSM.pack, FLIGHT.pack
-        self._put_all_in_order([(key(t, s, m), value(prio, m, deadline_ns, 1)) for m, prio in msgs], self._inflight)
+        self._put_all_in_order([(key(t, s, m), value(prio, m, deadline_ns, 1, publish_ns)) for m, prio in msgs], self._inflight)
         if deadline_ns:
             for m, _ in msgs:
                 self.txn.put(DTSM.pack(deadline_ns, t, s, m), b"", db=self._deadlines)
 
-    def pop_inflight_attempts(self, t: int, s: int, ms: list[int]) -> list[int]:
+    def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int] | None]:
         """Take each of ms out of flight to s, with its deadline entry; per m, its
-        deliveries so far, or 0 if it was not in flight. The path of every ack:
-        one call a batch, and no Flight built."""
+        (deliveries so far, publish_ns), or None if it was not in flight. The
+        path of every ack: one call a batch, and no Flight built."""
         pop, delete, key, db = self.txn.pop, self.txn.delete, TSM.pack, self._inflight
-        out = []
+        out: list[tuple[int, int] | None] = []
         for m in ms:
             raw = pop(key(t, s, m), db=db)
             if raw is None:
-                out.append(0)
+                out.append(None)
                 continue
-            _, _, deadline_ns, attempts = FLIGHT.unpack(raw)
+            _, _, deadline_ns, attempts, publish_ns = FLIGHT.unpack(raw)
             if deadline_ns:
                 delete(DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
-            out.append(attempts)
+            out.append((attempts, publish_ns))
         return out
 
     def get_inflight(self, t: int, s: int, m: int) -> Flight | None:

@@ -134,6 +134,11 @@ def copy_first_body_to(m: int) -> Callable[[Txn, dict[str, int]], None]:
     return put
 
 
+def shift_first_flight_publish_ns(txn: Txn, _: dict) -> None:
+    key, value = first_entry(txn, "inflight")
+    txn.txn.put(key, value[:-8] + (int.from_bytes(value[-8:], "big") + 1).to_bytes(8, "big"), db=txn.store.dbs["inflight"])
+
+
 DAMAGES = {
     "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
     "a ready entry deleted": (drop_first("ready"), "neither queued at"),
@@ -153,6 +158,7 @@ DAMAGES = {
     "an expiry entry at the wrong time": (
         with_txn(lambda txn, i: txn.add_expiry(NOW, i["d"], 1)), "matches no stored message expiring then"),
     "a body above the topic's sequence": (with_txn(copy_first_body_to(10**6)), "above the topic's sequence"),
+    "an in-flight entry with another publish time": (with_txn(shift_first_flight_publish_ns), "its message at"),
     "a truncated body": (truncate_first("bodies"), "bodies: entry"),
     "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
     "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),

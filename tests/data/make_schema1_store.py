@@ -1,0 +1,51 @@
+"""How tests/data/schema1-store.tar.gz was made: by ppmq at commit 182c8ab, the
+last to write store schema 1, run as `python tests/data/make_schema1_store.py OUT`.
+
+It leaves, on topic `jobs` (subscribers a and b, AckRetry 1h, so deadlines are
+indexed) and the Dedupe topic `latest` (subscriber a): messages acked by one
+subscriber and in flight to the other, messages in flight to both, messages
+ready for both, and one that expires. Kept so that the migration is tested
+against a store the old code wrote, not one a test imitates.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+
+from ppmq import protocol as p
+from ppmq.broker import Broker
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.store import Store
+
+NOW = 1_800_000_000 * 10**9
+
+
+def fixture_config(out: str) -> Config:
+    """The config the store was written with."""
+    return Config(
+        server_socket="/nonexistent", data_path=out, sync=True,
+        subscribers=[SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=3) for n in ("a", "b")],
+        topics=[
+            TopicConfig(name="jobs", subscribers=["a", "b"], ack_retry=3600.0, priorities=2, expire=True),
+            TopicConfig(name="latest", subscribers=["a"], dedupe=True),
+        ],
+    )
+
+
+def main(out: str) -> None:
+    config = fixture_config(out)
+    store = Store(out, sync=True, max_bytes=1 << 26)
+    broker = Broker(config, store, NOW)
+    msgs = [p.Message(payload=msgspec.Raw(b'{"n":%d}' % i), priority=i % 2, ttl_s=7200.0 if i == 8 else None) for i in range(9)]
+    keyed = [p.Message(key=k, payload=msgspec.Raw(b'"%s"' % k.encode())) for k in ("x", "y")]
+    broker.step([p.Request(topic="jobs", messages=msgs), p.Request(topic="latest", messages=keyed)], set(), NOW)
+    first = broker.step([], {"a", "b"}, NOW + 10**9).deliveries  # a batch of 3 to each, and one of `latest` to a
+    a_jobs = next(d for d in first if d.subscriber == "a" and d.topic == "jobs")
+    broker.step([p.Request(topic="jobs", subscriber="a", acks=[str(m) for m in a_jobs.msgs[:2]])], set(), NOW + 2 * 10**9)
+    store.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
