@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 
 from .access import Peer, Policy
 from .broker import Delivery, Returned, Written
@@ -57,12 +58,18 @@ class SubscriberLink:
         self.max_frame_bytes = max_frame_bytes
         self.read_timeout_s = read_timeout_s
         self.policy = policy
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._batches: deque[Delivery] = deque()  # committed, not yet written
+        self._waiter: asyncio.Future[None] | None = None  # _serve waits on it for a batch or the end of acks
         self.connected = False
 
     def push(self, delivery: Delivery) -> None:
         """Called by the writer with a committed batch."""
-        self._queue.put_nowait(delivery)
+        self._batches.append(delivery)
+        self._wake()
+
+    def _wake(self, *_: object) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def run(self) -> None:
         delay = FIRST_RETRY_S
@@ -121,24 +128,31 @@ class SubscriberLink:
         acks = asyncio.create_task(
             serve_requests(reader, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize)
         )
+        acks.add_done_callback(self._wake)
         self.writer.open(self.name, self)
-        batch: asyncio.Task | None = None
         try:
             while not acks.done():
-                batch = asyncio.create_task(self._queue.get())
-                await asyncio.wait({batch, acks}, return_when=asyncio.FIRST_COMPLETED)
-                if not batch.done():
+                if not self._batches:
+                    await self._next_batch()
+                    continue
+                if not await self._write(out, self._batches.popleft()):
                     break
-                delivery, batch = batch.result(), None
-                if not await self._write(out, delivery):
-                    break
-                if self._queue.empty():
+                if not self._batches:
                     self.writer.open(self.name, self)
         finally:
-            self._forget_get(batch)
             self.writer.close(self.name)
             self._return_queued()
             acks.cancel()
+
+    async def _next_batch(self) -> None:
+        """Until a batch is pushed or the subscriber's side of the connection ends.
+        A bare future that push() resolves: a task and asyncio.wait for every
+        batch would cost the event loop more than writing the batch does."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     async def _write(self, out: asyncio.StreamWriter, delivery: Delivery) -> bool:
         """Write one batch and wait until the kernel has all of it (see
@@ -159,20 +173,9 @@ class SubscriberLink:
             self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
         return True
 
-    def _forget_get(self, batch: asyncio.Task | None) -> None:
-        """A wait for the queue that is still pending is cancelled (what it was
-        about to take stays queued); one that took a batch this task never wrote,
-        because it was cancelled at that moment, gives the batch back."""
-        if batch is None:
-            return
-        if not batch.done():
-            batch.cancel()
-        elif not batch.cancelled():
-            self._give_back(batch.result())
-
     def _return_queued(self) -> None:
-        while not self._queue.empty():
-            self._give_back(self._queue.get_nowait())
+        while self._batches:
+            self._give_back(self._batches.popleft())
 
     def _give_back(self, delivery: Delivery) -> None:
         self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
