@@ -90,9 +90,17 @@ class Writer:
         self._wake()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
-        """The subscriber is connected and idle: it may be given batches."""
+        """The subscriber is connected and idle: it may be given batches.
+
+        A subscriber opens again after every batch it takes, and mostly nothing
+        more is ready for it yet: the writer is woken only when a step would
+        fill it. While the writer waits, no step runs, so the broker's state is
+        the event loop's to read; while a step runs, the writer looks at every
+        open subscriber once it is done anyway.
+        """
         self._open[subscriber] = outlet
-        self._wake()
+        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns()):
+            self._wake()
 
     def close(self, subscriber: str) -> None:
         self._open.pop(subscriber, None)
