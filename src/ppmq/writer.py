@@ -58,6 +58,7 @@ class Writer:
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
         self._stopping = False
+        self._gathering = False  # run() waits for company for the one-way acks it holds
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = asyncio.Event()  # set after each step, then replaced
@@ -85,9 +86,12 @@ class Writer:
         return await done
 
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
-        """Queue an op for the next transaction; `sink` receives its reply after commit."""
+        """Queue an op for the next transaction; `sink` receives its reply after commit.
+        One more one-way ack while acks gather changes nothing for the writer,
+        so it is not woken for it (every subscriber sends one per batch)."""
         self._pending.append((op, sink))
-        self._wake()
+        if not (self._gathering and _quiet(op)):
+            self._wake()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
         """The subscriber is connected and idle: it may be given batches.
@@ -153,11 +157,15 @@ class Writer:
         ACK_GATHER_S to join them, so that one commit serves both."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ACK_GATHER_S
-        while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            await self._sleep(remaining)
+        self._gathering = True
+        try:
+            while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                await self._sleep(remaining)
+        finally:
+            self._gathering = False
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer
