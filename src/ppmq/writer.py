@@ -258,7 +258,7 @@ class _StepThread:
             done, fn, args = call
             try:
                 result = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - whatever it is, the caller hears it
+            except BaseException as exc:  # whatever it is, run() hears it as run_in_executor told it
                 self._loop.call_soon_threadsafe(_fail, done, exc)
             else:
                 self._loop.call_soon_threadsafe(_resolve, done, result)
