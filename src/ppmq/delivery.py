@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 
 from .access import Peer, Policy
 from .config import SubscriberConfig
@@ -57,12 +58,41 @@ class SubscriberLink:
         self.max_frame_bytes = max_frame_bytes
         self.read_timeout_s = read_timeout_s
         self.policy = policy
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._batches: deque[Delivery] = deque()  # committed, not yet written
+        self._sending: Delivery | None = None  # written in part by push: _serve waits for the rest
+        self._out: asyncio.StreamWriter | None = None  # the connection, while _serve serves it
+        self._waiter: asyncio.Future[None] | None = None  # _serve waits on it for a batch or the end of acks
         self.connected = False
 
     def push(self, delivery: Delivery) -> None:
-        """Called by the writer with a committed batch."""
-        self._queue.put_nowait(delivery)
+        """Called by the writer with a committed batch.
+
+        A connection with nothing queued or unsent takes it at once: a batch
+        the kernel takes whole is written without waking the delivery task,
+        whose wake-up would cost the event loop more than the write does. The
+        task waits only for what the kernel did not take, as for any batch.
+        """
+        out = self._out
+        if out is None or not self._idle(out):
+            self._batches.append(delivery)
+        else:
+            out.write(delivery.frame)
+            if not out.transport.get_write_buffer_size() and not out.is_closing():
+                self._written(delivery)
+                self.writer.open(self.name, self)
+                return
+            self._sending = delivery
+        self._wake()
+
+    def _idle(self, out: asyncio.StreamWriter) -> bool:
+        """The delivery task waits for a batch, and none is queued or in the buffer."""
+        waiting = self._waiter is not None and not self._waiter.done()
+        unsent = self._batches or self._sending is not None or out.transport.get_write_buffer_size()
+        return waiting and not unsent and not out.is_closing()
+
+    def _wake(self, *_: object) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def run(self) -> None:
         delay = FIRST_RETRY_S
@@ -121,32 +151,48 @@ class SubscriberLink:
         acks = asyncio.create_task(
             serve_requests(reader, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize)
         )
+        acks.add_done_callback(self._wake)
+        self._out = out
         self.writer.open(self.name, self)
-        batch: asyncio.Task | None = None
         try:
             while not acks.done():
-                batch = asyncio.create_task(self._queue.get())
-                await asyncio.wait({batch, acks}, return_when=asyncio.FIRST_COMPLETED)
-                if not batch.done():
+                if self._sending is not None:
+                    delivery, self._sending = self._sending, None
+                    written = await self._write(out, delivery, started=True)
+                elif self._batches:
+                    written = await self._write(out, self._batches.popleft())
+                else:
+                    await self._next_batch()
+                    continue
+                if not written:
                     break
-                delivery, batch = batch.result(), None
-                if not await self._write(out, delivery):
-                    break
-                if self._queue.empty():
+                if not self._batches:
                     self.writer.open(self.name, self)
         finally:
-            self._forget_get(batch)
+            self._out = None
             self.writer.close(self.name)
             self._return_queued()
             acks.cancel()
 
-    async def _write(self, out: asyncio.StreamWriter, delivery: Delivery) -> bool:
-        """Write one batch and wait until the kernel has all of it (see
-        _drain_until_flushed): only then may it count as written, and only then
-        does the next batch go into the buffer. Cut off by a broken connection or
-        by shutdown, it goes back to ready and is not counted as delivered."""
+    async def _next_batch(self) -> None:
+        """Until a batch is pushed or the subscriber's side of the connection ends.
+        A bare future that push() resolves: a task and asyncio.wait for every
+        batch would cost the event loop more than writing the batch does."""
+        self._waiter = asyncio.get_running_loop().create_future()
         try:
-            out.write(delivery.frame)
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def _write(self, out: asyncio.StreamWriter, delivery: Delivery, started: bool = False) -> bool:
+        """Write one batch (`started`: push wrote it, in part) and wait until the
+        kernel has all of it (see _drain_until_flushed): only then may it count
+        as written, and only then does the next batch go into the buffer. Cut
+        off by a broken connection or by shutdown, it goes back to ready and is
+        not counted as delivered."""
+        try:
+            if not started:
+                out.write(delivery.frame)
             await out.drain()
         except (ConnectionError, OSError) as exc:
             log.info("subscriber %s: write failed (%s); batch goes back to ready", self.name, exc)
@@ -155,24 +201,21 @@ class SubscriberLink:
         except asyncio.CancelledError:
             self._give_back(delivery)
             raise
-        if delivery.auto_ack:
-            self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
+        self._written(delivery)
         return True
 
-    def _forget_get(self, batch: asyncio.Task | None) -> None:
-        """A wait for the queue that is still pending is cancelled (what it was
-        about to take stays queued); one that took a batch this task never wrote,
-        because it was cancelled at that moment, gives the batch back."""
-        if batch is None:
-            return
-        if not batch.done():
-            batch.cancel()
-        elif not batch.cancelled():
-            self._give_back(batch.result())
+    def _written(self, delivery: Delivery) -> None:
+        """The kernel has all of the batch: it is delivered (and, with AckRequired
+        false, acknowledged by that alone)."""
+        if delivery.auto_ack:
+            self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
 
     def _return_queued(self) -> None:
-        while not self._queue.empty():
-            self._give_back(self._queue.get_nowait())
+        if self._sending is not None:  # not written whole
+            self._give_back(self._sending)
+            self._sending = None
+        while self._batches:
+            self._give_back(self._batches.popleft())
 
     def _give_back(self, delivery: Delivery) -> None:
         self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))

@@ -17,10 +17,11 @@ connection's requests still apply, and are answered, in the order it sent them.
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from msgspec import UNSET
 
@@ -56,9 +57,9 @@ class Writer:
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
         self._stopping = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-writer")
+        self._gathering = False  # run() waits for company for the one-way acks it holds
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = asyncio.Event()  # set after each step, then replaced
@@ -86,14 +87,25 @@ class Writer:
         return await done
 
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
-        """Queue an op for the next transaction; `sink` receives its reply after commit."""
+        """Queue an op for the next transaction; `sink` receives its reply after commit.
+        One more one-way ack while acks gather changes nothing for the writer,
+        so it is not woken for it (every subscriber sends one per batch)."""
         self._pending.append((op, sink))
-        self._wake.set()
+        if not (self._gathering and _quiet(op)):
+            self._wake()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
-        """The subscriber is connected and idle: it may be given batches."""
+        """The subscriber is connected and idle: it may be given batches.
+
+        A subscriber opens again after every batch it takes, and mostly nothing
+        more is ready for it yet: the writer is woken only when a step would
+        fill it. While the writer waits, no step runs, so the broker's state is
+        the event loop's to read; while a step runs, the writer looks at every
+        open subscriber once it is done anyway.
+        """
         self._open[subscriber] = outlet
-        self._wake.set()
+        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns()):
+            self._wake()
 
     def close(self, subscriber: str) -> None:
         self._open.pop(subscriber, None)
@@ -101,10 +113,16 @@ class Writer:
     def stop(self) -> None:
         """Finish what is queued, then return from run()."""
         self._stopping = True
-        self._wake.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let run() look again, if it waits; when it does not, it looks anyway
+        before it next waits."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        thread = _StepThread(asyncio.get_running_loop())
         try:
             while True:
                 self._heartbeat = time.monotonic()
@@ -122,7 +140,7 @@ class Writer:
                 ops = [op for op, _ in batch]
                 self._busy_since = time.monotonic()
                 try:
-                    step = await loop.run_in_executor(self._executor, self.broker.step, ops, open_subs, time.time_ns())
+                    step = await thread.call(self.broker.step, ops, open_subs, time.time_ns())
                 finally:
                     self._busy_since = None
                 self._answer(batch, step.replies)
@@ -133,30 +151,35 @@ class Writer:
                 if step.events and self._journal is not None:
                     self._journal(step.events)
         finally:
-            self._executor.shutdown(wait=True)
+            thread.stop()
 
     async def _gather_acks(self) -> None:
         """While only one-way acks wait, give whatever comes next up to
         ACK_GATHER_S to join them, so that one commit serves both."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ACK_GATHER_S
-        while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-            except TimeoutError:
-                return
+        self._gathering = True
+        try:
+            while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                await self._sleep(remaining)
+        finally:
+            self._gathering = False
 
     async def _sleep(self, timeout_s: float) -> None:
-        """Until something is submitted or a subscriber opens, or the next timer."""
-        self._wake.clear()
+        """Until something is submitted or a subscriber opens, or the next timer
+        (at most a second away). A bare future and a timer handle: this runs a
+        few times for every step, and wait_for would add a task each time."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=min(1.0, max(0.0, timeout_s)))
-        except TimeoutError:
-            pass
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
@@ -207,6 +230,49 @@ class Writer:
                 self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
             else:
                 outlet.push(delivery)
+
+
+class _StepThread:
+    """The writer's thread: runs one call at a time and hands its result back to
+    the event loop with one call_soon_threadsafe, without the executor's work
+    items, locks and chained futures, which cost the loop more than the hand-off."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ppmq-writer", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """fn(*args) on the thread; the future has its result or its exception."""
+        done = self._loop.create_future()
+        self._calls.put((done, fn, args))
+        return done
+
+    def stop(self) -> None:
+        """Return once the call in progress, if any, has finished and the thread is gone."""
+        self._calls.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            done, fn, args = call
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # whatever it is, run() hears it as run_in_executor told it
+                self._loop.call_soon_threadsafe(_fail, done, exc)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, done, result)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
 
 
 def _quiet(op: Op) -> bool:
