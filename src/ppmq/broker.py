@@ -97,24 +97,28 @@ class Broker(Publishing, Completion, Filling):
             return True
         return now_ns >= self._next_tick_ns or any(self._space(s, t) > 0 for s in open_subs for t in self.sub_topics.get(s, ()))
 
-    def step(self, ops: list[Op], open_subs: set[str], now_ns: int) -> Step:
+    def step(self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit.
 
-        A step that runs out of room looks again for reader slots of dead
-        processes (which pin pages) and, if that freed any, tries once more
-        before answering 507."""
+        `early`, if given, is handed the step's batches just before the commit,
+        so that they travel while the disk syncs: the ack that made room for a
+        batch does not make it wait for an fsync. A crash or a failed commit can
+        only deliver them again, which at-least-once allows; replies still wait
+        for the commit. A step that runs out of room looks again for reader
+        slots of dead processes (which pin pages) and, if that freed any, tries
+        once more before answering 507."""
         carried, self._carried = self._carried, []
         ops = carried + ops
         self._clear_stale_readers()
         ended: list[Answer] = []  # a staged publish the failed first try ended
         try:
             try:
-                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns)
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
             except StoreFullError as exc:
                 ended = self._staging.rolled_back(_reply_error(exc))
                 if not self._clear_stale_readers():
                     raise
-                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns)
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
         except StoreError as exc:
             return self._failed(ops, len(carried), exc, now_ns, ended)
         self._staging.committed()
@@ -134,7 +138,9 @@ class Broker(Publishing, Completion, Filling):
             log.warning("freed %d reader slots of processes that died inside a read", cleared)
         return cleared
 
-    def _commit(self, ops: list[Op], open_subs: set[str], now_ns: int) -> tuple[list, list[Delivery], int, list[Answer]]:
+    def _commit(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None
+    ) -> tuple[list, list[Delivery], int, list[Answer]]:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised."""
         wiring = self._wiring
@@ -150,6 +156,8 @@ class Broker(Publishing, Completion, Filling):
                 self.state.commits += 1
                 saved = self._save(txn)
                 next_tick = self._next_tick(txn, now_ns)
+                if early is not None and deliveries:
+                    early(deliveries)
         except BaseException:
             self.state = restore(self._committed)
             self._rewire(wiring)

@@ -86,7 +86,7 @@ class Daemon:
         self.config_path = config_path
         self.broker = Broker(config, store, time.time_ns())
         self.journal = _journal(config)
-        self.writer = Writer(self.broker, self.journal.put if self.journal else None)
+        self.writer = Writer(self.broker, self.journal.put if self.journal else None, durable=config.sync and not config.in_memory)
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,

@@ -2,9 +2,11 @@
 
 Requests from every connection queue up while a transaction is being committed;
 the next step takes all of them into one transaction, so one fsync serves them
-all, and replies leave only after that commit. The broker runs on a single
-worker thread: LMDB releases the GIL while it writes and syncs, so the event
-loop keeps reading sockets while the disk works.
+all, and replies leave only after that commit. With Sync the broker runs on a
+single worker thread: LMDB releases the GIL while it writes and syncs, so the
+event loop keeps reading sockets, and pushes the step's batches, while the disk
+works. Without Sync a commit does not wait for the disk, and the step runs on
+the event loop itself, which costs less than the hand-off to a thread.
 
 A step's work is bounded, so that no request makes the others wait long: at most
 MAX_OPS_PER_STEP requests, and about CHUNK_MESSAGES messages beside one chunk of
@@ -51,8 +53,12 @@ class Writer:
     """Runs the broker's steps on its own thread, one after another, each with
     everything that was queued while the previous one committed."""
 
-    def __init__(self, broker: Broker, journal: EventSink | None = None) -> None:
+    def __init__(self, broker: Broker, journal: EventSink | None = None, *, durable: bool = True) -> None:
         self.broker = broker
+        # With fsync, steps run on a thread of their own, so the loop goes on while
+        # the disk syncs, and batches leave before the sync ends (Broker.step's
+        # `early`). Without, a step costs less than handing it to a thread would.
+        self._durable = durable
         self._journal = journal
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
@@ -122,7 +128,12 @@ class Writer:
             self._waiter.set_result(None)
 
     async def run(self) -> None:
-        thread = _StepThread(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        thread = _StepThread(loop) if self._durable else None
+
+        def early(deliveries: list[Delivery]) -> None:  # on the step thread
+            loop.call_soon_threadsafe(self._dispatch, deliveries)
+
         try:
             while True:
                 self._heartbeat = time.monotonic()
@@ -140,18 +151,23 @@ class Writer:
                 ops = [op for op, _ in batch]
                 self._busy_since = time.monotonic()
                 try:
-                    step = await thread.call(self.broker.step, ops, open_subs, time.time_ns())
+                    if thread is not None:
+                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early)
+                    else:
+                        step = self.broker.step(ops, open_subs, time.time_ns())
                 finally:
                     self._busy_since = None
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
-                self._dispatch(step.deliveries)
+                if thread is None:
+                    self._dispatch(step.deliveries)
                 self._stepped.set()
                 self._stepped = asyncio.Event()
                 if step.events and self._journal is not None:
                     self._journal(step.events)
         finally:
-            thread.stop()
+            if thread is not None:
+                thread.stop()
 
     async def _gather_acks(self) -> None:
         """While only one-way acks wait, give whatever comes next up to
