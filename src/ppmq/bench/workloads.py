@@ -17,6 +17,7 @@ class Workload(NamedTuple):
     priorities: int = 3
     window: int = 1000  # messages in flight per subscriber (ppmq's Window; the peers' prefetch)
     server_acks: bool = False  # ppmq subscribers ack the ppMQ way: one-way, to ServerSocket
+    metrics_s: float = 0.0  # ppmq writes a Metrics textfile this often; 0: no Metrics section
 
     @property
     def paced(self) -> bool:
