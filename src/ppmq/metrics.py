@@ -50,29 +50,42 @@ class StatusCollector(Collector):
         self.body = body
 
     def collect(self) -> Iterator[Metric]:
-        body = self.body
-        topics = body["Topics"]
-        subs = [(topic, name, s) for topic, t in topics.items() for name, s in t["Subscribers"].items()]
-        for key, name, doc in _TOPIC_COUNTERS:
-            yield _family(CounterMetricFamily, name, doc, ["topic"], [([t], s[key]) for t, s in topics.items()])
-        for key, name, doc in _TOPIC_GAUGES:
-            yield _family(GaugeMetricFamily, name, doc, ["topic"], [([t], s[key]) for t, s in topics.items()])
-        ready = [([t, n, str(prio)], count) for t, n, s in subs for prio, count in enumerate(s["Ready"])]
-        yield _family(GaugeMetricFamily, "ppmq_ready_messages", "Messages queued for a subscriber, not in flight.", ["topic", "subscriber", "priority"], ready)
-        for key, name, doc in _SUB_COUNTERS:
-            yield _family(CounterMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs])
-        for key, name, doc in _SUB_GAUGES:
-            yield _family(GaugeMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key] or 0) for t, n, s in subs])
-        connected = {n: s.get("Connected", False) for _, n, s in subs}
-        yield _family(GaugeMetricFamily, "ppmq_subscriber_connected", "1 while the broker has a connection to the subscriber's socket.", ["subscriber"], [([n], int(c)) for n, c in connected.items()])
-        for key, name, doc in _BROKER_COUNTERS:
-            yield CounterMetricFamily(name, doc, value=body[key])
-        for key, name, doc in _BROKER_GAUGES:
-            if key in body:
-                yield GaugeMetricFamily(name, doc, value=body[key])
-        if "CommitSeconds" in body:
-            commits = body["CommitSeconds"]
-            yield HistogramMetricFamily("ppmq_commit_duration_seconds", COMMIT_HELP, buckets=list(commits["Buckets"].items()), sum_value=commits["Sum"])
+        yield from _topic_families(self.body["Topics"])
+        yield from _subscriber_families(self.body["Topics"])
+        yield from _broker_families(self.body)
+
+
+def _topic_families(topics: dict[str, Any]) -> Iterator[Metric]:
+    for key, name, doc in _TOPIC_COUNTERS:
+        yield _family(CounterMetricFamily, name, doc, ["topic"], [([t], s[key]) for t, s in topics.items()])
+    for key, name, doc in _TOPIC_GAUGES:
+        yield _family(GaugeMetricFamily, name, doc, ["topic"], [([t], s[key]) for t, s in topics.items()])
+
+
+def _subscriber_families(topics: dict[str, Any]) -> Iterator[Metric]:
+    """Per topic and subscriber, from each topic's Subscribers; `Connected` per subscriber alone."""
+    subs = [(topic, name, s) for topic, t in topics.items() for name, s in t["Subscribers"].items()]
+    ready = [([t, n, str(prio)], count) for t, n, s in subs for prio, count in enumerate(s["Ready"])]
+    yield _family(GaugeMetricFamily, "ppmq_ready_messages", "Messages queued for a subscriber, not in flight.", ["topic", "subscriber", "priority"], ready)
+    for key, name, doc in _SUB_COUNTERS:
+        yield _family(CounterMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs])
+    for key, name, doc in _SUB_GAUGES:  # OldestReadyAge is null when nothing is ready: 0 here
+        yield _family(GaugeMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key] or 0) for t, n, s in subs])
+    connected = {n: int(s.get("Connected", False)) for _, n, s in subs}
+    yield _family(GaugeMetricFamily, "ppmq_subscriber_connected", "1 while the broker has a connection to the subscriber's socket.", ["subscriber"], [([n], c) for n, c in connected.items()])
+
+
+def _broker_families(body: dict[str, Any]) -> Iterator[Metric]:
+    """The broker's own; those the running process adds are missing from the
+    STATUS of a broker without them (an older one, during an upgrade)."""
+    for key, name, doc in _BROKER_COUNTERS:
+        yield CounterMetricFamily(name, doc, value=body[key])
+    for key, name, doc in _BROKER_GAUGES:
+        if key in body:
+            yield GaugeMetricFamily(name, doc, value=body[key])
+    if "CommitSeconds" in body:
+        commits = body["CommitSeconds"]
+        yield HistogramMetricFamily("ppmq_commit_duration_seconds", COMMIT_HELP, buckets=list(commits["Buckets"].items()), sum_value=commits["Sum"])
 
 
 def _family(kind: type, name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]) -> Metric:

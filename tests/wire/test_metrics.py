@@ -251,3 +251,10 @@ def test_the_example_rules_are_prometheus_alerting_rules_over_families_the_broke
     named = {m for e in exprs for m in re.findall(r"\bppmq_[a-z_]+", e)}
     written = {s[0] for fam in metrics_now(broker).values() for s in fam}
     assert named <= written, named - written
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian package prometheus) is not installed")
+def test_promtool_accepts_the_example_rules_and_their_unit_tests_pass():
+    for args in (["check", "rules", "ppmq.rules.yml"], ["test", "rules", "ppmq.rules.test.yml"]):
+        done = subprocess.run(["promtool", *args], cwd=EXAMPLES, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
