@@ -43,9 +43,15 @@ MAX_RETRY_NS = 5 * NS
 class Broker(Publishing, Completion, Filling):
     """One store's state machine; run `step` from one thread only."""
 
-    def __init__(self, config: Config, store: Store, now_ns: int) -> None:
-        """Open the broker on a store; ConfigError if the config would drop messages."""
+    def __init__(
+        self, config: Config, store: Store, now_ns: int, complete_status: Callable[[dict], None] | None = None
+    ) -> None:
+        """Open the broker on a store; ConfigError if the config would drop messages.
+
+        `complete_status` adds to each STATUS body, on the writer thread, what
+        only the process running the broker knows (connections, commit times)."""
         self.store = store
+        self._complete_status = complete_status
         self.policy = Policy()  # connections check their requests against it, in the step
         self._wiring: Wiring | None = None
         self._fresh = {}
@@ -262,6 +268,8 @@ class Broker(Publishing, Completion, Filling):
             elif command == "STATUS":
                 self._queue_fresh(txn)  # so that OldestReadyAge sees them
                 body = status_body(self.config, self.state, txn, now_ns)
+                if self._complete_status is not None:
+                    self._complete_status(body)
             else:
                 raise p.BadRequest(f"Command: unknown command {req.command!r} (expected RECONNECT, CONNECT or STATUS)")
         return p.Reply(status=200, id=req.id, accepted=accepted, body=body)

@@ -17,6 +17,7 @@ from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
 from .fsck import FsckError, fsck
+from .metrics import exposition
 from .schema import SCHEMA_VERSION, StoreError
 from .sockets import ListenError
 from .store import Store
@@ -92,6 +93,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rec.add_argument("--topic", "-t")
     st = command("status", _status, "show the broker's counters")
     st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")
+    command("metrics", _metrics, "print the broker's metrics in the Prometheus text format, as its Metrics textfile has them")
     commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
     lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
     lis.add_argument("path", metavar="SOCKET")
@@ -229,6 +231,15 @@ def _status(args: argparse.Namespace) -> int:
         print(msgspec.json.encode(body).decode())
     else:
         print(_status_table(body))
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    """From STATUS, like `ppmq status`: the one view of the counters a client may
+    ask for (StatusUsers applies), rendered as the daemon renders its textfile."""
+    with _client(args) as client:
+        body = client.status()
+    sys.stdout.write(exposition(body).decode())
     return 0
 
 

@@ -83,6 +83,13 @@ class JournalConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True)
     host: str | None = None  # the Host of every record; default the host's name
 
 
+class MetricsConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """Prometheus metrics written to a file for node_exporter's textfile collector (PROTOCOL §10)."""
+
+    textfile: str  # replaced whole every Interval and at stop; node_exporter reads *.prom
+    interval: Duration = Duration(15.0)
+
+
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
@@ -101,6 +108,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
     drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
     journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
+    metrics: MetricsConfig | None = None
 
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
@@ -253,6 +261,25 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".Journal.SegmentBytes", f"must not exceed Journal.MaxBytes ({config.journal.max_bytes})"))
     if not config.data_path:
         errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
+    if config.metrics is not None:
+        errors += [(f".Metrics{where}", msg) for where, msg in _check_metrics(config.metrics)]
+    return errors
+
+
+def _check_metrics(metrics: MetricsConfig) -> list[tuple[str, str]]:
+    """The textfile's directory must exist and be writable by whoever loads the
+    config, so that a broker that cannot write its metrics does not start: the
+    file is replaced by a rename, so the directory is what needs the right."""
+    errors = []
+    if metrics.interval <= 0:
+        errors.append((".Interval", f"must be positive, got {metrics.interval:g}s"))
+    folder = os.path.dirname(metrics.textfile)
+    if not os.path.isdir(folder):
+        errors.append((".Textfile", f"directory {folder} does not exist"))
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        errors.append((".Textfile", f"directory {folder} is not writable by uid {os.geteuid()}"))
+    elif os.path.isdir(metrics.textfile):
+        errors.append((".Textfile", f"{metrics.textfile} is a directory"))
     return errors
 
 
@@ -328,6 +355,8 @@ def _resolved(config: Config, base: Path) -> Config:
         config.data_path = absolute(config.data_path)
     for sub in config.subscribers:
         sub.socket = absolute(sub.socket)
+    if config.metrics is not None:
+        config.metrics.textfile = absolute(config.metrics.textfile)
     return config
 
 

@@ -4,7 +4,8 @@ Nothing else builds these objects, and none of them is a global: a test can
 run a whole broker in-process, and `ppmq serve` is this module plus a logger.
 It is also where the broker meets systemd: READY once the store is open and the
 socket accepts, STATUS kept current, WATCHDOG only while the writer is healthy,
-RELOADING/READY around a SIGHUP reload, STOPPING on SIGTERM.
+RELOADING/READY around a SIGHUP reload, STOPPING on SIGTERM. And where it meets
+Prometheus: the Metrics textfile, written from STATUS every Interval and at stop.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import socket
 import time
 from pathlib import Path
 
+from . import protocol as p
 from .broker import Broker
 from .config import Config, ConfigError, SubscriberConfig, load_config
 from .delivery import SubscriberLink
 from .journal import Journal
+from .metrics import CommitTimes, exposition, write_textfile
 from .ops import Reconfigure
 from .server import Server
 from .store import Store
@@ -32,7 +35,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
 STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 # Changing these needs a restart: they are the environment the others run in.
-RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal")
+RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal", "metrics")
 
 
 async def run(
@@ -84,9 +87,13 @@ class Daemon:
         self.store = store
         self.notifier = notifier
         self.config_path = config_path
-        self.broker = Broker(config, store, time.time_ns())
+        self.commit_times = CommitTimes()
+        self.broker = Broker(config, store, time.time_ns(), complete_status=self._complete_status)
         self.journal = _journal(config)
-        self.writer = Writer(self.broker, self.journal.put if self.journal else None, durable=config.sync and not config.in_memory)
+        self.writer = Writer(
+            self.broker, self.journal.put if self.journal else None,
+            durable=config.sync and not config.in_memory, on_step=self.commit_times.observe,
+        )
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,
@@ -94,6 +101,7 @@ class Daemon:
         )
         self.links: dict[str, tuple[SubscriberLink, asyncio.Task]] = {}
         self.last_error = ""
+        self._metrics_error = ""  # the textfile's last write error, logged once
         self._tasks: list[asyncio.Task] = []
         self._writing: asyncio.Task | None = None
         self._reload_wanted = asyncio.Event()
@@ -107,6 +115,8 @@ class Daemon:
             asyncio.create_task(self._reloads(), name="reloads"),
             asyncio.create_task(self._report_status(), name="status"),
         ]
+        if self.config.metrics is not None:
+            self._tasks.append(asyncio.create_task(self._write_metrics_every(self.config.metrics.interval), name="metrics"))
         if self.notifier.watchdog_interval_s:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval_s), name="watchdog"))
         log.info(
@@ -136,6 +146,8 @@ class Daemon:
         # Links first: the batches they give back (unwritten or still queued) are
         # applied by the writer's last steps, so they stay ready in the store.
         await self._unlink(list(self.links))
+        if self.config.metrics is not None and self._writing is not None and not self._writing.done():
+            await self._write_metrics()  # the counters as they stay until the next start
         self.writer.stop()
         if self._writing is not None:
             await asyncio.gather(self._writing, *self._tasks, return_exceptions=True)
@@ -249,6 +261,45 @@ class Daemon:
             if text != shown:
                 self.notifier.status(text)
                 shown = text
+
+    # --- metrics --------------------------------------------------------------------------------
+
+    def _complete_status(self, body: dict) -> None:
+        """What STATUS takes from this process rather than the store (PROTOCOL §8,
+        §10): whether each subscriber is connected, and the commit times. Runs on
+        the writer thread; it only reads flags and copies the links dict, which
+        the event loop may change during a reload."""
+        connected = {name for name, (link, _) in dict(self.links).items() if link.connected}
+        for topic in body["Topics"].values():
+            for name, sub in topic["Subscribers"].items():
+                sub["Connected"] = name in connected
+        body["CommitSeconds"] = self.commit_times.body()
+
+    async def _write_metrics_every(self, interval_s: float) -> None:
+        """At once, so the file exists from the start, then every Interval."""
+        while True:
+            await self._write_metrics()
+            await asyncio.sleep(interval_s)
+
+    async def _write_metrics(self) -> None:
+        """One STATUS step, rendered to Metrics.Textfile. A failed write is
+        logged once (not every Interval) and never stops the broker."""
+        assert self.config.metrics is not None, "metrics written without a Metrics section"
+        path = self.config.metrics.textfile
+        # Shielded: cancelled at stop while it waits, the call's future must still
+        # be there to take the reply when the writer gives it.
+        reply = await asyncio.shield(self.writer.call(p.Request(command="STATUS")))
+        error = f"STATUS failed ({reply.status}): {reply.error}" if reply.status != 200 else ""
+        if not error:
+            try:
+                write_textfile(path, exposition(reply.body))
+            except OSError as exc:
+                error = str(exc)
+        if error and error != self._metrics_error:
+            log.warning("metrics: cannot write %s: %s", path, error)
+        elif self._metrics_error and not error:
+            log.info("metrics: writing %s again", path)
+        self._metrics_error = error
 
     async def _watchdog(self, interval_s: float) -> None:
         """WATCHDOG=1 from the event loop, only while the writer commits or idles

@@ -24,12 +24,13 @@ from typing import Any
 
 import msgspec
 
-from .config import Config, Duration, FileMode, JournalConfig, Size, SubscriberConfig, TopicConfig
+from .config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig
 
 # The config Structs, each with where its keys sit in the file.
 SECTIONS = (
     ("TOP-LEVEL KEYS", "", Config),
     ("JOURNAL", "Journal.", JournalConfig),
+    ("METRICS", "Metrics.", MetricsConfig),
     ("SUBSCRIBERS", "Subscribers[].", SubscriberConfig),
     ("TOPICS", "Topics[].", TopicConfig),
 )
@@ -116,7 +117,8 @@ def _options(sub: argparse.ArgumentParser) -> list[str]:
 
 def documented_keys(example: str) -> dict[str, str]:
     """Each key of the example file (`Topics.MaxAttempts`) with the comment above it;
-    a commented-out key (`# Users: [printer]`) counts, so optional keys are documented too."""
+    a commented-out key (`# Users: [printer]`) counts, so optional keys are documented
+    too, and so does a commented-out section (`# Metrics:`) with its keys."""
     known = {f.encode_name for _, _, struct in SECTIONS for f in msgspec.structs.fields(struct)}
     docs: dict[str, str] = {}
     comment: list[str] = []
@@ -130,7 +132,7 @@ def documented_keys(example: str) -> dict[str, str]:
         m = _KEY.match(raw.replace("# ", "", 1) if commented else raw)
         if m is None or (commented and m["key"] not in known):
             if commented:
-                comment.append(stripped.lstrip("#").strip())
+                comment.append(stripped.lstrip("# \t"))  # "#   # ..." inside a commented-out section
             continue
         indent = len(m["indent"]) + (2 if m["item"] else 0)
         while parents and parents[-1][0] >= indent:
@@ -139,7 +141,7 @@ def documented_keys(example: str) -> dict[str, str]:
         if comment and path not in docs:
             docs[path] = " ".join(comment)
         comment = []
-        if not commented:
+        if not commented or not raw.partition(":")[2].strip():
             parents.append((indent, m["key"]))
     return docs
 
@@ -159,7 +161,7 @@ def config_page(example: str) -> str:
     for title, prefix, struct in SECTIONS:
         lines.append(f".SH {title}")
         for f in msgspec.structs.fields(struct):
-            if f.type in (JournalConfig, list[SubscriberConfig], list[TopicConfig]):
+            if f.type in (JournalConfig, MetricsConfig | None, list[SubscriberConfig], list[TopicConfig]):
                 continue  # a section of its own
             key = prefix.replace("[]", "") + f.encode_name
             doc = docs.get(key)

@@ -137,7 +137,8 @@ def status_body(config: Config, state: State, txn: Txn, now_ns: int) -> dict:
             "Dropped": ts.dropped,
             "Subscribers": subs,
         }
-    return {"Topics": topics, "Rejected": state.rejected, "Forbidden": state.forbidden, "Commits": state.commits}
+    counters = {"Rejected": state.rejected, "Forbidden": state.forbidden, "Commits": state.commits}
+    return {"Topics": topics, **counters, "StoreUsedBytes": txn.used_bytes(), "StoreMaxBytes": int(config.max_store_bytes)}
 
 
 def _oldest_ready_age(state: State, txn: Txn, tc: TopicConfig, sub: str, now_ns: int) -> float | None:

@@ -53,13 +53,17 @@ class Writer:
     """Runs the broker's steps on its own thread, one after another, each with
     everything that was queued while the previous one committed."""
 
-    def __init__(self, broker: Broker, journal: EventSink | None = None, *, durable: bool = True) -> None:
+    def __init__(
+        self, broker: Broker, journal: EventSink | None = None, *, durable: bool = True, on_step: Callable[[float], None] | None = None
+    ) -> None:
+        """`on_step` is told each step's seconds, commit included (on the event loop)."""
         self.broker = broker
         # With fsync, steps run on a thread of their own, so the loop goes on while
         # the disk syncs, and batches leave before the sync ends (Broker.step's
         # `early`). Without, a step costs less than handing it to a thread would.
         self._durable = durable
         self._journal = journal
+        self._on_step = on_step
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
@@ -149,7 +153,7 @@ class Writer:
                 batch = self._take_batch()
                 open_subs = set() if self._stopping else set(self._open)
                 ops = [op for op, _ in batch]
-                self._busy_since = time.monotonic()
+                started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:
                         step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early)
@@ -157,6 +161,8 @@ class Writer:
                         step = self.broker.step(ops, open_subs, time.time_ns())
                 finally:
                     self._busy_since = None
+                if self._on_step is not None:
+                    self._on_step(time.monotonic() - started)
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
                 if thread is None:

@@ -318,3 +318,25 @@ def test_a_relative_socket_path_that_resolves_past_107_bytes_is_an_error(tmp_pat
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.errors == [f"{path}:5: Subscribers[0].Socket: path longer than 107 bytes"]
+
+
+def test_metrics_take_a_textfile_relative_to_the_config_and_an_interval_as_a_duration(tmp_path):
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(config_text(top="Metrics: {Textfile: ppmq.prom, Interval: 1m30s}"))
+    metrics = load_config(path).metrics
+    assert (metrics.textfile, metrics.interval) == (str(tmp_path.resolve() / "ppmq.prom"), 90.0)
+    path.write_text(config_text(top="Metrics: {Textfile: ppmq.prom}"))
+    assert load_config(path).metrics.interval == 15.0
+    assert load_config(EXAMPLE).metrics is None  # off unless set
+
+
+@pytest.mark.parametrize(
+    ("metrics", "error"),
+    [
+        ("{Textfile: /tmp/ppmq.prom, Interval: 0}", "FILE:3: Metrics.Interval: must be positive, got 0s"),
+        ("{Textfile: /tmp}", "FILE:3: Metrics.Textfile: /tmp is a directory"),
+        ("{Interval: 15s}", "FILE:3: Metrics: Object missing required field `Textfile`"),
+    ],
+)
+def test_bad_metrics_are_config_errors_naming_the_key(metrics, error):
+    assert errors_of(config_text(top=f"Metrics: {metrics}")) == [error.replace("FILE", str(FILE))]

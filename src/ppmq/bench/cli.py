@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--acks", choices=("connection", "server"), default="connection",
                     help="where ppmq's subscribers ack: on the delivery connection, or one-way to ServerSocket as ppMQ's do")
     ap.add_argument("--dedupe", action="store_true", help="ppmq's topic has Dedupe and every message a unique Key (peers unchanged)")
+    ap.add_argument("--metrics", type=float, default=0.0, metavar="SECONDS",
+                    help="ppmq writes its Metrics textfile every SECONDS (the default Interval is 15), to see what that costs; default: no metrics")
     ap.add_argument("--profile", action="store_true", help="sample ppmq's broker with py-spy; stacks in OUT/profile-<workload>.txt")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return ap
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{m['cores']} cores ({m['cpu']}), load {m['load_avg'][0]:.1f}, disk {m['disk']}, "
           f"4 KiB write+fdatasync p50 {m['fsync_ms']['p50']:.1f} ms p99 {m['fsync_ms']['p99']:.1f} ms", flush=True)
     for w in chosen:
-        w = scaled(w, args.scale)._replace(window=args.window, server_acks=args.acks == "server", dedupe=args.dedupe)
+        w = scaled(w, args.scale)._replace(window=args.window, server_acks=args.acks == "server", dedupe=args.dedupe, metrics_s=args.metrics)
         runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
         versions: dict[str, str] = {}
         for i in range(args.runs):  # systems interleaved, so each run's ratios share its moment

@@ -18,6 +18,7 @@ class Workload(NamedTuple):
     window: int = 1000  # messages in flight per subscriber (ppmq's Window; the peers' prefetch)
     server_acks: bool = False  # ppmq subscribers ack the ppMQ way: one-way, to ServerSocket
     dedupe: bool = False  # ppmq's topic has Dedupe, and every message a unique Key
+    metrics_s: float = 0.0  # ppmq writes a Metrics textfile this often; 0: no Metrics section
 
     @property
     def paced(self) -> bool:

@@ -34,13 +34,16 @@ def start(tmp: Path, w: Workload) -> Running:
         "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": w.window} for s in subs],
         "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs, "Dedupe": w.dedupe}],
     }
+    if w.metrics_s:
+        config["Metrics"] = {"Textfile": str(tmp / "ppmq.prom"), "Interval": w.metrics_s}
     (tmp / "ppmq.yaml").write_text(yaml.safe_dump(config))
     service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
     service.wait_unix(config["ServerSocket"])
     address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
     acks = "acks to ServerSocket" if w.server_acks else "acks on the delivery connection"
     dedupe = ", Dedupe with a Key a message" if w.dedupe else ""
-    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe})")
+    metrics = f", Metrics every {w.metrics_s:g}s" if w.metrics_s else ""
+    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe}{metrics})")
 
 
 def _revision() -> str:
