@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from msgspec import UNSET
@@ -93,7 +94,7 @@ class Writer:
     async def call(self, op: Op) -> p.Reply:
         """Submit `op` and wait for its reply."""
         done: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
-        self.submit(op, done.set_result)
+        self.submit(op, partial(_resolve, done))  # the caller may be cancelled before the reply
         return await done
 
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
