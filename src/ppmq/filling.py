@@ -63,19 +63,19 @@ class Filling(Wired):
                 event.attempts += [1] * len(taken)
                 event.bytes += [len(f.fragment) for f in taken]
             return Delivery(sub, topic.name, [f.m for f in taken], p.batch_frame(topic.name, sub, [f.fragment for f in taken]), auto_ack=not topic.ack_required)
-        pulled = queue.pull(limit, deadline, lambda m: txn.get_body(t, m), lambda body: topic.expire and 0 < body.expires_ns <= now_ns)
+        pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
         for m in pulled.expired:
             self._expire(txn, topic.name, t, m)
         if not pulled.entries:
             return None
         if event is not None:
-            for entry, body in pulled.entries:
-                event.ids.append(entry.msg)
-                event.pub_ns.append(body.publish_ns)
-                event.attempts.append(entry.attempts + 1)
-                event.bytes.append(len(body.fragment))
-        frame = p.batch_frame(topic.name, sub, [body.fragment for _, body in pulled.entries])
-        return Delivery(sub, topic.name, [entry.msg for entry, _ in pulled.entries], frame, auto_ack=not topic.ack_required)
+            for x in pulled.entries:
+                event.ids.append(x.m)
+                event.pub_ns.append(x.publish_ns)
+                event.attempts.append(x.attempts)
+                event.bytes.append(len(x.fragment))
+        frame = p.batch_frame(topic.name, sub, [x.fragment for x in pulled.entries])
+        return Delivery(sub, topic.name, [x.m for x in pulled.entries], frame, auto_ack=not topic.ack_required)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:
         """The fresh messages of one topic join its ready queues now: before a

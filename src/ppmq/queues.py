@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import Body, Flight, ReadyEntry
+from .schema import Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class Fresh(NamedTuple):
 class Pulled(NamedTuple):
     """What a batch took from the ready queue."""
 
-    entries: list[tuple[ReadyEntry, Body]]  # now in flight, in queue order
+    entries: list[Taken]  # now in flight, in queue order
     expired: list[int]  # left in the queue: the caller expires them everywhere
 
 
@@ -124,36 +124,27 @@ class Queue:
         self.settle()
         return taken
 
-    def pull(self, limit: int, deadline_ns: int, body_of: Callable[[int], Body | None], expired: Callable[[Body], bool]) -> Pulled:
+    def pull(self, limit: int, deadline_ns: int, expired_at_ns: int) -> Pulled:
         """Up to `limit` ready messages by priority then position, now in flight.
-        Expired ones stay where they are and are reported. A damaged store (an
-        entry whose message is missing, a count with no entries) loses the entry
-        or the count, logged, rather than stop delivery."""
+        Those expired at `expired_at_ns` (0: none) stay where they are and are
+        reported. A damaged store (an entry whose message is missing, a count
+        with no entries) loses the entry or the count, logged, rather than stop
+        delivery."""
         self.settle()
-        out = Pulled([], [])
-        stats = self.stats
-
-        def take(entry: ReadyEntry) -> bool:
-            body = body_of(entry.msg)
-            if body is None:
-                log.error("store: a ready entry of topic %d subscriber %d points at missing message %d", self.t, self.s, entry.msg)
-                stats.ready[entry.prio] -= 1
-                return True
-            if expired(body):
-                out.expired.append(entry.msg)
-                return False
-            self._txn.put_inflight(self.t, self.s, entry.msg, Flight(entry.prio, entry.pos, deadline_ns, entry.attempts + 1, body.publish_ns))
-            stats.ready[entry.prio] -= 1
-            out.entries.append((entry, body))
-            return True
-
-        if not self._txn.pull_ready(self.t, self.s, limit, take) and not out.expired:
+        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns)
+        ready = self.stats.ready
+        for x in taken:
+            ready[x.prio] -= 1
+        for prio in missing:
+            log.error("store: a ready entry of topic %d subscriber %d points at a missing message", self.t, self.s)
+            ready[prio] -= 1
+        if not taken and not expired and not missing:
             # Only a store changed behind the broker's back gets here: the rows are
             # the truth, and a count they do not back would make every step come back.
-            log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, stats.ready)
-            stats.ready = [0] * len(stats.ready)
-        self._count_delivered(len(out.entries), sum(entry.attempts > 0 for entry, _ in out.entries))
-        return out
+            log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, ready)
+            self.stats.ready = [0] * len(ready)
+        self._count_delivered(len(taken), sum(x.attempts > 1 for x in taken))
+        return Pulled(taken, expired)
 
     def _count_delivered(self, n: int, again: int) -> None:
         self.stats.inflight += n

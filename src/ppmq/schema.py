@@ -92,6 +92,17 @@ class ReadyEntry(NamedTuple):
     attempts: int
 
 
+class Taken(NamedTuple):
+    """A ready entry a batch moved into flight, with what the batch and the journal need."""
+
+    prio: int
+    pos: int
+    m: int
+    attempts: int  # deliveries so far, this one included
+    publish_ns: int
+    fragment: bytes
+
+
 class Staged(NamedTuple):
     """The ids of topic t that a publish in progress has reserved: invisible until it is whole."""
 

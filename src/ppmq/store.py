@@ -42,6 +42,7 @@ from .schema import (
     TS,
     TSM,
     TSPQ,
+    Taken,
     U64,
     decode_body,
     encode_body,
@@ -401,6 +402,48 @@ class Txn:
                     positioned = cur.next()
         return taken
 
+    def take_ready(self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int) -> tuple[list[Taken], list[int], list[int]]:
+        """A batch for s: up to `limit` entries of its queue on t, by priority then
+        position, moved into flight with the AckRetry deadline `deadline_ns`.
+        Returns what was taken; the ids of messages expired at `expired_at_ns`
+        (0: none expire), left where they are; and the priorities of entries
+        whose message is missing (a damaged store), deleted. One cursor walk and
+        one write of the in-flight rows: the path of every backlog."""
+        prefix, head_size = TS.pack(t, s), BODY_HEAD.size
+        ready_key, ready_value, body_key, head = TSPQ.unpack, READY_VAL.unpack, TM.pack, BODY_HEAD.unpack_from
+        get, bodies, staged = self.txn.get, self._bodies, self.staged()
+        taken: list[Taken] = []
+        expired: list[int] = []
+        missing: list[int] = []
+        with self.txn.cursor(db=self._ready) as cur:
+            positioned = cur.set_range(prefix)
+            while positioned and len(taken) < limit:
+                key = cur.key()
+                if key[:6] != prefix:
+                    break
+                _, _, prio, pos = ready_key(key)
+                if staged is not None and staged.hides(t, pos):
+                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
+                    continue
+                m, attempts = ready_value(cur.value())
+                raw = get(body_key(t, m), db=bodies)
+                if raw is None:
+                    missing.append(prio)
+                else:
+                    _, publish_ns, expires_ns, klen = head(raw)
+                    if 0 < expires_ns <= expired_at_ns:
+                        expired.append(m)
+                        positioned = cur.next()
+                        continue
+                    taken.append(Taken(prio, pos, m, attempts + 1, publish_ns, raw[head_size + klen :]))
+                positioned = cur.delete() and bool(cur.key())
+        flight, key_of = FLIGHT.pack, TSM.pack
+        self._put_all_in_order([(key_of(t, s, x.m), flight(x.prio, x.pos, deadline_ns, x.attempts, x.publish_ns)) for x in taken], self._inflight)
+        if deadline_ns:
+            for x in taken:
+                self.txn.put(DTSM.pack(deadline_ns, t, s, x.m), b"", db=self._deadlines)
+        return taken, expired, missing
+
     def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
         """The head of s's queue of priority prio, a staged publish's entries left out."""
         prefix = TSPQ.pack(t, s, prio, 0)[:7]
@@ -417,12 +460,6 @@ class Txn:
             return ReadyEntry(p, pos, m, attempts)
 
     # --- in flight --------------------------------------------------------------------
-    def put_inflight(self, t: int, s: int, m: int, flight: Flight) -> None:
-        """Record a delivery, and index its AckRetry deadline if it has one."""
-        self.txn.put(TSM.pack(t, s, m), FLIGHT.pack(*flight), db=self._inflight)
-        if flight.deadline_ns:
-            self.txn.put(DTSM.pack(flight.deadline_ns, t, s, m), b"", db=self._deadlines)
-
     def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int, publish_ns: int) -> None:
         """A whole batch's first deliveries to s of messages published at
         publish_ns: (m, prio), each at its place (prio, m)."""
