@@ -13,8 +13,10 @@ import errno
 import os
 import shutil
 import tempfile
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import lmdb
@@ -196,14 +198,17 @@ class Txn:
             self.txn.put(key, value, db=db)
 
     def _put_all_in_order(self, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
-        """`_put_in_order` for a whole batch in one call: a publish or a delivery
-        writes its entries together, not one by one."""
+        """`_put_in_order` for a whole batch in two calls at most: the entries
+        above the database's last key are appended, the others (a batch of
+        several priorities, most often) put the ordinary way."""
         items.sort()
         with self.txn.cursor(db=db) as cur:
-            _, added = cur.putmulti(items, append=True)
-        if added < len(items):  # some key was not the largest: put them the ordinary way
-            for key, value in items:
-                self._put_in_order(key, value, db)
+            last = cur.key() if cur.last() else b""
+            i = bisect_right(items, last, key=itemgetter(0))
+            if i:
+                cur.putmulti(items[:i])
+            if i < len(items):
+                cur.putmulti(items[i:], append=True)
 
     # --- meta ---------------------------------------------------------------------
     def get_meta(self, name: bytes) -> bytes | None:
