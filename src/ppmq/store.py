@@ -1,10 +1,11 @@
 """The operations the broker composes into LMDB write transactions.
 
-The layout of every key and value is in schema.py; this module is the only
-writer, and owns the rules that tie the databases together: a message put,
-replaced or deleted takes its expiry and dedupe entries with it. Only the
-writer thread touches the environment: one Txn is one LMDB write transaction.
-Readers in other processes (fsck, reports) use reader.py.
+The layout of every key and value is in schema.py; this module and the layers
+Txn is built on (rows.py, queue_rows.py) are the only writers, and own the
+rules that tie the databases together: a message put, replaced or deleted
+takes its expiry and dedupe entries with it. Only the writer thread touches the
+environment: one Txn is one LMDB write transaction. Readers in other processes
+(fsck, reports) use reader.py.
 """
 
 from __future__ import annotations
@@ -13,46 +14,29 @@ import errno
 import os
 import shutil
 import tempfile
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from operator import itemgetter
-from typing import TYPE_CHECKING
 
 import lmdb
 
 from .migrate import upgrade
+from .queue_rows import QueueRows
 from .schema import (
     BODY_HEAD,
     Body,
     DBS,
-    DTSM,
     ETM,
-    FLIGHT,
-    Flight,
     Gone,
     HOLDER,
-    READY_VAL,
-    ReadyEntry,
     SCHEMA_VERSION,
-    STAGED,
-    STAGING_KEY,
-    Staged,
     StoreError,
     StoreFullError,
     TM,
-    TS,
-    TSM,
-    TSPQ,
-    Taken,
     U64,
     decode_body,
     encode_body,
     u32,
 )
-
-if TYPE_CHECKING:
-    from .reader import StoreReader
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -147,18 +131,8 @@ class Store:
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
 
-
-class Txn:
+class Txn(QueueRows):
     """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
-
-    def __init__(self, store: Store | StoreReader, txn: lmdb.Transaction) -> None:
-        self.store = store
-        self.txn = txn
-        d = store.dbs
-        self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
-        self._inflight, self._deadlines = d["inflight"], d["deadlines"]
-        self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
-        self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -186,64 +160,6 @@ class Txn:
             s = self.txn.stat(db)
             pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         return pages * main["psize"]
-
-    def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:
-        """Put a key that is usually the largest in its database so far.
-
-        MDB_APPEND fills pages to the brim where LMDB would otherwise split them
-        in half, which halves the disk and page cache a backlog takes; a key that
-        is not the largest is refused by it, and then put the ordinary way.
-        """
-        if not self.txn.put(key, value, db=db, append=True):
-            self.txn.put(key, value, db=db)
-
-    def _put_all_in_order(self, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
-        """`_put_in_order` for a whole batch in two calls at most: the entries
-        above the database's last key are appended, the others (a batch of
-        several priorities, most often) put the ordinary way."""
-        items.sort()
-        with self.txn.cursor(db=db) as cur:
-            last = cur.key() if cur.last() else b""
-            i = bisect_right(items, last, key=itemgetter(0))
-            if i:
-                cur.putmulti(items[:i])
-            if i < len(items):
-                cur.putmulti(items[i:], append=True)
-
-    # --- meta ---------------------------------------------------------------------
-    def get_meta(self, name: bytes) -> bytes | None:
-        return self.txn.get(name, db=self._meta)
-
-    def put_meta(self, name: bytes, value: bytes) -> None:
-        self.txn.put(name, value, db=self._meta)
-
-    # --- the staging record ------------------------------------------------------
-    def staged(self) -> Staged | None:
-        """The range a publish in progress hides, read once per transaction: the
-        walks below ask for it at every step."""
-        if self._staged is False:
-            raw = self.get_meta(STAGING_KEY)
-            self._staged = Staged._make(STAGED.unpack(raw)) if raw is not None else None
-        return self._staged
-
-    def put_staged(self, staged: Staged | None) -> None:
-        if staged is None:
-            self.txn.delete(STAGING_KEY, db=self._meta)
-        else:
-            self.put_meta(STAGING_KEY, STAGED.pack(*staged))
-        self._staged = staged
-
-    def staged_ids(self, staged: Staged, limit: int) -> list[int]:
-        """Up to `limit` ids of stored messages in the staged range, lowest first."""
-        out = []
-        with self.txn.cursor(db=self._bodies) as cur:
-            if cur.set_range(TM.pack(staged.t, staged.first)):
-                for key in cur.iternext(values=False):
-                    t, m = TM.unpack(key)
-                    if t != staged.t or m > staged.last or len(out) >= limit:
-                        break
-                    out.append(m)
-        return out
 
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
@@ -359,178 +275,6 @@ class Txn:
                 delete(key, db=db)
             done.append(m)
         return done
-
-    # --- ready queues ---------------------------------------------------------------
-    def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
-        self._put_in_order(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, attempts), self._ready)
-
-    def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
-        """(prio, pos, m) entries, first attempts, into s's queue in one call."""
-        items = [(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, 0)) for prio, pos, m in entries]
-        self._put_all_in_order(items, self._ready)
-
-    def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
-        return self.txn.delete(TSPQ.pack(t, s, prio, pos), db=self._ready)
-
-    def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
-        """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
-        raw = self.txn.get(TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else READY_VAL.unpack(raw)[1]
-
-    def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
-        """Remove a ready entry; return its attempts so far, or None if there was none."""
-        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else READY_VAL.unpack(raw)[1]
-
-    def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
-        """Walk s's queue on t by priority then position, deleting each entry that
-        `take` accepts, until `limit` are taken; return how many were taken.
-        A staged publish's entries (one run of positions per priority) are jumped over."""
-        prefix = TS.pack(t, s)
-        staged = self.staged()
-        taken = 0
-        with self.txn.cursor(db=self._ready) as cur:
-            positioned = cur.set_range(prefix)
-            while positioned and taken < limit:
-                key = cur.key()
-                if key[:6] != prefix:
-                    break
-                _, _, prio, pos = TSPQ.unpack(key)
-                if staged is not None and staged.hides(t, pos):
-                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
-                    continue
-                m, attempts = READY_VAL.unpack(cur.value())
-                if take(ReadyEntry(prio, pos, m, attempts)):
-                    taken += 1
-                    positioned = cur.delete() and bool(cur.key())
-                else:
-                    positioned = cur.next()
-        return taken
-
-    def take_ready(self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int) -> tuple[list[Taken], list[int], list[int]]:
-        """A batch for s: up to `limit` entries of its queue on t, by priority then
-        position, moved into flight with the AckRetry deadline `deadline_ns`.
-        Returns what was taken; the ids of messages expired at `expired_at_ns`
-        (0: none expire), left where they are; and the priorities of entries
-        whose message is missing (a damaged store), deleted. One cursor walk and
-        one write of the in-flight rows: the path of every backlog."""
-        prefix, head_size = TS.pack(t, s), BODY_HEAD.size
-        ready_key, ready_value, body_key, head = TSPQ.unpack, READY_VAL.unpack, TM.pack, BODY_HEAD.unpack_from
-        get, bodies, staged = self.txn.get, self._bodies, self.staged()
-        taken: list[Taken] = []
-        expired: list[int] = []
-        missing: list[int] = []
-        with self.txn.cursor(db=self._ready) as cur:
-            positioned = cur.set_range(prefix)
-            while positioned and len(taken) < limit:
-                key = cur.key()
-                if key[:6] != prefix:
-                    break
-                _, _, prio, pos = ready_key(key)
-                if staged is not None and staged.hides(t, pos):
-                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
-                    continue
-                m, attempts = ready_value(cur.value())
-                raw = get(body_key(t, m), db=bodies)
-                if raw is None:
-                    missing.append(prio)
-                else:
-                    _, publish_ns, expires_ns, klen = head(raw)
-                    if 0 < expires_ns <= expired_at_ns:
-                        expired.append(m)
-                        positioned = cur.next()
-                        continue
-                    taken.append(Taken(prio, pos, m, attempts + 1, publish_ns, raw[head_size + klen :]))
-                positioned = cur.delete() and bool(cur.key())
-        flight, key_of = FLIGHT.pack, TSM.pack
-        self._put_all_in_order([(key_of(t, s, x.m), flight(x.prio, x.pos, deadline_ns, x.attempts, x.publish_ns)) for x in taken], self._inflight)
-        if deadline_ns:
-            for x in taken:
-                self.txn.put(DTSM.pack(deadline_ns, t, s, x.m), b"", db=self._deadlines)
-        return taken, expired, missing
-
-    def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
-        """The head of s's queue of priority prio, a staged publish's entries left out."""
-        prefix = TSPQ.pack(t, s, prio, 0)[:7]
-        staged = self.staged()
-        with self.txn.cursor(db=self._ready) as cur:
-            if not cur.set_range(prefix) or cur.key()[:7] != prefix:
-                return None
-            _, _, p, pos = TSPQ.unpack(cur.key())
-            if staged is not None and staged.hides(t, pos):
-                if not cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1)) or cur.key()[:7] != prefix:
-                    return None
-                _, _, p, pos = TSPQ.unpack(cur.key())
-            m, attempts = READY_VAL.unpack(cur.value())
-            return ReadyEntry(p, pos, m, attempts)
-
-    # --- in flight --------------------------------------------------------------------
-    def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int, publish_ns: int) -> None:
-        """A whole batch's first deliveries to s of messages published at
-        publish_ns: (m, prio), each at its place (prio, m)."""
-        key, value = TSM.pack, FLIGHT.pack
-        self._put_all_in_order([(key(t, s, m), value(prio, m, deadline_ns, 1, publish_ns)) for m, prio in msgs], self._inflight)
-        if deadline_ns:
-            for m, _ in msgs:
-                self.txn.put(DTSM.pack(deadline_ns, t, s, m), b"", db=self._deadlines)
-
-    def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int] | None]:
-        """Take each of ms out of flight to s, with its deadline entry; per m, its
-        (deliveries so far, publish_ns), or None if it was not in flight. The
-        path of every ack: one call a batch, and no Flight built."""
-        pop, delete, key, db = self.txn.pop, self.txn.delete, TSM.pack, self._inflight
-        out: list[tuple[int, int] | None] = []
-        for m in ms:
-            raw = pop(key(t, s, m), db=db)
-            if raw is None:
-                out.append(None)
-                continue
-            _, _, deadline_ns, attempts, publish_ns = FLIGHT.unpack(raw)
-            if deadline_ns:
-                delete(DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
-            out.append((attempts, publish_ns))
-        return out
-
-    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.get(TSM.pack(t, s, m), db=self._inflight)
-        return None if raw is None else Flight._make(FLIGHT.unpack(raw))
-
-    def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.pop(TSM.pack(t, s, m), db=self._inflight)
-        if raw is None:
-            return None
-        flight = Flight._make(FLIGHT.unpack(raw))
-        if flight.deadline_ns:
-            self.txn.delete(DTSM.pack(flight.deadline_ns, t, s, m), db=self._deadlines)
-        return flight
-
-    def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        """Up to `limit` in-flight (t, s, m) whose AckRetry deadline is <= now_ns."""
-        out = []
-        with self.txn.cursor(db=self._deadlines) as cur:
-            if cur.first():
-                for key in cur.iternext(values=False):
-                    deadline, t, s, m = DTSM.unpack(key)
-                    if deadline > now_ns or len(out) >= limit:
-                        break
-                    out.append((t, s, m))
-        return out
-
-    def next_deadline_ns(self) -> int | None:
-        with self.txn.cursor(db=self._deadlines) as cur:
-            return DTSM.unpack(cur.key())[0] if cur.first() else None
-
-    def inflight_of(self, t: int, s: int) -> list[tuple[int, Flight]]:
-        """Everything in flight to s on t (at most its Window, so a short list)."""
-        prefix = TS.pack(t, s)
-        out = []
-        with self.txn.cursor(db=self._inflight) as cur:
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if key[:6] != prefix:
-                        break
-                    out.append((TSM.unpack(key)[2], Flight._make(FLIGHT.unpack(raw))))
-        return out
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
