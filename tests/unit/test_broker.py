@@ -3,6 +3,9 @@ commits, a full map, reloads in the same step as other requests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import msgspec
 
 from ppmq import broker as broker_module
@@ -11,8 +14,9 @@ from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
 from ppmq.ops import Reconfigure, Returned
+from ppmq.schema import StoreError
 from ppmq.state import NS
-from ppmq.store import Store
+from ppmq.store import Store, Txn
 
 NOW = 1_800_000_000 * NS
 
@@ -279,4 +283,29 @@ def test_drop_oldest_drops_a_message_of_the_same_step_that_has_not_been_pushed_y
     assert (broker.state.topics["t"].stored, broker.state.topics["t"].dropped) == (2, 1)
     stats = broker.state.subs["t"]["s"]
     assert (stats.ready, stats.inflight) == ([0], 2)
+    store.close()
+
+
+def test_batches_handed_out_before_a_commit_that_fails_are_delivered_again(tmp_path, monkeypatch):
+    # Given a message ready for s, and a step whose commit will fail after its batches were handed out early
+    broker, store = open_broker(tmp_path)
+    broker.step([publish(b"1")], set(), NOW)
+    real, early = store.write, []
+
+    @contextmanager
+    def failing() -> Iterator[Txn]:
+        with real() as txn:
+            yield txn
+            raise StoreError("the disk went away")
+
+    monkeypatch.setattr(store, "write", failing)
+    # When s can take a batch
+    step = broker.step([], {"s"}, NOW, early=early.extend)
+    # Then the batch went out before the commit, the step reports none, and the message is still ready
+    assert [d.msgs for d in early] == [[1]] and step.deliveries == []
+    assert broker.state.subs["t"]["s"].ready == [1] and broker.state.subs["t"]["s"].inflight == 0
+    # and once commits succeed it is delivered again: at least once
+    monkeypatch.setattr(store, "write", real)
+    (again,) = broker.step([], {"s"}, NOW + 10 * NS).deliveries
+    assert again.msgs == [1]
     store.close()
