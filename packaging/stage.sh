@@ -38,6 +38,9 @@ build_venv() {
     rm -f "$venv"/lib/python3*/site-packages/ppmq-*.dist-info/direct_url.json
     # As dh_strip does: no symbol tables or build notes in the shipped extensions.
     find "$venv" -name '*.so' -exec strip --remove-section=.comment --remove-section=.note --strip-unneeded {} +
+    # As dh_python3 does: a library module is imported, never run, so a shebang on
+    # one (prometheus_client has a few) only names an interpreter nobody uses.
+    find "$venv/lib" -name '*.py' ! -perm -u+x -exec sed -i '1{/^#!/d}' {} +
 }
 
 # Rewrite the build paths in script shebangs and pyvenv.cfg to the installed ones.
