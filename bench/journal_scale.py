@@ -269,7 +269,7 @@ def main() -> None:
             (base / "events").write_text(str(generate(base, args.hosts, args.events)))
         done, wall_s, peak = run_report(base / "journals", base / "report", args.master)
         if done.returncode:
-            sys.exit(f"ppmq report failed after {wall_s:.0f} s:\n{done.stderr[-3000:]}")
+            sys.exit(f"ppmq report failed after {wall_s:.0f} s (JVM peak RSS {peak / 2**20:,.0f} MiB; load average {os.getloadavg()[0]:.1f}):\n{done.stderr[-3000:]}")
         events = int(done.stdout.split()[0].replace(",", ""))
         print(done.stdout.strip())
         generated = int((base / "events").read_text())
