@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -102,6 +105,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rep.add_argument("paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads")
     rep.add_argument("--out", required=True, help="output directory (any URI Spark writes)")
     rep.add_argument("--master", default="local[*]", help="Spark master (default: local[*], bound to loopback)")
+    rep.add_argument("--verbose", action="store_true", help="show Spark's own log lines (warnings and up) instead of keeping them out of the terminal")
     return parser, subparsers
 
 
@@ -320,23 +324,46 @@ def _report(args: argparse.Namespace) -> int:
         from pyspark.errors import AnalysisException
         from pyspark.sql import SparkSession
 
+        from .pipeline.progress import Progress
         from .pipeline.report import report
-        from .pipeline.session import local_session
+        from .pipeline.session import REPORT_CONF, local_session, stderr_to
     except ImportError as exc:
         print(f"ppmq report: needs PySpark, which the spark extra brings: pip install 'ppmq[spark]' (and Java 17 on PATH); {exc}", file=sys.stderr)
         return 2
     logging.getLogger("py4j").setLevel(logging.WARNING)
     running = SparkSession.getActiveSession()
-    spark = local_session(args.master, "ppmq report")
-    try:
-        summary = report(spark, args.paths, args.out)
-    except AnalysisException as exc:
-        raise Failure(str(exc).splitlines()[0]) from None
-    finally:
-        if running is None:  # stop only a session this command started
-            spark.stop()
+    with _spark_log(args.verbose) as log:
+        with contextlib.nullcontext() if log is None else stderr_to(log):
+            spark = local_session(args.master, "ppmq report", "WARN" if args.verbose else "ERROR", **REPORT_CONF)
+        try:
+            summary = report(spark, args.paths, args.out, Progress(spark.sparkContext, sys.stderr) if sys.stderr.isatty() else None)
+        except AnalysisException as exc:
+            raise Failure(str(exc).splitlines()[0]) from None
+        finally:
+            if running is None:  # stop only a session this command started
+                spark.stop()
     print(summary.line(args.out))
     return 0
+
+
+@contextlib.contextmanager
+def _spark_log(verbose: bool) -> Iterator[str | None]:
+    """A file for what a Spark started here prints, unless `verbose` leaves it on the
+    terminal (None); kept, and named, only if the report fails with something in it."""
+    if verbose:
+        yield None
+        return
+    fd, log = tempfile.mkstemp(prefix="ppmq-report-", suffix=".log")
+    os.close(fd)
+    try:
+        yield log
+    except BaseException:
+        if os.path.getsize(log):
+            print(f"ppmq report: Spark's log is in {log}", file=sys.stderr)
+            raise
+        os.unlink(log)
+        raise
+    os.unlink(log)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def test_hosts_table_counts_what_was_read(spark, out) -> None:
 
 
 def test_the_output_directory_holds_the_tables_and_the_page(out) -> None:
-    assert sorted(p.name for p in out.iterdir()) == ["hosts", "report.html", "slowest", "subscribers", "throughput", "topics"]
+    assert sorted(p.name for p in out.iterdir()) == ["hosts", "records", "report.html", "slowest", "subscribers", "throughput", "topics"]
 
 
 def test_report_html_is_one_self_contained_page_with_charts(out) -> None:

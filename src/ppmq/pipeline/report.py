@@ -9,7 +9,8 @@ Spark writes (a local directory, hdfs://, s3a://...).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from . import charts, tables
 from .page import image, page, table
+from .progress import Progress
 
 Row = dict[str, Any]
 
@@ -37,25 +39,38 @@ class Summary(NamedTuple):
         return f"{self.events:,} events from {self.hosts} hosts in {self.seconds:.1f} s: {out.rstrip('/')}/report.html"
 
 
-def report(spark: SparkSession, paths: Sequence[str], out: str) -> Summary:
-    """Compute every table, write it as Parquet, then write report.html from them."""
+def report(spark: SparkSession, paths: Sequence[str], out: str, progress: Progress | None = None) -> Summary:
+    """Parse the journals once into OUT/records, compute every table from that, write
+    each as Parquet, then write report.html from them."""
     start = time.monotonic()
-    records = tables.read_journal(spark, paths).persist(StorageLevel.MEMORY_AND_DISK)
+    base = out.rstrip("/")
+    step = progress.step if progress is not None else _silent
+    with step("reading journals"):
+        recs = tables.records(tables.read_journal(spark, paths))
+        recs.write.partitionBy(*tables.PARTITIONS).mode("overwrite").parquet(f"{base}/records")
+    recs = spark.read.schema(recs.schema).parquet(f"{base}/records")
+    # Per host, topic, subscriber, kind and minute: small next to the records, and read by four tables.
+    rolled = tables.rollup(recs).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        known = tables.known(records)
-        subs = tables.subscribers(known).persist(StorageLevel.MEMORY_AND_DISK)
-        frames = {
-            "hosts": tables.hosts(records),
-            "topics": tables.topics(known),
-            "subscribers": subs,
-            "slowest": tables.slowest(subs),
-            "throughput": tables.throughput(known),
-        }
-        rows = {name: _write(spark, df, f"{out.rstrip('/')}/{name}") for name, df in frames.items()}
+        rows = {}
+        for name, frame in (
+            ("hosts", lambda: tables.hosts(rolled)),
+            ("topics", lambda: tables.topics(rolled)),
+            ("throughput", lambda: tables.throughput(rolled)),
+            ("subscribers", lambda: tables.subscribers(rolled, tables.latency_histogram(recs))),
+            ("slowest", lambda: tables.slowest(spark.read.parquet(f"{base}/subscribers"))),
+        ):
+            with step(name):
+                rows[name] = _write(spark, frame(), f"{base}/{name}")
     finally:
-        records.unpersist()
-    _write_text(spark, f"{out.rstrip('/')}/report.html", render(rows))
+        rolled.unpersist()
+    _write_text(spark, f"{base}/report.html", render(rows))
     return Summary(len(rows["hosts"]), sum(r["events"] for r in rows["hosts"]), time.monotonic() - start)
+
+
+@contextmanager
+def _silent(name: str) -> Iterator[None]:
+    yield
 
 
 def _write(spark: SparkSession, df: DataFrame, path: str) -> list[Row]:

@@ -1,32 +1,48 @@
 """Journal records -> the report's tables; docs/journal.md defines every field used.
 
-A record is one batch with per-message arrays, so counts are sums of array
-sizes and per-message figures come from Spark's higher-order functions
-(`filter`, `zip_with`) on the record itself; only latencies are exploded, one
-row per message, for `percentile_approx`.
+The JSON is parsed once: `records` turns each journal record into one row of
+per-record figures (its array sizes and sums, taken with Spark's higher-order
+functions on the record itself) plus the latencies it carries, and the report
+writes that as Parquet partitioned by host and date. Everything else reads that
+columnar copy, which is cheap to scan twice and prunable by host and date:
+`rollup` sums the figures per host, topic, subscriber, kind and minute (every
+count of every table comes from it), and `latency_histogram` counts latencies in
+buckets a fixed ratio wide, per subscriber.
+
+Percentiles come from those histograms, not from percentile_approx: its
+per-group buffers (tens of thousands of boxed doubles each, per task) ran the
+JVM out of heap with a few hundred subscribers, whereas a histogram is a plain
+count per (group, bucket) that Spark aggregates in its spillable hash maps. A
+bucket spans a ratio of GAMMA, so a percentile is within RELATIVE_ERROR of the
+true value, and histograms of hosts add up to the fleet's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .schema import JOURNAL_SCHEMA, JOURNAL_VERSION
 
 NS_PER_S = 1e9
 QUANTILES = [0.5, 0.95, 0.99]
-ACCURACY = 10_000  # percentile_approx: relative rank error 1/ACCURACY
+RELATIVE_ERROR = 0.01  # of a percentile, from the histogram's bucket width
+GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)  # ratio of a bucket's upper to lower bound
+FLOOR_S = 1e-6  # latencies at or below this share the lowest bucket
 SLOWEST = 10  # rows of the slowest-subscribers table
 PER_SUBSCRIBER = ["host", "topic", "subscriber"]
 PER_TOPIC = ["host", "topic"]
+PARTITIONS = ["host", "date"]  # of the records table
 
 
 def read_journal(spark: SparkSession, paths: Iterable[str]) -> DataFrame:
     """Every record under `paths` (files, or directories searched recursively; any
-    URI Spark reads). Gzipped segments are read by their suffix; a line that does
-    not parse, such as the cut-off last line of a segment being written, is skipped."""
+    URI Spark reads), with the declared schema: no inference pass over the files.
+    Gzipped segments are read by their suffix; a line that does not parse, such as
+    the cut-off last line of a segment being written, is skipped."""
     return (
         spark.read.schema(JOURNAL_SCHEMA)
         .option("mode", "DROPMALFORMED")
@@ -46,68 +62,135 @@ def _sum(array: Column) -> Column:
     return F.aggregate(array, F.lit(0).cast("long"), lambda a, b: a + F.coalesce(b, F.lit(0)))
 
 
-def _count(kind: str, array: Column | None = None) -> Column:
-    """Messages in records of one kind: the sum of an array's sizes (Ids by default)."""
-    return F.sum(F.when(F.col("Event") == kind, _size(F.col("Ids") if array is None else array)).otherwise(0))
-
-
 def _first(array: str) -> Column:
     """Entries of `array` for first deliveries (Attempts 1), others null."""
     return F.zip_with("Attempts", array, lambda a, x: F.when(a == 1, x))
 
 
-def _latencies(records: DataFrame) -> DataFrame:
-    """Publish-to-ack and publish-to-first-delivery percentiles per subscriber, in one pass:
-    one row per message of `ack` and `deliver` records, the other kind's column null
-    (percentile_approx skips nulls)."""
-    since_publish = lambda pub: F.transform(pub, lambda p: (F.col("Ts") - p) / NS_PER_S)  # noqa: E731
-    seconds = F.explode(F.when(F.col("Event") == "ack", since_publish(F.col("PubNs"))).otherwise(since_publish(_first("PubNs"))))
-    rows = records.where(F.col("Event").isin("ack", "deliver")).select(
-        *[F.col(c.capitalize()).alias(c) for c in PER_SUBSCRIBER], F.col("Event"), seconds.alias("s")
+def _is(kind: str) -> Column:
+    return F.col("Event") == kind
+
+
+def _latencies() -> Column:
+    """Seconds from publish: every entry of an `ack`, first deliveries of a `deliver`."""
+    since_publish = lambda pub: F.filter(F.transform(pub, lambda p: (F.col("Ts") - p) / NS_PER_S), lambda s: s.isNotNull())  # noqa: E731
+    return F.when(_is("ack"), since_publish(F.col("PubNs"))).when(_is("deliver"), since_publish(_first("PubNs")))
+
+
+def records(journal: DataFrame) -> DataFrame:
+    """One row per journal record: where and when, and its per-message arrays reduced
+    to the figures the tables add up, plus host and date to partition by."""
+    deliver = _is("deliver")
+    return journal.select(
+        F.col("Host").alias("host"),
+        F.to_date(F.timestamp_seconds(F.col("Ts") / NS_PER_S)).cast("string").alias("date"),
+        F.col("V").alias("v"),
+        F.col("Event").alias("event"),
+        F.col("Ts").alias("ts"),
+        F.col("Topic").alias("topic"),
+        F.col("Subscriber").alias("subscriber"),
+        F.col("Reason").alias("reason"),
+        _size(F.col("Ids")).alias("entries"),
+        F.when(F.col("Ids").isNull(), 1).otherwise(F.size("Ids")).alias("events"),
+        F.when(deliver, _size(F.filter("Attempts", lambda a: a == 1))).otherwise(_size(F.col("Ids"))).alias("first"),
+        _size(F.filter("Attempts", lambda a: a > 1)).alias("redelivered"),
+        F.when(deliver, _sum(_first("Bytes"))).when(_is("publish"), _sum(F.col("Bytes"))).otherwise(0).alias("bytes"),
+        _size(F.filter("Replaced", lambda r: r)).alias("replaced"),
+        _size(F.filter("Delivered", lambda d: ~d)).alias("undelivered"),
+        F.col("Count").alias("count"),
+        _latencies().alias("latencies"),
     )
-    columns = []
-    for kind in ("ack", "deliver"):
-        p = F.percentile_approx(F.when(F.col("Event") == kind, F.col("s")), QUANTILES, ACCURACY)
-        columns += [p[i].alias(f"{kind}_p{round(q * 100)}_s") for i, q in enumerate(QUANTILES)]
-    return rows.groupBy(*PER_SUBSCRIBER).agg(*columns)
 
 
-def topics(records: DataFrame) -> DataFrame:
+def rollup(recs: DataFrame) -> DataFrame:
+    """Per host, topic, subscriber, kind, reason, version and minute: every sum the tables need."""
+    minute = F.date_trunc("minute", F.timestamp_seconds(F.col("ts") / NS_PER_S)).alias("minute")
+    sums = ["entries", "events", "first", "redelivered", "bytes", "replaced", "undelivered", "count"]
+    return recs.groupBy("host", "topic", "subscriber", "event", "reason", "v", minute).agg(
+        F.count("*").alias("records"),
+        F.min("ts").alias("first_ts"),
+        F.max("ts").alias("last_ts"),
+        *[F.sum(c).alias(c) for c in sums],
+    )
+
+
+def latency_histogram(recs: DataFrame) -> DataFrame:
+    """Per subscriber and kind (`ack`, `deliver`): latencies counted per bucket, with the
+    largest in each, so that a percentile can be read off as a bucket's largest value."""
+    seconds = F.explode("latencies").alias("s")
+    rows = recs.where(F.col("v") == JOURNAL_VERSION).where(F.col("latencies").isNotNull()).select(*PER_SUBSCRIBER, "event", seconds)
+    bucket = F.when(F.col("s") <= FLOOR_S, F.lit(None)).otherwise(F.ceil(F.log(F.col("s")) / math.log(GAMMA)))
+    return rows.groupBy(*PER_SUBSCRIBER, "event", bucket.alias("bucket")).agg(F.count("*").alias("n"), F.max("s").alias("top"))
+
+
+def percentiles(histogram: DataFrame, keys: list[str]) -> DataFrame:
+    """ack_p50_s ... deliver_p99_s per `keys`: the largest latency of the first bucket
+    whose running count reaches the quantile's rank (as percentile_approx ranks)."""
+    merged = histogram.groupBy(*keys, "event", "bucket").agg(F.sum("n").alias("n"), F.max("top").alias("top"))
+    group = Window.partitionBy(*keys, "event")
+    running = merged.withColumn("below", F.sum("n").over(group.orderBy(F.col("bucket").asc_nulls_first()))).withColumn(
+        "total", F.sum("n").over(group)
+    )
+    columns = [
+        F.min(F.when((F.col("event") == kind) & (F.col("below") >= q * F.col("total")), F.col("top"))).alias(f"{kind}_p{round(q * 100)}_s")
+        for kind in ("ack", "deliver")
+        for q in QUANTILES
+    ]
+    return running.groupBy(*keys).agg(*columns)
+
+
+def _total(column: str, kind: str, where: Column | None = None) -> Column:
+    """The sum of a rollup column over rows of one kind (and a further condition)."""
+    wanted = _rolled(kind) if where is None else _rolled(kind) & where
+    return F.sum(F.when(wanted, F.col(column)).otherwise(0))
+
+
+def _rolled(kind: str) -> Column:
+    return F.col("event") == kind
+
+
+def known(rolled: DataFrame) -> DataFrame:
+    """Rollup rows of the record version this reader understands."""
+    return rolled.where(F.col("v") == JOURNAL_VERSION)
+
+
+def topics(rolled: DataFrame) -> DataFrame:
     """Per host and topic: publishes, bytes, dedupe replacements, rejections."""
     return (
-        records.where(F.col("Topic").isNotNull())
-        .groupBy(F.col("Host").alias("host"), F.col("Topic").alias("topic"))
+        known(rolled)
+        .where(F.col("topic").isNotNull())
+        .groupBy(*PER_TOPIC)
         .agg(
-            _count("publish").alias("published"),
-            F.sum(F.when(F.col("Event") == "publish", _sum(F.col("Bytes"))).otherwise(0)).alias("published_bytes"),
-            _count("publish", F.filter("Replaced", lambda r: r)).alias("replaced"),
-            F.sum(F.when(F.col("Event") == "reject", 1).otherwise(0)).alias("rejected_requests"),
-            F.sum(F.when(F.col("Event") == "reject", F.col("Count")).otherwise(0)).alias("rejected_messages"),
+            _total("entries", "publish").alias("published"),
+            _total("bytes", "publish").alias("published_bytes"),
+            _total("replaced", "publish").alias("replaced"),
+            _total("records", "reject").alias("rejected_requests"),
+            _total("count", "reject").alias("rejected_messages"),
         )
     )
 
 
-def subscribers(records: DataFrame) -> DataFrame:
+def subscribers(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
     """Per host, topic and subscriber: messages, bytes, redeliveries, expiries, latencies."""
-    first_bytes = _sum(_first("Bytes"))
     counts = (
-        records.where(F.col("Subscriber").isNotNull())
-        .groupBy(*[F.col(c.capitalize()).alias(c) for c in PER_SUBSCRIBER])
+        known(rolled)
+        .where(F.col("subscriber").isNotNull())
+        .groupBy(*PER_SUBSCRIBER)
         .agg(
-            (_count("deliver", F.filter("Attempts", lambda a: a == 1)) - _count("return")).alias("messages"),
-            F.sum(F.when(F.col("Event") == "deliver", first_bytes).otherwise(0)).alias("bytes"),
-            (_count("deliver") - _count("return")).alias("delivered"),
-            _count("deliver", F.filter("Attempts", lambda a: a > 1)).alias("redelivered"),
-            _count("ack").alias("acked"),
-            _count("expire").alias("expired"),
-            _count("expire", F.filter("Delivered", lambda d: ~d)).alias("expired_before_delivery"),
-            _count("overflow").alias("overflowed"),
-            F.sum(F.when((F.col("Event") == "requeue") & (F.col("Reason") == "AckRetry"), _size(F.col("Ids"))).otherwise(0)).alias("ack_timeouts"),
+            (_total("first", "deliver") - _total("entries", "return")).alias("messages"),
+            _total("bytes", "deliver").alias("bytes"),
+            (_total("entries", "deliver") - _total("entries", "return")).alias("delivered"),
+            _total("redelivered", "deliver").alias("redelivered"),
+            _total("entries", "ack").alias("acked"),
+            _total("entries", "expire").alias("expired"),
+            _total("undelivered", "expire").alias("expired_before_delivery"),
+            _total("entries", "overflow").alias("overflowed"),
+            _total("entries", "requeue", F.col("reason") == "AckRetry").alias("ack_timeouts"),
         )
         .withColumn("redelivery_rate", F.when(F.col("delivered") > 0, F.col("redelivered") / F.col("delivered")))
     )
-    replaced = topics(records).select(*PER_TOPIC, "replaced")
-    return counts.join(_latencies(records), PER_SUBSCRIBER, "left").join(replaced, PER_TOPIC, "left")
+    replaced = topics(rolled).select(*PER_TOPIC, "replaced")
+    return counts.join(percentiles(histogram, PER_SUBSCRIBER), PER_SUBSCRIBER, "left").join(replaced, PER_TOPIC, "left")
 
 
 def slowest(subs: DataFrame, n: int = SLOWEST) -> DataFrame:
@@ -120,30 +203,23 @@ def slowest(subs: DataFrame, n: int = SLOWEST) -> DataFrame:
     )
 
 
-def throughput(records: DataFrame) -> DataFrame:
+def throughput(rolled: DataFrame) -> DataFrame:
     """Messages and bytes per minute: published per topic, first deliveries and acks per subscriber."""
-    minute = F.date_trunc("minute", F.timestamp_seconds(F.col("Ts") / NS_PER_S)).alias("minute")
-    wanted = records.where(F.col("Event").isin("publish", "deliver", "ack"))
-    deliver = F.col("Event") == "deliver"
-    messages = F.when(deliver, _size(F.filter("Attempts", lambda a: a == 1))).otherwise(_size(F.col("Ids")))
-    size = F.when(deliver, _sum(_first("Bytes"))).when(F.col("Event") == "publish", _sum(F.col("Bytes"))).otherwise(0)
-    return wanted.groupBy(
-        F.col("Host").alias("host"), F.col("Topic").alias("topic"), F.col("Subscriber").alias("subscriber"), F.col("Event").alias("event"), minute
-    ).agg(F.sum(messages).alias("messages"), F.sum(size).alias("bytes"))
-
-
-def hosts(records: DataFrame) -> DataFrame:
-    """Per host: what was read, the time it covers, and what the journal itself lost."""
-    return records.groupBy(F.col("Host").alias("host")).agg(
-        F.count("*").alias("records"),
-        F.sum(F.when(F.col("Ids").isNull(), 1).otherwise(F.size("Ids"))).alias("events"),
-        F.timestamp_seconds(F.min("Ts") / NS_PER_S).alias("first"),
-        F.timestamp_seconds(F.max("Ts") / NS_PER_S).alias("last"),
-        F.sum(F.when(F.col("Event") == "dropped", F.col("Count")).otherwise(0)).alias("journal_dropped"),
-        F.sum(F.when(F.col("V") != JOURNAL_VERSION, 1).otherwise(0)).alias("unknown_version_records"),
+    return (
+        known(rolled)
+        .where(F.col("event").isin("publish", "deliver", "ack"))
+        .groupBy("host", "topic", "subscriber", "event", "minute")
+        .agg(F.sum("first").alias("messages"), F.sum("bytes").alias("bytes"))
     )
 
 
-def known(records: DataFrame) -> DataFrame:
-    """Records of the version this reader understands."""
-    return records.where(F.col("V") == JOURNAL_VERSION)
+def hosts(rolled: DataFrame) -> DataFrame:
+    """Per host: what was read, the time it covers, and what the journal itself lost."""
+    return rolled.groupBy("host").agg(
+        F.sum("records").alias("records"),
+        F.sum("events").alias("events"),
+        F.timestamp_seconds(F.min("first_ts") / NS_PER_S).alias("first"),
+        F.timestamp_seconds(F.max("last_ts") / NS_PER_S).alias("last"),
+        _total("count", "dropped").alias("journal_dropped"),
+        F.sum(F.when(F.col("v") != JOURNAL_VERSION, F.col("records")).otherwise(0)).alias("unknown_version_records"),
+    )
