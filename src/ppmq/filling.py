@@ -9,7 +9,6 @@ the end otherwise. A step that commits must therefore `_queue_fresh` first.
 
 from __future__ import annotations
 
-from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .ops import Delivery
