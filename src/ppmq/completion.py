@@ -46,13 +46,15 @@ class Completion(Wired):
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)
         acked = queue.ack(msgs)
-        ids = [m for m, _, _ in acked]
-        if self._events.journaled and ids:
+        if not acked:
+            return 0
+        ids, attempts, pub_ns = zip(*acked)
+        if self._events.journaled:
             event = self._events.batch(ev.ACK, topic, sub, reason)
             event.ids += ids
-            event.pub_ns += [publish_ns for _, _, publish_ns in acked]
-            event.attempts += [n for _, n, _ in acked]
-        self._release(txn, topic, queue.t, queue.s, ids)
+            event.pub_ns += pub_ns
+            event.attempts += attempts
+        self._release(txn, topic, queue.t, queue.s, list(ids))
         return len(ids)
 
     def _release(self, txn: Txn, topic: str, t: int, s: int, ms: list[int]) -> None:

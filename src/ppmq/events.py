@@ -1,14 +1,16 @@
 """What the broker's state machine reports having done, for the delivery journal.
 
 `Broker.step` returns these in `Step.events`: one per kind, topic and subscriber
-within a step (a batch), with per-message columns, so the cost is a few list
-appends per message and one small object per batch. The journal writes them as
-JSON lines; docs/journal.md is the format, field by field.
+within a step (a batch), with per-message columns. The columns are built a
+batch at a time (comprehensions, or zip to transpose rows) and extend the
+event's lists in one call each: the state machine's share of the journal's
+cost is a few C-level passes per batch, not Python calls per message. The
+journal writes them as JSON lines; docs/journal.md is the format, field by field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -73,13 +75,25 @@ class StepEvents:
         event.ts = self.now_ns
         self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
 
-    def publish(self, topic: str, m: int, prio: int, size: int, expires_ns: int, replaced: bool) -> None:
+    def publish(
+        self, topic: str, ids: Sequence[int], prio: Sequence[int], size: Sequence[int], expires_ns: Sequence[int], replaced: Sequence[bool]
+    ) -> None:
+        """A request's stored messages, column by column: a few C-level list
+        extensions per request instead of five appends per message."""
         event = self.batch(PUBLISH, topic)
-        event.ids.append(m)
-        event.prio.append(prio)
-        event.bytes.append(size)
-        event.expires_ns.append(expires_ns)
-        event.replaced.append(replaced)
+        event.ids += ids
+        event.prio += prio
+        event.bytes += size
+        event.expires_ns += expires_ns
+        event.replaced += replaced
+
+    def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int], size: Sequence[int]) -> None:
+        """A batch pushed to sub, column by column."""
+        event = self.batch(DELIVER, topic, sub)
+        event.ids += ids
+        event.pub_ns += pub_ns
+        event.attempts += attempts
+        event.bytes += size
 
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
         if self.journaled:

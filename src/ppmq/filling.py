@@ -9,7 +9,6 @@ the end otherwise. A step that commits must therefore `_queue_fresh` first.
 
 from __future__ import annotations
 
-from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .ops import Delivery
@@ -54,28 +53,21 @@ class Filling(Wired):
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        event = self._events.batch(ev.DELIVER, topic.name, sub) if self._events.journaled else None
         taken = queue.take_fresh(limit, deadline, now_ns)
         if taken is not None:
-            if event is not None:  # published in this very step
-                event.ids += [f.m for f in taken]
-                event.pub_ns += [now_ns] * len(taken)
-                event.attempts += [1] * len(taken)
-                event.bytes += [len(f.fragment) for f in taken]
-            return Delivery(sub, topic.name, [f.m for f in taken], p.batch_frame(topic.name, sub, [f.fragment for f in taken]), auto_ack=not topic.ack_required)
+            _, ids, fragments = zip(*taken)
+            if self._events.journaled:  # published in this very step
+                self._events.deliver(topic.name, sub, ids, [now_ns] * len(ids), [1] * len(ids), list(map(len, fragments)))
+            return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
         pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
         for m in pulled.expired:
             self._expire(txn, topic.name, t, m)
         if not pulled.entries:
             return None
-        if event is not None:
-            for x in pulled.entries:
-                event.ids.append(x.m)
-                event.pub_ns.append(x.publish_ns)
-                event.attempts.append(x.attempts)
-                event.bytes.append(len(x.fragment))
-        frame = p.batch_frame(topic.name, sub, [x.fragment for x in pulled.entries])
-        return Delivery(sub, topic.name, [x.m for x in pulled.entries], frame, auto_ack=not topic.ack_required)
+        _, _, ids, attempts, pub_ns, fragments = zip(*pulled.entries)
+        if self._events.journaled:
+            self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
+        return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:
         """The fresh messages of one topic join its ready queues now: before a

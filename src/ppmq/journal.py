@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 VERSION = 1  # the V field of every record; bump when a field changes meaning or type
 QUEUE_STEPS = 4096  # steps waiting for the journal thread; past it their events are dropped
 GATHER_S = 0.05  # after waking, the thread lets steps pile up this long: fewer wake-ups, bigger writes
+# gzip level of closed segments: on a fan-out journal (145 bytes a message sent to
+# two subscribers) level 1 runs at some 510 MB/s against 125 for level 6, 0.3 us
+# of CPU a message against 1.1, for files 30% larger (20:1 against 26:1); the
+# thread gzips while the broker runs, on the cores the broker needs.
+GZIP_LEVEL = 1
 ACTIVE_SUFFIX = ".jsonl"  # the segment being written
 CLOSED_SUFFIX = ".jsonl.gz"
 _STOP = None
@@ -182,7 +187,7 @@ class Journal:
             if not path.stat().st_size:
                 path.unlink()
                 return
-            with open(path, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+            with open(path, "rb") as src, gzip.open(partial, "wb", compresslevel=GZIP_LEVEL) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             os.replace(partial, target)
             path.unlink()

@@ -31,10 +31,11 @@ class Publishing(Wired):
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
             stored = self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
-            if self._events.journaled:
-                for (m, size), msg in zip(stored, prepared):
-                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, False)
+            if self._events.journaled and stored:
+                ids, sizes = zip(*stored)
+                self._events.publish(topic.name, ids, [msg.prio for msg in prepared], sizes, [msg.expires_ns for msg in prepared], [False] * len(ids))
         else:
+            journaled = []  # (id, prio, size, expires_ns, replaced) of each message stored
             for i, msg in enumerate(prepared):  # one by one: a key may come twice, a limit may drop
                 old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
                 if old is not None:
@@ -44,8 +45,9 @@ class Publishing(Wired):
                         [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns)
                     except p.StoreFull as exc:
                         raise p.StoreFull(f"Messages[{i}]: {exc}") from None
-                if self._events.journaled:
-                    self._events.publish(topic.name, m, msg.prio, size, msg.expires_ns, old is not None)
+                journaled.append((m, msg.prio, size, msg.expires_ns, old is not None))
+            if self._events.journaled and journaled:
+                self._events.publish(topic.name, *zip(*journaled))
         self.state.topics[topic.name].published += len(prepared)
 
     def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:

@@ -205,14 +205,36 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
 class ReadTxn(Txn):
     """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
 
-    def records(self, db: str) -> Iterator[Record | Damaged]:
-        """Every row of database db (a name in the schema above, but meta), in key
-        order, staged rows included: Staged.hides tells them apart."""
+    def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
+        """Every row of database db (a name in the schema above, but meta) with a
+        key from `start` up to `stop` (excluded; None: to the end), in key order,
+        staged rows included: Staged.hides tells them apart. A key range is how
+        a reader in parallel parts (the Spark data source) splits a database."""
         decode = _RECORDS[db]
         with self.txn.cursor(db=self.store.dbs[db]) as cur:
+            if not cur.set_range(start):
+                return
             for key, value in cur:
+                if stop is not None and key >= stop:
+                    return
                 try:
                     record: Record | Damaged = decode(key, value)
                 except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
                     record = Damaged(db, key, str(exc))
                 yield record
+
+    def message_ids(self, t: int) -> tuple[int, int] | None:
+        """The lowest and highest message id of topic t in bodies (staged ones
+        included), found in two cursor moves; None when it has none."""
+        with self.txn.cursor(db=self.store.dbs["bodies"]) as cur:
+            if not cur.set_range(TM.pack(t, 0)) or TM.unpack(cur.key())[0] != t:
+                return None
+            first = TM.unpack(cur.key())[1]
+            if not (cur.prev() if cur.set_range(TM.pack(t + 1, 0)) else cur.last()):
+                return None
+            return first, TM.unpack(cur.key())[1]
+
+    @property
+    def id(self) -> int:
+        """The transaction id of this snapshot: the same id, the same store state."""
+        return self.txn.id()

@@ -62,6 +62,46 @@ def test_a_snapshot_of_a_running_brokers_store(spark, broker_factory) -> None:
     assert len(snapshot(spark, b.config["DataPath"])) == 7
 
 
+def rows_of(df) -> list[tuple]:
+    """Every row as a comparable tuple, sorted: the order of partitions is not the rows'."""
+    return sorted((*r[:-1], tuple(tuple(h) for h in r[-1])) for r in df.collect())
+
+
+def test_several_partitions_read_exactly_the_rows_of_one_per_topic(spark, broker_factory, tmp_path) -> None:
+    """Given two topics with messages ready, in flight and acked (holes in the ids),
+    when the store is read in ranges of 3 rows, then the rows are those of a read
+    in one partition per topic, no row twice and none missing."""
+    b = broker_factory([{"Name": "q", "Priorities": 2, "Subscribers": ["r", "idle"]}, {"Name": "p", "Subscribers": ["r"]}], ["r", "idle"])
+    r = broker_factory.subscriber(b, "r", ack=None)
+    with b.client() as c:
+        for topic in ("q", "p"):
+            c.publish(topic, [{"Payload": f"{topic}{i}", "Priority": i % 2 if topic == "q" else 0} for i in range(17)])
+        got = r.wait_messages(34)
+        for topic in ("q", "p"):
+            c.ack(topic, "r", [m["Key"] for m in got if m["Topic"] == topic][::3])  # p's are deleted: 6 holes
+    b.stop()
+    whole = spark.read.format("ppmq").option("snapshotDir", str(tmp_path)).load(b.config["DataPath"])
+    split = spark.read.format("ppmq").option("snapshotDir", str(tmp_path)).option("rowsPerPartition", 3).load(b.config["DataPath"])
+    assert (whole.rdd.getNumPartitions(), split.rdd.getNumPartitions()) == (2, 6 + 4)
+    expected = rows_of(whole)
+    assert len(expected) == 17 + 11 and rows_of(split) == expected
+
+
+def test_a_read_is_one_snapshot_for_every_action_on_it(spark, broker_factory, tmp_path) -> None:
+    """Given a DataFrame read from a running broker's store, when more messages are
+    published, then the DataFrame still shows the snapshot it was planned on, in
+    every partition, and a new read shows the new messages."""
+    b = broker_factory([{"Name": "q", "Subscribers": ["idle"]}], ["idle"])
+    with b.client() as c:
+        c.publish("q", [{"Payload": i} for i in range(10)])
+    df = spark.read.format("ppmq").option("snapshotDir", str(tmp_path)).option("rowsPerPartition", 4).load(b.config["DataPath"])
+    assert df.count() == 10
+    with b.client() as c:
+        c.publish("q", [{"Payload": i} for i in range(10, 15)])
+    assert sorted(r["payload"] for r in df.collect()) == [str(i) for i in range(10)]
+    assert spark.read.format("ppmq").load(b.config["DataPath"]).count() == 15
+
+
 def test_a_missing_store_is_named(spark, tmp_path) -> None:
     with pytest.raises(Exception, match="no ppmq store at"):
         spark.read.format("ppmq").load(str(tmp_path)).collect()

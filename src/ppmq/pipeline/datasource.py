@@ -5,10 +5,13 @@
     df.write.format("ppmq").option("config", "/etc/ppmq/ppmq.yaml") \\
         .option("topic", "filescan").mode("append").save()           # publish rows
 
-Reading opens the store read-only and takes one LMDB read transaction: one
-consistent snapshot, also while the broker runs (readers never block its
-writer). It is read in one partition, because one transaction cannot span
-processes. Writing (with mode("append"): Spark offers Python data sources only
+Reading takes one consistent snapshot, also while the broker runs (readers
+never block its writer), and reads it in parallel partitions: each topic's
+messages split by message id into ranges of about `rowsPerPartition` (option,
+default 100,000) rows. One LMDB transaction cannot span the worker processes
+the partitions run in, so the snapshot is a copy of the store made by one read
+transaction, under the `snapshotDir` option (default: the temporary directory),
+and kept until the Spark driver exits: snapshot.py says why and how. Writing (with mode("append"): Spark offers Python data sources only
 append and overwrite, and a topic cannot be overwritten) publishes each
 partition's rows through the broker's socket in confirmed batches; a batch the broker rejects fails the job with the
 broker's error. Publishing is not transactional: batches confirmed before a
@@ -22,13 +25,14 @@ options, never open handles.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, InputPartition, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from ..client import Client, ClientError
@@ -36,7 +40,8 @@ from ..config import load_config
 from ..protocol import fragment_payload
 from ..state import restore
 from ..reader import BodyRecord, Damaged, ReadTxn, StoreReader
-from ..schema import StoreError
+from ..schema import TM, StoreError
+from . import snapshot
 
 SNAPSHOT_SCHEMA = (
     "topic string, key string, priority int, payload string, payload_json string, "
@@ -45,6 +50,7 @@ SNAPSHOT_SCHEMA = (
 )
 MESSAGE_FIELDS = ("Key", "Payload", "Priority", "Expires", "TTL")  # PROTOCOL §2 Message
 DEFAULT_BATCH = 500  # rows per confirmed publish
+DEFAULT_PARTITION_ROWS = 100_000  # rows per partition of a read: a few seconds of a worker's time
 
 
 class PpmqDataSource(DataSource):
@@ -61,7 +67,10 @@ class PpmqDataSource(DataSource):
         path = self.options.get("path")
         if not path:
             raise ValueError("ppmq: load(DATA_PATH) needs the store's DataPath")
-        return SnapshotReader(path)
+        rows = int(self.options.get("rowsPerPartition", DEFAULT_PARTITION_ROWS))
+        if rows < 1:
+            raise ValueError(f"ppmq: rowsPerPartition must be at least 1, not {rows}")
+        return SnapshotReader(path, self.options.get("snapshotDir"), rows)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -72,35 +81,83 @@ class PpmqDataSource(DataSource):
 # --- reading --------------------------------------------------------------------------
 
 
-class SnapshotReader(DataSourceReader):
-    def __init__(self, path: str) -> None:
-        self.path = path
+@dataclass
+class IdRange(InputPartition):
+    """Messages lo..hi-1 of topic t in the snapshot copy made at transaction txn_id."""
 
-    def read(self, partition: Any) -> Iterator[tuple]:
-        reader = StoreReader(self.path)
+    directory: str
+    txn_id: int
+    t: int
+    lo: int
+    hi: int
+
+
+class SnapshotReader(DataSourceReader):
+    def __init__(self, path: str, snapshot_dir: str | None, partition_rows: int) -> None:
+        self.path = path
+        self.snapshot_dir = snapshot_dir
+        self.partition_rows = partition_rows
+
+    def partitions(self) -> list[InputPartition]:
+        """Copy the store (on the driver), then split each topic of the copy into id ranges."""
+        store = StoreReader(self.path)
+        try:
+            with store.snapshot() as txn:
+                if txn.get_meta(b"state") is None:
+                    return []  # a store no broker has committed to yet: no messages
+            directory = snapshot.copy(store, self.snapshot_dir)
+        finally:
+            store.close()
+        reader = StoreReader(directory)
         try:
             with reader.snapshot() as txn:
-                raw = txn.get_meta(b"state")
-                if raw is None:
-                    return
-                state = restore(raw)
-                topics = {i: name for name, i in state.topic_ids.items()}
+                state = restore(txn.get_meta(b"state"))
+                return [
+                    IdRange(directory, txn.id, t, lo, hi)
+                    for name, t in sorted(state.topic_ids.items(), key=lambda item: item[1])
+                    for lo, hi in _ranges(txn.message_ids(t), state.topics[name].stored, self.partition_rows)
+                ]  # fmt: skip
+        finally:
+            reader.close()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        if not isinstance(partition, IdRange):
+            return  # Spark's one empty partition when partitions() found none
+        if not os.path.isdir(partition.directory):
+            raise snapshot.missing(partition.directory)
+        reader = StoreReader(partition.directory)
+        try:
+            with reader.snapshot() as txn:
+                snapshot.check(partition.directory, partition.txn_id, txn.id)
+                state = restore(txn.get_meta(b"state"))
+                topic = {i: name for name, i in state.topic_ids.items()}[partition.t]
                 subs = {i: name for name, i in state.sub_ids.items()}
-                for record in _messages(txn, topics):
-                    yield _row(txn, topics[record.t], record, subs)
+                for record in _messages(txn, partition):
+                    yield _row(txn, topic, record, subs)
         finally:
             reader.close()
 
 
-def _messages(txn: ReadTxn, topics: dict[int, str]) -> Iterator[BodyRecord]:
-    """The stored messages of known topics, by topic id then message id; none of a
+def _ranges(ids: tuple[int, int] | None, stored: int, partition_rows: int) -> list[tuple[int, int]]:
+    """[lo, hi) id ranges covering first..last in parts of about partition_rows
+    messages, taking the topic's `stored` messages as spread evenly over its ids."""
+    if ids is None:
+        return []
+    first, last = ids
+    parts = max(1, -(-stored // partition_rows))
+    width = -(-(last + 1 - first) // parts)
+    return [(lo, min(lo + width, last + 1)) for lo in range(first, last + 1, width)]
+
+
+def _messages(txn: ReadTxn, part: IdRange) -> Iterator[BodyRecord]:
+    """The stored messages of one id range of one topic, by message id; none of a
     publish being staged. A row that does not decode fails the read: a snapshot
     silently short of messages would pass for a true one (`ppmq fsck` lists them all)."""
     staged = txn.staged()
-    for record in txn.records("bodies"):
+    for record in txn.records("bodies", TM.pack(part.t, part.lo), TM.pack(part.t, part.hi)):
         if isinstance(record, Damaged):
             raise StoreError(f"ppmq: the store has a damaged message ({record.db} entry {record.key.hex()}: {record.reason})")
-        if record.t in topics and not (staged is not None and staged.hides(record.t, record.m)):
+        if not (staged is not None and staged.hides(record.t, record.m)):
             yield record
 
 
