@@ -50,10 +50,7 @@ class Completion(Wired):
             return 0
         ids, attempts, pub_ns = zip(*acked)
         if self._events.journaled:
-            event = self._events.batch(ev.ACK, topic, sub, reason)
-            event.ids += ids
-            event.pub_ns += pub_ns
-            event.attempts += attempts
+            self._events.ack(topic, sub, reason, ids, pub_ns, attempts)
         self._release(txn, topic, queue.t, queue.s, list(ids))
         return len(ids)
 

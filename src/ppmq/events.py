@@ -89,11 +89,19 @@ class StepEvents:
 
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int], size: Sequence[int]) -> None:
         """A batch pushed to sub, column by column."""
-        event = self.batch(DELIVER, topic, sub)
+        self._delivered(self.batch(DELIVER, topic, sub), ids, pub_ns, attempts).bytes += size
+
+    def ack(self, topic: str, sub: str, reason: str | None, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int]) -> None:
+        """Messages sub is done with (acked, or written with Reason AutoAck), column by column."""
+        self._delivered(self.batch(ACK, topic, sub, reason), ids, pub_ns, attempts)
+
+    @staticmethod
+    def _delivered(event: Event, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int]) -> Event:
+        """The columns deliveries and acks share."""
         event.ids += ids
         event.pub_ns += pub_ns
         event.attempts += attempts
-        event.bytes += size
+        return event
 
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
         if self.journaled:

@@ -54,17 +54,16 @@ class Filling(Wired):
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline, now_ns)
-        if taken is not None:
+        if taken is not None:  # published in this very step
             _, ids, fragments = zip(*taken)
-            if self._events.journaled:  # published in this very step
-                self._events.deliver(topic.name, sub, ids, [now_ns] * len(ids), [1] * len(ids), list(map(len, fragments)))
-            return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
-        pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
-        for m in pulled.expired:
-            self._expire(txn, topic.name, t, m)
-        if not pulled.entries:
-            return None
-        _, _, ids, attempts, pub_ns, fragments = zip(*pulled.entries)
+            pub_ns, attempts = [now_ns] * len(ids), [1] * len(ids)
+        else:
+            pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
+            for m in pulled.expired:
+                self._expire(txn, topic.name, t, m)
+            if not pulled.entries:
+                return None
+            _, _, ids, attempts, pub_ns, fragments = zip(*pulled.entries)
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
         return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
