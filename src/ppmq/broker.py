@@ -357,8 +357,8 @@ class Broker(Publishing, Completion, Filling):
                 t = self.state.topic_ids[tc.name]
                 for name in tc.subscribers:
                     s = self.state.sub_ids[name]
-                    for m, _ in txn.inflight_of(t, s):
-                        self._requeue(txn, t, s, m, now_ns, "Unconfirmed")
+                    for flight in txn.inflight_of(t, s):
+                        self._requeue(txn, t, s, flight.m, now_ns, "Unconfirmed")
 
     def _save(self, txn: Txn) -> bytes:
         """The counters into the step's transaction; the bytes are what a failed

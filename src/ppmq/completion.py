@@ -74,15 +74,15 @@ class Completion(Wired):
         """PROTOCOL §3 RECONNECT: everything in flight to sub on topics goes back to its place."""
         for tc in topics:
             t, s = self.state.topic_ids[tc.name], self.state.sub_ids[sub]
-            for m, _ in txn.inflight_of(t, s):
-                self._requeue(txn, t, s, m, now_ns, "Reconnect")
+            for flight in txn.inflight_of(t, s):
+                self._requeue(txn, t, s, flight.m, now_ns, "Reconnect")
 
     def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str) -> None:
         """Back to its place in the queue, as if it had not been delivered yet;
         after MaxAttempts deliveries, to the dead-letter topic instead."""
         stats = self._stats(t, s)
         if stats is None:  # a subscription no config names: nothing counts it
-            flight = txn.pop_inflight(t, s, m)
+            flight = txn.pop_flight(t, s, m)
             if flight is not None:
                 txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
             return

@@ -63,7 +63,7 @@ class Filling(Wired):
                 self._expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
-            _, _, ids, attempts, pub_ns, fragments = zip(*pulled.entries)
+            ids, _, _, attempts, pub_ns, fragments = zip(*pulled.entries)
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
         return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)

@@ -57,8 +57,9 @@ class Snapshot:
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
-    inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)
-    deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, m
+    inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
+    batches: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, s, f of an inflight row -> deadline_ns
+    deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, f
     expiry: set[tuple[int, int, int]] = field(default_factory=set)  # expires_ns, t, m
     dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
     fragment_bytes: Counter = field(default_factory=Counter)  # topic id -> bytes of its messages as delivered
@@ -136,7 +137,16 @@ def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:
 
 
 def _inflight(snap: Snapshot, record: FlightRecord, fragments: bool) -> None:
-    snap.inflight[record.t, record.s, record.m] = record.flight
+    """A row per batch; a message in two of them would be acked in one and
+    delivered again from the other."""
+    t, s, f, deadline_ns, flights = record
+    snap.batches[t, s, f] = deadline_ns
+    if not flights:
+        snap.problems.append(f"inflight: batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} holds no message")
+    for flight in flights:
+        if (t, s, flight.m) in snap.inflight:
+            snap.problems.append(f"inflight: {snap.msg(t, flight.m)} is in two batches in flight to subscriber {snap.sub(s)}")
+        snap.inflight[t, s, flight.m] = flight
 
 
 def _deadline(snap: Snapshot, record: DeadlineRecord, fragments: bool) -> None:
@@ -248,17 +258,18 @@ def _inflight_points_at_messages(snap: Snapshot, config: Config) -> list[str]:
             out.append(f"{where} is not among its holders")
         elif flight.publish_ns != snap.bodies[t, m].publish_ns:
             out.append(f"{where} was published at {flight.publish_ns}, its message at {snap.bodies[t, m].publish_ns}")
-        if flight.deadline_ns and (flight.deadline_ns, t, s, m) not in snap.deadlines:
-            out.append(f"{where} has an AckRetry deadline missing from the deadline index")
     return out
 
 
 def _deadlines_point_at_flights(snap: Snapshot, config: Config) -> list[str]:
+    """Every batch with an AckRetry deadline has its row in the index, and back."""
     out = []
-    for deadline_ns, t, s, m in snap.deadlines:
-        flight = snap.inflight.get((t, s, m))
-        if flight is None or flight.deadline_ns != deadline_ns:
-            out.append(f"deadlines: {deadline_ns} for {snap.msg(t, m)} to subscriber {snap.sub(s)} matches no in-flight entry")
+    for (t, s, f), deadline_ns in snap.batches.items():
+        if deadline_ns and (deadline_ns, t, s, f) not in snap.deadlines:
+            out.append(f"inflight: batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} has an AckRetry deadline missing from the deadline index")
+    for deadline_ns, t, s, f in snap.deadlines:
+        if snap.batches.get((t, s, f)) != deadline_ns:
+            out.append(f"deadlines: {deadline_ns} for batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} matches no batch in flight")
     return out
 
 

@@ -17,11 +17,12 @@ from collections.abc import Callable
 
 import lmdb
 
-from .schema import BODY_HEAD, FLIGHT, SCHEMA_VERSION, TM, TSM, StoreError
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, SCHEMA_VERSION, TM, TSM, U64, StoreError
 
 log = logging.getLogger(__name__)
 
 _FLIGHT_1 = struct.Struct(">BQQI")  # schema 1: prio, pos, deadline_ns, attempts
+_FLIGHT_2 = struct.Struct(">BQQIQ")  # schema 2: prio, pos, deadline_ns, attempts, publish_ns
 
 
 def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
@@ -33,15 +34,39 @@ def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Databa
             t, _, m = TSM.unpack(key)
             body = txn.get(TM.pack(t, m), db=dbs["bodies"])
             publish_ns = BODY_HEAD.unpack_from(body)[1] if body is not None else 0
-            rows.append((key, FLIGHT.pack(*_FLIGHT_1.unpack(value), publish_ns)))
+            rows.append((key, _FLIGHT_2.pack(*_FLIGHT_1.unpack(value), publish_ns)))
     for key, value in rows:
         txn.put(key, value, db=dbs["inflight"])
     return len(rows)
 
 
+def _inflight_by_batch(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """2 -> 3: the in-flight entries of a subscription become one row per batch.
+    Which batch an entry came in is not stored in schema 2; entries with one
+    AckRetry deadline were pushed together (or within the same step), so they
+    make one batch. The deadline index is rebuilt to name the batches. Returns
+    the entries rewritten."""
+    batches: dict[tuple[int, int, int], list[bytes]] = {}  # (t, s, deadline_ns) -> entries
+    with txn.cursor(db=dbs["inflight"]) as cur:
+        for key, value in cur:
+            t, s, m = TSM.unpack(key)
+            prio, pos, deadline_ns, attempts, publish_ns = _FLIGHT_2.unpack(value)
+            batches.setdefault((t, s, deadline_ns), []).append(FLIGHT_ENTRY.pack(m, prio, pos, attempts, publish_ns))
+    txn.drop(dbs["inflight"], delete=False)
+    txn.drop(dbs["deadlines"], delete=False)
+    numbers: dict[tuple[int, int], int] = {}
+    for (t, s, deadline_ns), entries in sorted(batches.items()):
+        f = numbers[t, s] = numbers.get((t, s), 0) + 1
+        txn.put(TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), db=dbs["inflight"])
+        if deadline_ns:
+            txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=dbs["deadlines"])
+    return sum(map(len, batches.values()))
+
+
 # STEPS[v] converts a store of schema v to v + 1.
 STEPS: dict[int, Callable[[lmdb.Transaction, dict[str, lmdb._Database]], int]] = {
     1: _inflight_with_publish_ns,
+    2: _inflight_by_batch,
 }
 
 

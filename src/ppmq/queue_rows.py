@@ -1,4 +1,4 @@
-"""A subscription's rows: its ready queue and what is in flight to it.
+"""A subscription's rows: its ready queue and the batches in flight to it.
 
 Only a Queue (queues.py) changes them, with the counters that count them; the
 state machine's other parts read them through it, and fsck through reader.py.
@@ -6,10 +6,14 @@ state machine's other parts read them through it, and fsck through reader.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable, Iterator
 
 from .rows import Rows
-from .schema import BODY_HEAD, DTSM, FLIGHT, READY_VAL, TM, TS, TSM, TSPQ, Flight, ReadyEntry, Taken
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, READY_VAL, TM, TS, TSM, TSPQ, U64, Flight, ReadyEntry, Taken
+
+log = logging.getLogger(__name__)
+HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
 class QueueRows(Rows):
@@ -68,7 +72,7 @@ class QueueRows(Rows):
         Returns what was taken; the ids of messages expired at `expired_at_ns`
         (0: none expire), left where they are; and the priorities of entries
         whose message is missing (a damaged store), deleted. One cursor walk and
-        one write of the in-flight rows: the path of every backlog."""
+        one in-flight row: the path of every backlog."""
         prefix, head_size = TS.pack(t, s), BODY_HEAD.size
         ready_key, ready_value, body_key, head = TSPQ.unpack, READY_VAL.unpack, TM.pack, BODY_HEAD.unpack_from
         get, bodies, staged = self.txn.get, self._bodies, self.staged()
@@ -95,13 +99,11 @@ class QueueRows(Rows):
                         expired.append(m)
                         positioned = cur.next()
                         continue
-                    taken.append(Taken(prio, pos, m, attempts + 1, publish_ns, raw[head_size + klen :]))
+                    taken.append(Taken(m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :]))
                 positioned = cur.delete() and bool(cur.key())
-        flight, key_of = FLIGHT.pack, TSM.pack
-        self._put_all_in_order([(key_of(t, s, x.m), flight(x.prio, x.pos, deadline_ns, x.attempts, x.publish_ns)) for x in taken], self._inflight)
-        if deadline_ns:
-            for x in taken:
-                self.txn.put(DTSM.pack(deadline_ns, t, s, x.m), b"", db=self._deadlines)
+        if taken:
+            entry = FLIGHT_ENTRY.pack
+            self.put_flight(t, s, [entry(*x[:5]) for x in taken], deadline_ns, [x.m for x in taken])
         return taken, expired, missing
 
     def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
@@ -120,69 +122,148 @@ class QueueRows(Rows):
             return ReadyEntry(p, pos, m, attempts)
 
     # --- in flight --------------------------------------------------------------------
-    def put_first_flights(self, t: int, s: int, msgs: list[tuple[int, int]], deadline_ns: int, publish_ns: int) -> None:
-        """A whole batch's first deliveries to s of messages published at
-        publish_ns: (m, prio), each at its place (prio, m)."""
-        key, value = TSM.pack, FLIGHT.pack
-        self._put_all_in_order([(key(t, s, m), value(prio, m, deadline_ns, 1, publish_ns)) for m, prio in msgs], self._inflight)
-        if deadline_ns:
-            for m, _ in msgs:
-                self.txn.put(DTSM.pack(deadline_ns, t, s, m), b"", db=self._deadlines)
+    def _flights(self, t: int, s: int) -> SubFlights:
+        return self._index.of(t, s, self._read_flights)
 
-    def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int] | None]:
-        """Take each of ms out of flight to s, with its deadline entry; per m, its
-        (deliveries so far, publish_ns), or None if it was not in flight. The
-        path of every ack: one call a batch, and no Flight built."""
-        pop, delete, key, db = self.txn.pop, self.txn.delete, TSM.pack, self._inflight
-        out: list[tuple[int, int] | None] = []
-        for m in ms:
-            raw = pop(key(t, s, m), db=db)
-            if raw is None:
-                out.append(None)
-                continue
-            _, _, deadline_ns, attempts, publish_ns = FLIGHT.unpack(raw)
-            if deadline_ns:
-                delete(DTSM.pack(deadline_ns, t, s, m), db=self._deadlines)
-            out.append((attempts, publish_ns))
-        return out
+    def _read_flights(self, t: int, s: int) -> SubFlights:
+        """The index of s's batches in flight on t, from its rows."""
+        flights = SubFlights()
+        for f, _, raw in self._flight_rows(t, s):
+            for (m, *_rest) in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
+                flights.where[m] = f
+            flights.next_f = f + 1
+        return flights
 
-    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.get(TSM.pack(t, s, m), db=self._inflight)
-        return None if raw is None else Flight._make(FLIGHT.unpack(raw))
-
-    def pop_inflight(self, t: int, s: int, m: int) -> Flight | None:
-        raw = self.txn.pop(TSM.pack(t, s, m), db=self._inflight)
-        if raw is None:
-            return None
-        flight = Flight._make(FLIGHT.unpack(raw))
-        if flight.deadline_ns:
-            self.txn.delete(DTSM.pack(flight.deadline_ns, t, s, m), db=self._deadlines)
-        return flight
-
-    def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        """Up to `limit` in-flight (t, s, m) whose AckRetry deadline is <= now_ns."""
-        out = []
-        with self.txn.cursor(db=self._deadlines) as cur:
-            if cur.first():
-                for key in cur.iternext(values=False):
-                    deadline, t, s, m = DTSM.unpack(key)
-                    if deadline > now_ns or len(out) >= limit:
-                        break
-                    out.append((t, s, m))
-        return out
-
-    def next_deadline_ns(self) -> int | None:
-        with self.txn.cursor(db=self._deadlines) as cur:
-            return DTSM.unpack(cur.key())[0] if cur.first() else None
-
-    def inflight_of(self, t: int, s: int) -> list[tuple[int, Flight]]:
-        """Everything in flight to s on t (at most its Window, so a short list)."""
+    def _flight_rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
+        """(F, deadline_ns, value) of every batch in flight to s on t."""
         prefix = TS.pack(t, s)
-        out = []
         with self.txn.cursor(db=self._inflight) as cur:
             if cur.set_range(prefix):
                 for key, raw in cur:
                     if key[:6] != prefix:
                         break
-                    out.append((TSM.unpack(key)[2], Flight._make(FLIGHT.unpack(raw))))
+                    yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
+
+    def put_flight(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
+        """A pushed batch into flight to s: entries (FLIGHT_ENTRY, packed) of the
+        messages ms, with the AckRetry deadline `deadline_ns` (0: none). One row,
+        and one deadline row, whatever the batch's size."""
+        flights = self._flights(t, s)
+        f = flights.next_f
+        flights.next_f += 1
+        self._put_in_order(TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self._inflight)
+        where = flights.where
+        for m in ms:
+            where[m] = f
+        if deadline_ns:
+            self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self._deadlines)
+
+    def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int, int, int, int] | None]:
+        """Take each of ms out of flight to s; per m, its Flight fields as a plain
+        tuple (the path of every ack builds no Flight), or None if it was not in
+        flight or was named before. One row read and rewritten or deleted per
+        batch touched, whatever the number of messages."""
+        where = self._flights(t, s).where
+        wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
+        for i, m in enumerate(ms):
+            f = where.pop(m, None)
+            if f is not None:
+                wanted.setdefault(f, {})[m] = i
+        out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
+        for f, found in wanted.items():
+            self._take_from_row(t, s, f, found, out)
         return out
+
+    def _take_from_row(self, t: int, s: int, f: int, found: dict[int, int], out: list) -> None:
+        """The messages `found` (m -> index in out) leave batch f: their entries go
+        into out, and the row keeps the others or goes with its deadline."""
+        key = TSM.pack(t, s, f)
+        raw = self.txn.get(key, db=self._inflight)
+        if raw is None:
+            log.error("store: batch %d in flight to subscriber %d of topic %d is indexed but not stored", f, s, t)
+            return
+        size, kept = FLIGHT_ENTRY.size, []
+        for n, entry in enumerate(FLIGHT_ENTRY.iter_unpack(raw[HEAD:])):
+            i = found.get(entry[0])
+            if i is None:
+                kept.append(raw[HEAD + n * size : HEAD + (n + 1) * size])
+            else:
+                out[i] = entry
+        if kept:
+            self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self._inflight)
+            return
+        self.txn.delete(key, db=self._inflight)
+        deadline_ns = U64.unpack_from(raw)[0]
+        if deadline_ns:
+            self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self._deadlines)
+
+    def pop_flight(self, t: int, s: int, m: int) -> Flight | None:
+        entry = self.pop_flights(t, s, [m])[0]
+        return None if entry is None else Flight._make(entry)
+
+    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
+        f = self._flights(t, s).where.get(m)
+        raw = None if f is None else self.txn.get(TSM.pack(t, s, f), db=self._inflight)
+        if raw is not None:
+            for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
+                if entry[0] == m:
+                    return Flight._make(entry)
+        return None
+
+    def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        """The in-flight (t, s, m) of batches whose AckRetry deadline is <= now_ns,
+        whole batches until at least `limit` messages, in the order of
+        (deadline, t, s, m): what comes due together goes back by message id."""
+        due: list[tuple[int, int, int, int]] = []
+        with self.txn.cursor(db=self._deadlines) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    deadline, t, s, f = DTSM.unpack(key)
+                    if deadline > now_ns or len(due) >= limit:
+                        break
+                    raw = self.txn.get(TSM.pack(t, s, f), db=self._inflight) or b""
+                    due += [(deadline, t, s, entry[0]) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:])]
+        return [(t, s, m) for _, t, s, m in sorted(due)]
+
+    def next_deadline_ns(self) -> int | None:
+        with self.txn.cursor(db=self._deadlines) as cur:
+            return DTSM.unpack(cur.key())[0] if cur.first() else None
+
+    def inflight_of(self, t: int, s: int) -> list[Flight]:
+        """Everything in flight to s on t (at most its Window, so a short list), by message id."""
+        return sorted(Flight._make(entry) for _, _, raw in self._flight_rows(t, s) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
+
+
+class SubFlights:
+    """One subscription's batches in flight, as the index knows them."""
+
+    __slots__ = ("where", "next_f")
+
+    def __init__(self) -> None:
+        self.where: dict[int, int] = {}  # m -> F of the inflight row that holds it
+        self.next_f = 1  # the F of the next batch: above every row's
+
+
+class FlightIndex:
+    """Which inflight row holds each message in flight, per subscription.
+
+    An ack names messages, and the rows are per batch: finding a message's row
+    by walking the subscription's rows would cost the Window per ack, and an
+    index row per message is what the batch rows are there to avoid. So the
+    index lives in memory (at most Window entries a subscription), built from
+    the rows the first time a subscription is asked about, and changed only by
+    QueueRows, with the rows. The store drops it whole whenever a transaction's
+    writes are undone (an abort, a failed commit, a savepoint rolled back), so
+    it never describes rows that are not there."""
+
+    def __init__(self) -> None:
+        self._subs: dict[tuple[int, int], SubFlights] = {}
+
+    def of(self, t: int, s: int, read: Callable[[int, int], SubFlights]) -> SubFlights:
+        flights = self._subs.get((t, s))
+        if flights is None:
+            flights = self._subs[t, s] = read(t, s)
+        return flights
+
+    def clear(self) -> None:
+        self._subs.clear()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import Flight, ReadyEntry, Taken
+from .schema import FLIGHT_ENTRY, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Queue:
     def first_ready(self, prio: int) -> ReadyEntry | None:
         return self._txn.first_ready(self.t, self.s, prio)
 
-    def in_flight(self) -> list[tuple[int, Flight]]:
+    def in_flight(self) -> list[Flight]:
         return self._txn.inflight_of(self.t, self.s)
 
     # --- new messages ------------------------------------------------------------------
@@ -116,7 +116,8 @@ class Queue:
             return None
         fresh = sorted(fresh)
         taken, self.fresh = fresh[:limit], fresh[limit:]
-        self._txn.put_first_flights(self.t, self.s, [(f.m, f.prio) for f in taken], deadline_ns, now_ns)
+        entry = FLIGHT_ENTRY.pack
+        self._txn.put_flight(self.t, self.s, [entry(f.m, f.prio, f.m, 1, now_ns) for f in taken], deadline_ns, [f.m for f in taken])
         ready = self.stats.ready
         for f in taken:
             ready[f.prio] -= 1
@@ -158,8 +159,7 @@ class Queue:
         returns (m, deliveries so far, publish_ns) of those that were in flight.
         Acks of anything else are counted as ignored (PROTOCOL §3 Acks)."""
         named = [m for m in ms if m is not None]
-        flights = self._txn.pop_flights(self.t, self.s, named)
-        acked = [(m, *flight) for m, flight in zip(named, flights) if flight is not None]
+        acked = [(f[0], f[3], f[4]) for f in self._txn.pop_flights(self.t, self.s, named) if f is not None]
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)
         self.stats.ignored_acks += len(ms) - len(acked)
@@ -167,7 +167,7 @@ class Queue:
 
     def unflight(self, m: int) -> Flight | None:
         """m leaves flight, to go wherever the caller puts it."""
-        flight = self._txn.pop_inflight(self.t, self.s, m)
+        flight = self._txn.pop_flight(self.t, self.s, m)
         if flight is not None:
             self.stats.inflight -= 1
         return flight
@@ -221,8 +221,8 @@ class Queue:
         """Every message of the subscription leaves it (the subscription is dropped)."""
         msgs: list[int] = []
         self._txn.pull_ready(self.t, self.s, 1 << 62, lambda entry: msgs.append(entry.msg) or True)
-        for m, _ in self.in_flight():
-            self.unflight(m)
-            msgs.append(m)
+        for flight in self.in_flight():
+            self.unflight(flight.m)
+            msgs.append(flight.m)
         self.stats.ready = [0] * len(self.stats.ready)
         return msgs

@@ -21,7 +21,7 @@ from .schema import (
     DBS,
     DTSM,
     ETM,
-    FLIGHT,
+    FLIGHT_ENTRY,
     Flight,
     HOLDER,
     READY_VAL,
@@ -33,6 +33,7 @@ from .schema import (
     U64,
     decode_body,
 )
+from .queue_rows import FlightIndex
 from .store import Txn
 
 
@@ -73,6 +74,11 @@ class StoreReader:
             older = found is not None and found.isdigit() and int(found) < SCHEMA_VERSION
             hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
             raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}{hint}")
+
+    @property
+    def flight_index(self) -> FlightIndex:
+        """A new one for every read transaction: each sees rows of its own moment."""
+        return FlightIndex()
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:
@@ -115,21 +121,22 @@ class ReadyRecord(NamedTuple):
 
 
 class FlightRecord(NamedTuple):
-    """inflight: message m delivered to subscriber s of topic t, not acked yet."""
+    """inflight: batch f delivered to subscriber s of topic t, with its messages not acked yet."""
 
     t: int
     s: int
-    m: int
-    flight: Flight
+    f: int
+    deadline_ns: int  # 0: no AckRetry
+    flights: list[Flight]
 
 
 class DeadlineRecord(NamedTuple):
-    """deadlines: the AckRetry deadline of an in-flight entry."""
+    """deadlines: the AckRetry deadline of batch f in flight."""
 
     deadline_ns: int
     t: int
     s: int
-    m: int
+    f: int
 
 
 class ExpiryRecord(NamedTuple):
@@ -182,7 +189,10 @@ def _ready_record(key: bytes, value: bytes) -> ReadyRecord:
 
 
 def _flight_record(key: bytes, value: bytes) -> FlightRecord:
-    return FlightRecord(*TSM.unpack(key), Flight._make(FLIGHT.unpack(value)))
+    if len(value) < U64.size or (len(value) - U64.size) % FLIGHT_ENTRY.size:
+        raise ValueError(f"{len(value)} bytes is not a deadline and whole entries")
+    entries = [Flight._make(entry) for entry in FLIGHT_ENTRY.iter_unpack(value[U64.size :])]
+    return FlightRecord(*TSM.unpack(key), U64.unpack_from(value)[0], entries)
 
 
 def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:

@@ -31,6 +31,7 @@ class Rows:
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
+        self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
 
     def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:
         """Put a key that is usually the largest in its database so far.

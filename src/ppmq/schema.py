@@ -8,15 +8,19 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     bodies    T M             -> Body header, key, message JSON   (stored once per topic)
     holders   T M             -> (S, prio, pos) for every subscriber not done with M
     ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
-    inflight  T S M           -> prio, pos, deadline_ns, attempts, publish_ns (delivered, not acked)
-    deadlines deadline_ns T S M -> ""                              (AckRetry, by time)
+    inflight  T S F           -> deadline_ns, then per message: M, prio, pos, attempts, publish_ns
+                                                                   (a pushed batch's messages not acked yet)
+    deadlines deadline_ns T S F -> ""                              (AckRetry, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
     meta      name            -> schema version, name ids, broker state, staging record
 
 T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
 position (u64, both taken from the topic's one sequence, so never reused), prio a
-u8. `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
+u8, F a pushed batch's number among its subscription's (u64). A batch in flight
+is one row, written once and rewritten or deleted as its messages are acked, so
+that neither a push nor an ack costs a row per message; which batch holds a
+message is looked up in memory (queue_rows.FlightIndex). `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
 it back there (PROTOCOL §3), and dedupe may move it.
 
 A publish too large for one transaction is stored over several (staging.py):
@@ -31,7 +35,7 @@ import struct
 from typing import NamedTuple
 
 # Bump when a key or value layout changes, and add the conversion to migrate.py.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
 
 TM = struct.Struct(">IQ")
@@ -42,7 +46,7 @@ ETM = struct.Struct(">QIQ")
 DTSM = struct.Struct(">QIHQ")
 U64 = struct.Struct(">Q")
 READY_VAL = struct.Struct(">QI")  # M, attempts
-FLIGHT = struct.Struct(">BQQIQ")  # prio, pos, deadline_ns, attempts, publish_ns (schema 2)
+FLIGHT_ENTRY = struct.Struct(">QBQIQ")  # M, prio, pos, attempts, publish_ns: one message of an inflight row
 HOLDER = struct.Struct(">HBQ")  # S, prio, pos
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
@@ -76,11 +80,11 @@ class Gone(NamedTuple):
 
 
 class Flight(NamedTuple):
-    """An in-flight delivery and the queue place it returns to."""
+    """An in-flight delivery and the queue place it returns to (FLIGHT_ENTRY)."""
 
+    m: int
     prio: int
     pos: int
-    deadline_ns: int  # 0: no AckRetry
     attempts: int
     publish_ns: int  # of the version delivered: the journal's ack events carry it without reading the body
 
@@ -93,11 +97,12 @@ class ReadyEntry(NamedTuple):
 
 
 class Taken(NamedTuple):
-    """A ready entry a batch moved into flight, with what the batch and the journal need."""
+    """A ready entry a batch moved into flight, with what the batch and the journal
+    need; its first five fields are its Flight."""
 
+    m: int
     prio: int
     pos: int
-    m: int
     attempts: int  # deliveries so far, this one included
     publish_ns: int
     fragment: bytes

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import lmdb
 
 from .migrate import upgrade
-from .queue_rows import QueueRows
+from .queue_rows import FlightIndex, QueueRows
 from .schema import (
     BODY_HEAD,
     Body,
@@ -68,6 +68,7 @@ class Store:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
+        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (queue_rows.py)
         self._check_schema()
 
     def _check_schema(self) -> None:
@@ -92,12 +93,14 @@ class Store:
             yield Txn(self, txn)
         except BaseException as exc:
             txn.abort()
+            self.flight_index.clear()
             if isinstance(exc, lmdb.Error):
                 raise self.translate(exc) from None
             raise
         try:
             txn.commit()
         except lmdb.Error as exc:
+            self.flight_index.clear()
             raise self.translate(exc) from None
 
     def translate(self, exc: lmdb.Error) -> StoreError:
@@ -143,6 +146,7 @@ class Txn(QueueRows):
             yield
         except BaseException as exc:
             self.txn.abort()
+            self._index.clear()
             if isinstance(exc, lmdb.Error) and isinstance(self.store, Store):
                 raise self.store.translate(exc) from None
             raise

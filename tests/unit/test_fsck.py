@@ -139,10 +139,22 @@ def shift_first_flight_publish_ns(txn: Txn, _: dict) -> None:
     txn.txn.put(key, value[:-8] + (int.from_bytes(value[-8:], "big") + 1).to_bytes(8, "big"), db=txn.store.dbs["inflight"])
 
 
+def copy_first_flight_to_a_new_batch(txn: Txn, _: dict) -> None:
+    key, value = first_entry(txn, "inflight")
+    txn.txn.put(key[:-8] + (10**6).to_bytes(8, "big"), value, db=txn.store.dbs["inflight"])
+
+
+def empty_first_flight(txn: Txn, _: dict) -> None:
+    key, value = first_entry(txn, "inflight")
+    txn.txn.put(key, value[:8], db=txn.store.dbs["inflight"])
+
+
 DAMAGES = {
     "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
     "a ready entry deleted": (drop_first("ready"), "neither queued at"),
-    "an in-flight entry deleted": (drop_first("inflight"), "matches no in-flight entry"),
+    "a batch in flight deleted": (drop_first("inflight"), "matches no batch in flight"),
+    "a message in two batches in flight": (with_txn(copy_first_flight_to_a_new_batch), "is in two batches in flight"),
+    "a batch in flight with no message": (with_txn(empty_first_flight), "holds no message"),
     "a deadline entry deleted": (drop_first("deadlines"), "missing from the deadline index"),
     "an expiry entry deleted": (drop_first("expiry"), "missing from the expiry index"),
     "a dedupe entry deleted": (drop_first("dedupe"), "missing from the dedupe index"),

@@ -1,5 +1,7 @@
-"""How tests/data/schema1-store.tar.gz was made: by ppmq at commit 182c8ab, the
-last to write store schema 1, run as `python tests/data/make_schema1_store.py OUT`.
+"""How the stores in tests/data were made, each by the last ppmq to write its
+schema: schema1-store.tar.gz by commit 182c8ab, schema2-store.tar.gz by commit
+95916a6, run as `PYTHONPATH=<a checkout of that commit>/src python
+tests/data/make_old_store.py OUT` and packed with `tar -C OUT -czf ... .`.
 
 It leaves, on topic `jobs` (subscribers a and b, AckRetry 1h, so deadlines are
 indexed) and the Dedupe topic `latest` (subscriber a): messages acked by one
