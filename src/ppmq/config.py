@@ -48,6 +48,7 @@ class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=Tr
     window: int | None = None  # messages in flight per topic; default batch_size
     users: list[str | int] | None = None  # who may ack or RECONNECT as this subscriber; None: anyone
     check_owner: bool | None = None  # the socket's owner must be root or in Users; default: Users is set
+    metadata: bool = False  # delivered messages carry Attempt and Published (PROTOCOL §8); off: ppMQ's frames
 
     @property
     def owner_checked(self) -> bool:
@@ -67,6 +68,8 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     overflow_policy: str = "reject"  # when full: "reject" (507) or "drop-oldest"
     max_attempts: int = 0  # deliveries without an ack before dead-lettering; 0 = unlimited
     dead_letter: str | None = None  # topic that receives dead-lettered messages; None: dropped
+    dead_letter_reasons: list[str] = msgspec.field(default_factory=lambda: ["attempts", "rejected"])  # removals copied to DeadLetter
+    max_age: Duration | None = None  # the Expires of a message published without one (needs Expire: true)
     publishers: list[str | int] | None = None  # who may publish; None: anyone
 
     @property
@@ -105,6 +108,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     socket_mode: FileMode = FileMode(0o660)  # of ServerSocket when the broker binds it
     socket_group: str | None = None  # group of ServerSocket; None: the broker's own group
     status_users: list[str | int] | None = None  # who may ask STATUS; None: anyone
+    admin_users: list[str | int] | None = None  # who may PEEK, PURGE, REDRIVE, PAUSE, RESUME; None: root and the broker's user
     allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
     drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
     journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
@@ -219,6 +223,7 @@ def parse_mode(value: Any) -> int:
 
 
 OVERFLOW_POLICIES = ("reject", "drop-oldest")
+DEAD_LETTER_REASONS = ("attempts", "rejected", "expired", "overflow")  # why a copy is dead-lettered (PROTOCOL §8)
 
 
 def _check(config: Config) -> list[tuple[str, str]]:
@@ -292,6 +297,13 @@ def _check_limits(config: Config, topic: TopicConfig) -> list[tuple[str, str]]:
         errors.append((".OverflowPolicy", f"must be one of {', '.join(OVERFLOW_POLICIES)}, got {topic.overflow_policy!r}"))
     if topic.max_attempts < 0:
         errors.append((".MaxAttempts", f"must not be negative, got {topic.max_attempts}"))
+    for i, reason in enumerate(topic.dead_letter_reasons):
+        if reason not in DEAD_LETTER_REASONS:
+            errors.append((f".DeadLetterReasons[{i}]", f"must be one of {', '.join(DEAD_LETTER_REASONS)}, got {reason!r}"))
+    if topic.max_age is not None and not topic.expire:
+        errors.append((".MaxAge", "needs Expire: true (without it, Expires is ignored)"))
+    elif topic.max_age is not None and topic.max_age <= 0:
+        errors.append((".MaxAge", f"must be positive, got {topic.max_age:g}s"))
     topics = {t.name: t for t in config.topics}
     seen, target = {topic.name}, topic.dead_letter
     while target is not None:

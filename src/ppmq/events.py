@@ -24,6 +24,14 @@ REQUEUE = "requeue"  # back to ready after delivery: Ids; Reason AckRetry, Recon
 RETURN = "return"  # a batch that never reached the subscriber: Ids; it is not counted as delivered
 EXPIRE = "expire"  # expired for a subscriber: Ids, PubNs, Delivered
 OVERFLOW = "overflow"  # dropped by OverflowPolicy drop-oldest, for a subscriber: Ids, PubNs, Delivered
+NACK = "nack"  # given back by the subscriber (PROTOCOL §8 Nacks): Ids, PubNs, Attempts; DelayNs when delayed
+REJECTED = "rejected"  # given up on by the subscriber (PROTOCOL §8 Rejects): Ids, PubNs, Attempts
+TOUCH = "touch"  # ack deadline restarted (PROTOCOL §8 Touch): Ids
+PURGE = "purge"  # removed by PURGE, for a subscriber: Ids, PubNs, Delivered
+REDRIVE = "redrive"  # moved back from a dead-letter topic: Topic and Subscriber are the origin; Ids are the new ids there
+PAUSE = "pause"  # PAUSE of a subscription: no columns
+RESUME = "resume"  # RESUME of a subscription: no columns
+COLUMNLESS = (PAUSE, RESUME)  # kinds whose events carry no message
 REJECT = "reject"  # a request answered with an error: Status, Error, Count (messages in it)
 DROPPED = "dropped"  # written by the journal itself: Count events lost to a full queue or disk
 
@@ -43,7 +51,8 @@ class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
     prio: list[int] = []
     expires_ns: list[int] = []  # 0: never
     replaced: list[bool] = []  # the publish replaced an unfinished message with the same Key
-    delivered: list[bool] = []  # the expired (or dropped) message had been pushed to the subscriber
+    delivered: list[bool] = []  # the expired (or dropped, or purged) message had been pushed to the subscriber
+    delay_ns: int | None = None  # of a nack with a Delay
     status: int | None = None
     error: str | None = None
     count: int | None = None
@@ -119,7 +128,7 @@ class StepEvents:
 
     def take(self) -> list[Event]:
         """The step's events; batches that found nothing to do are left out."""
-        events = [e for e in self._done + list(self._batches.values()) if e.ids or e.status]
+        events = [e for e in self._done + list(self._batches.values()) if e.ids or e.status or e.event in COLUMNLESS]
         self.clear()
         return events
 

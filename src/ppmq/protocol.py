@@ -78,6 +78,9 @@ class Message(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     expires: dt.datetime | int | float | None = None
     ttl_s: float | None = msgspec.field(default=None, name="TTL")
     priority: int = 0
+    # PROTOCOL §8: not delivered before then; both given is an error (validate.py).
+    delay: float | None = None
+    not_before: dt.datetime | int | float | None = None
 
 
 class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
@@ -87,13 +90,25 @@ class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     subscriber: str | None = None
     messages: list[Message] | None = None
     acks: list[str] | None = None
+    # PROTOCOL §8, applied after Acks and before Command, in this order:
+    nacks: list[str] | None = None
+    rejects: list[str] | None = None
+    touch: list[str] | None = None
+    delay: float | None = None  # for Nacks
+    keys: list[str] | None = None  # for PURGE, REDRIVE
+    state: str | None = None  # for PEEK: "ready" or "inflight"
+    limit: int | None = None  # for PEEK
+    after: str | None = None  # for PEEK: a previous reply's Next
     command: str | None = None
     # Kept raw so that the reply echoes the client's Id byte for byte.
     id: Raw | UnsetType = UNSET
 
 
-WRAPPER_KEYS = {f.lower(): f for f in ("Topic", "Subscriber", "Messages", "Acks", "Command", "Id")}
-MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority")}
+WRAPPER_KEYS = {
+    f.lower(): f
+    for f in ("Topic", "Subscriber", "Messages", "Acks", "Nacks", "Rejects", "Touch", "Delay", "Keys", "State", "Limit", "After", "Command", "Id")
+}
+MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority", "Delay", "NotBefore")}
 
 _request_decoder = msgspec.json.Decoder(Request)
 _loose_object = msgspec.json.Decoder(dict[str, Raw])
