@@ -2,11 +2,14 @@
 
 Every connection's credentials (SO_PEERCRED: uid, gid, pid) are read once, when
 it is accepted, and never change for its lifetime. A topic's `Publishers`, a
-subscriber's `Users` and the top-level `StatusUsers` name user names, `@group`
-names or numeric uids; they are resolved when the config is taken (at start
-and at every reload), so a request costs a set lookup. A rule that is not configured lets everyone through, as ppMQ did
-(anyone who can open the socket). Root passes every rule unless `AllowRoot:
-false`. A subscriber's own delivery connection carries its acks and RECONNECT,
+subscriber's `Users` and the top-level `StatusUsers` and `AdminUsers` name user
+names, `@group` names or numeric uids; they are resolved when the config is
+taken (at start and at every reload), so a request costs a set lookup. A rule
+that is not configured lets everyone through, as ppMQ did (anyone who can open
+the socket), except `AdminUsers` (PROTOCOL §8), whose commands are new and
+whose PEEK shows payloads: its default is root and the broker's own user. Root
+passes every rule unless `AllowRoot: false`. A subscriber's own delivery
+connection carries its acks (`Acks`, `Nacks`, `Rejects`, `Touch`) and RECONNECT,
 which are that subscriber's by construction, and nothing else: the peer there is
 whoever listens on the socket (PID 1, root, for systemd's socket units).
 
@@ -114,6 +117,7 @@ class Rules:
         self.publishers = {t.name: Rule(t.publishers, root) for t in config.topics if t.publishers is not None}
         self.users = {s.name: Rule(s.users, root) for s in config.subscribers if s.users is not None}
         self.status = Rule(config.status_users, root) if config.status_users is not None else None
+        self.admin = Rule(config.admin_users, root) if config.admin_users is not None else _with_broker(Rule([], root))
         # The socket's owner: root (systemd's sockets), the broker itself, or a user of Users.
         self.owners = {s.name: _owner_rule(s) for s in config.subscribers if s.owner_checked}
 
@@ -122,6 +126,7 @@ class Rules:
         named = [(f"topic {t} Publishers", r) for t, r in self.publishers.items()]
         named += [(f"subscriber {s} Users", r) for s, r in self.users.items()]
         named += [("StatusUsers", self.status)] if self.status else []
+        named += [("AdminUsers", self.admin)]
         for what, rule in named:
             for entry in rule.unknown:
                 log.warning("%s: no user or group %r on this host; it matches nobody", what, entry)
@@ -146,25 +151,18 @@ class Policy:
         `own` is the subscriber whose delivery connection carried the request:
         the peer there is whoever listens on the subscriber's socket (PID 1 for a
         systemd socket unit), so its credentials say nothing about the handler,
-        and the connection may carry only that subscriber's acks and RECONNECT.
+        and the connection may carry only that subscriber's acks (Acks, Nacks,
+        Rejects, Touch) and RECONNECT.
         Unknown topics and subscribers pass: the broker answers them with 404.
         """
         if own is not None:
             _check_delivery(req, own)
             return
-        rules = self.rules
-        if rules is None:
-            return
-        rule = rules.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
-        if rule is not None and not rule.allows(peer):
-            raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
-        acting = req.acks is not None or (req.command or "").upper() in ("RECONNECT", "CONNECT")
-        rule = rules.users.get(req.subscriber) if acting else None
-        if rule is not None and not rule.allows(peer):
-            field = "Acks" if req.acks is not None else "Command"
-            raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
-        if rules.status is not None and (req.command or "").upper() == "STATUS" and not rules.status.allows(peer):
-            raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
+        rules = self.rules  # one value for the whole request, whatever a reload does
+        if rules is not None:
+            _check_publish(rules, peer, req)
+            _check_subscriber(rules, peer, req)
+            _check_command(rules, peer, req)
 
     def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
         """The check for every request of one connection: a refusal raises
@@ -200,26 +198,73 @@ class Policy:
 
 
 DELIVERY_COMMANDS = ("RECONNECT", "CONNECT")
+ADMIN_COMMANDS = ("PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME")  # PROTOCOL §8 Access
+
+
+def _command(req: p.Request) -> str:
+    """The request's command as the broker matches it (commands are case-insensitive)."""
+    return (req.command or "").upper()
+
+
+def _acting_field(req: p.Request) -> str | None:
+    """The first key by which `req` acts as its `Subscriber`, in the order the
+    broker applies them, to name it in a refusal; None if it does not act as one.
+    Nacks, Rejects and Touch follow the rules of Acks (PROTOCOL §8 Access)."""
+    for field, keys in (("Acks", req.acks), ("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
+        if keys is not None:
+            return field
+    return "Command" if _command(req) in DELIVERY_COMMANDS else None
+
+
+def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
+    """A topic's `Publishers` decide who may publish to it."""
+    rule = rules.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
+    if rule is not None and not rule.allows(peer):
+        raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
+
+
+def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
+    """A subscriber's `Users` decide who may ack, nack, reject, touch or RECONNECT as it."""
+    field = _acting_field(req)
+    rule = rules.users.get(req.subscriber) if field is not None else None
+    if rule is not None and not rule.allows(peer):
+        raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
+
+
+def _check_command(rules: Rules, peer: Peer, req: p.Request) -> None:
+    """STATUS needs `StatusUsers`; the operator commands need `AdminUsers`, which
+    StatusUsers does not stand in for: PEEK shows payloads. PING is anyone's."""
+    command = _command(req)
+    if command == "STATUS" and rules.status is not None and not rules.status.allows(peer):
+        raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
+    if command in ADMIN_COMMANDS and not rules.admin.allows(peer):
+        raise p.Forbidden(f"Command: {_who(peer)} may not send {command} (AdminUsers)")
 
 
 def _check_delivery(req: p.Request, own: str) -> None:
-    """A delivery connection carries acks and RECONNECT of its own subscriber, nothing else."""
+    """A delivery connection carries acks (Acks, Nacks, Rejects, Touch) and
+    RECONNECT of its own subscriber, nothing else."""
     if req.messages is not None:
         field = "Messages"
-    elif req.command is not None and req.command.upper() not in DELIVERY_COMMANDS:
+    elif req.command is not None and _command(req) not in DELIVERY_COMMANDS:
         field = "Command"
-    elif (req.acks is not None or req.command is not None) and req.subscriber not in (None, own):
+    elif _acting_field(req) is not None and req.subscriber not in (None, own):
         field = "Subscriber"
     else:
         return
-    raise p.Forbidden(f"{field}: the delivery connection of subscriber {own!r} carries only its acks and RECONNECT")
+    carried = "Acks, Nacks, Rejects, Touch and RECONNECT"
+    raise p.Forbidden(f"{field}: the delivery connection of subscriber {own!r} carries only its {carried}")
 
 
 def _who(peer: Peer) -> str:
     return f"uid {peer.uid}"
 
 
-def _owner_rule(sub: SubscriberConfig) -> Rule:
-    rule = Rule(sub.users or [], allow_root=True)
+def _with_broker(rule: Rule) -> Rule:
+    """`rule`, also admitting the broker's own user: it can read the store anyway."""
     rule.uids.add(os.geteuid())
     return rule
+
+
+def _owner_rule(sub: SubscriberConfig) -> Rule:
+    return _with_broker(Rule(sub.users or [], allow_root=True))

@@ -106,8 +106,22 @@ def _ask(path: str, wrappers: list[dict]) -> list[dict]:
     return replies
 
 
+def numbered(wrappers: tuple[dict, ...]) -> list[dict]:
+    """Each wrapper with an Id, so that every one is answered."""
+    return [dict(w, Id=i) for i, w in enumerate(wrappers)]
+
+
 def ask(user: User, path: str, *wrappers: dict) -> list[dict]:
-    return as_user(user, _ask, path, [dict(w, Id=i) for i, w in enumerate(wrappers)])()
+    return as_user(user, _ask, path, numbered(wrappers))()
+
+
+def ask_as_root(path: str, *wrappers: dict) -> list[dict]:
+    """As the test itself runs: root, which is also the broker's own user here."""
+    return _ask(path, numbered(wrappers))
+
+
+def statuses(replies: list[dict]) -> list[int]:
+    return [r["Status"] for r in replies]
 
 
 def _listen(path: str, seconds: float) -> list[str]:
@@ -231,6 +245,94 @@ def test_status_users_limit_who_may_ask_status(broker_factory, open_tmp, users):
     assert "Body" not in refused
 
 
+def test_nacks_rejects_and_touch_follow_the_subscribers_users_as_acks_do(broker_factory, open_tmp, users):
+    # Given a message in flight to s, whose Users is alice
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666")
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": "m"}])
+    (key,) = [m["Key"] for m in sub.wait_messages(1)]
+    gives = [{"Topic": "t", "Subscriber": "s", field: [key]} for field in ("Touch", "Nacks", "Rejects")]
+    # When bob touches, nacks and rejects it as s
+    refused = ask(users.bob, b.socket, *gives)
+    # Then each is refused, naming its key, and the message stays in flight, not even counted as ignored
+    assert statuses(refused) == [403, 403, 403]
+    assert [r["Error"] for r in refused] == [f"{f}: uid {users.bob.uid} may not act as subscriber 's' (Users)" for f in ("Touch", "Nacks", "Rejects")]
+    assert {k: b.sub_status("t", "s")[k] for k in ("InFlight", "IgnoredAcks")} == {"InFlight": 1, "IgnoredAcks": 0}
+    assert b.status()["Forbidden"] == 3
+    # And alice, one of s's Users, may
+    assert 403 not in statuses(ask(users.alice, b.socket, *gives))
+
+
+OPERATOR_COMMANDS = ("PEEK", "PAUSE", "RESUME", "REDRIVE", "PURGE")  # PROTOCOL §8 Access: AdminUsers
+
+
+def operator_commands(topic: str, dead: str, subscriber: str) -> list[dict]:
+    """One wrapper of each command that needs AdminUsers, in OPERATOR_COMMANDS' order."""
+    return [
+        {"Command": "PEEK", "Topic": topic},
+        {"Command": "PAUSE", "Subscriber": subscriber},
+        {"Command": "RESUME", "Subscriber": subscriber},
+        {"Command": "REDRIVE", "Topic": dead},
+        {"Command": "PURGE", "Topic": topic},
+    ]
+
+
+def test_operator_commands_need_admin_users_and_status_users_are_not_enough(broker_factory, open_tmp, users):
+    # Given a message waiting for s, STATUS open to alice and bob, the operator commands to alice's group
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s"], "DeadLetter": "dead"}, {"Name": "dead"}], ["s"], SocketMode="0666",
+        StatusUsers=[users.alice.name, users.bob.name], AdminUsers=[f"@{users.group}", "nobody-ppmq"],
+    )
+    with b.client() as c:
+        c.publish("t", [{"Payload": "secret payload"}])
+    # When bob, who may ask STATUS, sends each operator command
+    refused = ask(users.bob, b.socket, *operator_commands("t", "dead", "s"), {"Command": "STATUS"})
+    # Then each is refused, shows no payload, and is logged once and counted
+    assert statuses(refused) == [403, 403, 403, 403, 403, 200]
+    assert [r["Error"] for r in refused[:-1]] == [f"Command: uid {users.bob.uid} may not send {c} (AdminUsers)" for c in OPERATOR_COMMANDS]
+    assert all("Body" not in r and "secret" not in r["Error"] for r in refused[:-1])
+    assert b.status()["Forbidden"] == 5
+    assert b.log.count(f"refused (403) to user {users.bob.name}") == 1
+    assert "AdminUsers: no user or group 'nobody-ppmq' on this host; it matches nobody" in b.log
+    # And nothing happened: the message was neither purged nor held back by a pause
+    assert b.status()["Topics"]["t"]["Stored"] == 1
+    sub = broker_factory.subscriber(b, "s")
+    assert [m["Payload"] for m in sub.wait_messages(1)] == ["secret payload"]
+    # And alice, in the group, may send every one of them
+    assert 403 not in statuses(ask(users.alice, b.socket, *operator_commands("t", "dead", "s")))
+
+
+@pytest.mark.parametrize(
+    ("admin_list", "allow_root", "root_refused"),
+    [(True, True, False), (True, False, True), (False, False, False)],
+    ids=["list-root-allowed", "list-root-refused", "default-root-is-the-brokers-user"],
+)
+def test_admin_users_admit_root_unless_allow_root_is_false_and_by_default_the_brokers_own_user(
+    broker_factory, open_tmp, users, admin_list, allow_root, root_refused,
+):
+    admins = {"AdminUsers": [users.alice.name]} if admin_list else {}
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}, {"Name": "dead"}], ["s"], AllowRoot=allow_root, **admins)
+    replies = ask_as_root(b.socket, *operator_commands("t", "dead", "s"))
+    assert [r["Status"] == 403 for r in replies] == [root_refused] * len(OPERATOR_COMMANDS)
+
+
+def test_by_default_nobody_but_root_and_the_brokers_own_user_may_send_operator_commands(broker_factory, open_tmp, users):
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}, {"Name": "dead"}], ["s"], SocketMode="0666")
+    assert statuses(ask(users.alice, b.socket, *operator_commands("t", "dead", "s"))) == [403] * len(OPERATOR_COMMANDS)
+
+
+def test_ping_is_anyones_and_status_of_one_topic_keeps_the_status_users_rule(broker_factory, open_tmp, users):
+    # Given STATUS and the operator commands for alice only
+    b = broker_factory([{"Name": "t"}], SocketMode="0666", StatusUsers=[users.alice.name], AdminUsers=[users.alice.name])
+    # When bob sends PING, and STATUS of one topic
+    ping, status = ask(users.bob, b.socket, {"Command": "PING"}, {"Command": "STATUS", "Topic": "t"})
+    # Then PING passes and STATUS is refused
+    assert ping["Status"] != 403
+    assert (status["Status"], status["Error"]) == (403, f"Command: uid {users.bob.uid} may not ask STATUS (StatusUsers)")
+    assert ask(users.alice, b.socket, {"Command": "STATUS", "Topic": "t"})[0]["Status"] == 200
+
+
 def test_acks_on_a_subscribers_own_delivery_connection_are_its_own_whoever_runs_it(broker_factory, open_tmp, users):
     # Given a subscriber whose Users does not name root, run by root with the owner check off
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], AllowRoot=False)
@@ -297,7 +399,7 @@ class DeliveryEnd:
         return json.loads(self.file.readline())
 
     def ask(self, *wrappers: dict) -> list[dict]:
-        self.conn.sendall(b"".join(json.dumps(dict(w, Id=i)).encode() + b"\n" for i, w in enumerate(wrappers)))
+        self.conn.sendall(b"".join(json.dumps(w).encode() + b"\n" for w in numbered(wrappers)))
         replies = []
         while len(replies) < len(wrappers):
             line = json.loads(self.file.readline())
@@ -334,13 +436,39 @@ def test_a_delivery_connection_carries_only_its_own_subscribers_acks_and_reconne
         )
         # Then everything but s's own ack and RECONNECT is refused, and nothing of it happened
         assert [r["Status"] for r in replies] == [403, 403, 403, 403, 200, 200]
-        assert replies[0]["Error"] == "Messages: the delivery connection of subscriber 's' carries only its acks and RECONNECT"
+        assert replies[0]["Error"] == "Messages: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
         assert replies[2]["Error"].startswith("Subscriber: the delivery connection of subscriber 's'")
         status = b.status()
         assert status["Topics"]["closed"]["Published"] == 0
         assert status["Topics"]["t"]["Subscribers"]["r"]["Acked"] == 0
         assert status["Topics"]["t"]["Subscribers"]["s"]["Acked"] == 1
         assert status["Forbidden"] == 4
+    finally:
+        end.close()
+
+
+def test_a_delivery_connection_carries_its_own_subscribers_nacks_rejects_and_touch_and_no_operator_command(broker_factory, open_tmp, users):
+    # Given subscribers s and r, s's Users not naming root, and s's socket listened on by root
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s", "r"], "DeadLetter": "dead"}, {"Name": "dead"}],
+        [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}, "r"], AllowRoot=False,
+    )
+    end = DeliveryEnd(b.sub_socket("s"))
+    try:
+        with b.client() as c:
+            c.publish("t", [{"Payload": "m"}])
+        (message,) = end.accept()["Messages"]
+        gives = [{"Topic": "t", field: [message["Key"]]} for field in ("Touch", "Nacks", "Rejects")]
+        # When the connection's other end gives keys back as r, sends PING and the operator commands
+        refused = end.ask(*(dict(g, Subscriber="r") for g in gives), {"Command": "PING"}, *operator_commands("t", "dead", "s"))
+        # Then all is refused, and r's copy is untouched
+        assert statuses(refused) == [403] * (4 + len(OPERATOR_COMMANDS))
+        assert refused[0]["Error"] == "Subscriber: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
+        assert refused[3]["Error"].startswith("Command: the delivery connection of subscriber 's'")
+        assert b.sub_status("t", "r")["IgnoredAcks"] == 0
+        assert b.status()["Forbidden"] == 4 + len(OPERATOR_COMMANDS)
+        # And its own subscriber's touch, nack and reject are accepted, as s's, though root is not one of s's Users
+        assert statuses(end.ask(*(dict(g, Subscriber="s") for g in gives))) == [200, 200, 200]
     finally:
         end.close()
 
