@@ -33,15 +33,15 @@ class Admin(Wired):
         if command in ("PAUSE", "RESUME"):
             self._pause(req, command == "PAUSE")
             return None
+        if command not in ("PEEK", "PURGE", "REDRIVE"):
+            raise KeyError(command)
         topic = self._topic_for(req, command)
         self._queue_fresh(txn)  # fresh messages are in the queues these commands read
         if command == "PEEK":
             return self._peek(txn, topic, req)
         if command == "PURGE":
             return {"Purged": self._purge(txn, topic, self._subs_named(req, topic, command), req.keys)}
-        if command == "REDRIVE":
-            return self._redrive(txn, topic, req.keys, now_ns)
-        raise KeyError(command)
+        return self._redrive(txn, topic, req.keys, now_ns)
 
     def _subs_named(self, req: p.Request, topic: TopicConfig, field: str) -> list[str]:
         """The request's Subscriber on topic, or all of the topic's subscribers."""

@@ -66,7 +66,7 @@ def _due(m: p.Message, where: str, now_ns: int) -> int:
 def delay_ns(seconds: float, field: str) -> int:
     """A Delay in seconds as nanoseconds: a number from 0 up to about 30 years."""
     if not 0 <= seconds < 10**9:
-        raise p.BadRequest(f"{field}: {seconds} must be a number of seconds from 0 to 1e9")
+        raise p.BadRequest(f"{field}: {seconds:g} must be a number of seconds from 0 to 1e9")
     return int(seconds * NS)
 
 
