@@ -260,47 +260,53 @@ def test_nacks_rejects_and_touch_follow_the_subscribers_users_as_acks_do(broker_
     assert [r["Error"] for r in refused] == [f"{f}: uid {users.bob.uid} may not act as subscriber 's' (Users)" for f in ("Touch", "Nacks", "Rejects")]
     assert {k: b.sub_status("t", "s")[k] for k in ("InFlight", "IgnoredAcks")} == {"InFlight": 1, "IgnoredAcks": 0}
     assert b.status()["Forbidden"] == 3
-    # And alice, one of s's Users, may
-    assert 403 not in statuses(ask(users.alice, b.socket, *gives))
+    # And alice, one of s's Users, may: her nack has it delivered again, her reject drops it
+    touch, nack, reject = gives
+    assert statuses(ask(users.alice, b.socket, touch, nack)) == [200, 200]
+    assert [m["Key"] for m in sub.wait_messages(2)] == [key, key]
+    assert statuses(ask(users.alice, b.socket, reject)) == [200]
+    assert b.status()["Topics"]["t"]["Stored"] == 0
 
 
-OPERATOR_COMMANDS = ("PEEK", "PAUSE", "RESUME", "REDRIVE", "PURGE")  # PROTOCOL §8 Access: AdminUsers
+def with_dead_letter(*subscribers: str) -> list[dict]:
+    """Topic t of `subscribers`, whose DeadLetter is topic dead: REDRIVE's topic."""
+    return [{"Name": "t", "Subscribers": list(subscribers), "DeadLetter": "dead"}, {"Name": "dead"}]
 
 
-def operator_commands(topic: str, dead: str, subscriber: str) -> list[dict]:
-    """One wrapper of each command that needs AdminUsers, in OPERATOR_COMMANDS' order."""
-    return [
-        {"Command": "PEEK", "Topic": topic},
-        {"Command": "PAUSE", "Subscriber": subscriber},
-        {"Command": "RESUME", "Subscriber": subscriber},
-        {"Command": "REDRIVE", "Topic": dead},
-        {"Command": "PURGE", "Topic": topic},
-    ]
+# PROTOCOL §8 Access: the commands that need AdminUsers, on with_dead_letter's topics and subscriber s
+OPERATOR_COMMANDS = (
+    {"Command": "PEEK", "Topic": "t"},
+    {"Command": "PAUSE", "Subscriber": "s"},
+    {"Command": "RESUME", "Subscriber": "s"},
+    {"Command": "REDRIVE", "Topic": "dead"},
+    {"Command": "PURGE", "Topic": "t"},
+)
 
 
 def test_operator_commands_need_admin_users_and_status_users_are_not_enough(broker_factory, open_tmp, users):
     # Given a message waiting for s, STATUS open to alice and bob, the operator commands to alice's group
     b = broker_factory(
-        [{"Name": "t", "Subscribers": ["s"], "DeadLetter": "dead"}, {"Name": "dead"}], ["s"], SocketMode="0666",
+        with_dead_letter("s"), ["s"], SocketMode="0666",
         StatusUsers=[users.alice.name, users.bob.name], AdminUsers=[f"@{users.group}", "nobody-ppmq"],
     )
     with b.client() as c:
         c.publish("t", [{"Payload": "secret payload"}])
     # When bob, who may ask STATUS, sends each operator command
-    refused = ask(users.bob, b.socket, *operator_commands("t", "dead", "s"), {"Command": "STATUS"})
+    refused = ask(users.bob, b.socket, *OPERATOR_COMMANDS, {"Command": "STATUS"})
     # Then each is refused, shows no payload, and is logged once and counted
     assert statuses(refused) == [403, 403, 403, 403, 403, 200]
-    assert [r["Error"] for r in refused[:-1]] == [f"Command: uid {users.bob.uid} may not send {c} (AdminUsers)" for c in OPERATOR_COMMANDS]
+    assert [r["Error"] for r in refused[:-1]] == [f"Command: uid {users.bob.uid} may not send {w['Command']} (AdminUsers)" for w in OPERATOR_COMMANDS]
     assert all("Body" not in r and "secret" not in r["Error"] for r in refused[:-1])
     assert b.status()["Forbidden"] == 5
     assert b.log.count(f"refused (403) to user {users.bob.name}") == 1
     assert "AdminUsers: no user or group 'nobody-ppmq' on this host; it matches nobody" in b.log
-    # And nothing happened: the message was neither purged nor held back by a pause
-    assert b.status()["Topics"]["t"]["Stored"] == 1
-    sub = broker_factory.subscriber(b, "s")
-    assert [m["Payload"] for m in sub.wait_messages(1)] == ["secret payload"]
+    # And nothing happened: the message was not purged, s is not paused
+    assert (b.status()["Topics"]["t"]["Stored"], b.sub_status("t", "s")["Paused"]) == (1, False)
     # And alice, in the group, may send every one of them
-    assert 403 not in statuses(ask(users.alice, b.socket, *operator_commands("t", "dead", "s")))
+    peek, *_, redrive, purge = allowed = ask(users.alice, b.socket, *OPERATOR_COMMANDS)
+    assert statuses(allowed) == [200] * len(OPERATOR_COMMANDS)
+    assert [m["Payload"] for m in peek["Body"]["Messages"]] == ["secret payload"]
+    assert (redrive["Body"], purge["Body"]) == ({"Redriven": 0, "Skipped": 0}, {"Purged": 1})
 
 
 @pytest.mark.parametrize(
@@ -312,14 +318,14 @@ def test_admin_users_admit_root_unless_allow_root_is_false_and_by_default_the_br
     broker_factory, open_tmp, users, admin_list, allow_root, root_refused,
 ):
     admins = {"AdminUsers": [users.alice.name]} if admin_list else {}
-    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}, {"Name": "dead"}], ["s"], AllowRoot=allow_root, **admins)
-    replies = ask_as_root(b.socket, *operator_commands("t", "dead", "s"))
-    assert [r["Status"] == 403 for r in replies] == [root_refused] * len(OPERATOR_COMMANDS)
+    b = broker_factory(with_dead_letter("s"), ["s"], AllowRoot=allow_root, **admins)
+    replies = ask_as_root(b.socket, *OPERATOR_COMMANDS)
+    assert statuses(replies) == [403 if root_refused else 200] * len(OPERATOR_COMMANDS)
 
 
 def test_by_default_nobody_but_root_and_the_brokers_own_user_may_send_operator_commands(broker_factory, open_tmp, users):
-    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}, {"Name": "dead"}], ["s"], SocketMode="0666")
-    assert statuses(ask(users.alice, b.socket, *operator_commands("t", "dead", "s"))) == [403] * len(OPERATOR_COMMANDS)
+    b = broker_factory(with_dead_letter("s"), ["s"], SocketMode="0666")
+    assert statuses(ask(users.alice, b.socket, *OPERATOR_COMMANDS)) == [403] * len(OPERATOR_COMMANDS)
 
 
 def test_ping_is_anyones_and_status_of_one_topic_keeps_the_status_users_rule(broker_factory, open_tmp, users):
@@ -327,10 +333,11 @@ def test_ping_is_anyones_and_status_of_one_topic_keeps_the_status_users_rule(bro
     b = broker_factory([{"Name": "t"}], SocketMode="0666", StatusUsers=[users.alice.name], AdminUsers=[users.alice.name])
     # When bob sends PING, and STATUS of one topic
     ping, status = ask(users.bob, b.socket, {"Command": "PING"}, {"Command": "STATUS", "Topic": "t"})
-    # Then PING passes and STATUS is refused
-    assert ping["Status"] != 403
+    # Then PING is answered and STATUS is refused
+    assert (ping["Status"], sorted(ping["Body"])) == (200, ["UptimeSeconds", "Version"])
     assert (status["Status"], status["Error"]) == (403, f"Command: uid {users.bob.uid} may not ask STATUS (StatusUsers)")
-    assert ask(users.alice, b.socket, {"Command": "STATUS", "Topic": "t"})[0]["Status"] == 200
+    (allowed,) = ask(users.alice, b.socket, {"Command": "STATUS", "Topic": "t"})
+    assert (allowed["Status"], list(allowed["Body"]["Topics"])) == (200, ["t"])
 
 
 def test_acks_on_a_subscribers_own_delivery_connection_are_its_own_whoever_runs_it(broker_factory, open_tmp, users):
@@ -389,7 +396,7 @@ class DeliveryEnd:
         self.srv.listen(1)
         self.srv.settimeout(TIMEOUT_S)
         self.conn: socket.socket | None = None
-        self.lines: list[dict] = []
+        self.batches: list[dict] = []  # pushed while a reply was awaited
 
     def accept(self) -> dict:
         """The first batch the broker pushes."""
@@ -399,13 +406,16 @@ class DeliveryEnd:
         return json.loads(self.file.readline())
 
     def ask(self, *wrappers: dict) -> list[dict]:
+        """The replies; batches pushed meanwhile are kept for next_batch."""
         self.conn.sendall(b"".join(json.dumps(w).encode() + b"\n" for w in numbered(wrappers)))
         replies = []
         while len(replies) < len(wrappers):
             line = json.loads(self.file.readline())
-            if "Status" in line:
-                replies.append(line)
+            (replies if "Status" in line else self.batches).append(line)
         return replies
+
+    def next_batch(self) -> dict:
+        return self.batches.pop(0) if self.batches else json.loads(self.file.readline())
 
     def close(self) -> None:
         for s in (self.conn, self.srv):
@@ -450,7 +460,7 @@ def test_a_delivery_connection_carries_only_its_own_subscribers_acks_and_reconne
 def test_a_delivery_connection_carries_its_own_subscribers_nacks_rejects_and_touch_and_no_operator_command(broker_factory, open_tmp, users):
     # Given subscribers s and r, s's Users not naming root, and s's socket listened on by root
     b = broker_factory(
-        [{"Name": "t", "Subscribers": ["s", "r"], "DeadLetter": "dead"}, {"Name": "dead"}],
+        with_dead_letter("s", "r"),
         [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}, "r"], AllowRoot=False,
     )
     end = DeliveryEnd(b.sub_socket("s"))
@@ -460,15 +470,20 @@ def test_a_delivery_connection_carries_its_own_subscribers_nacks_rejects_and_tou
         (message,) = end.accept()["Messages"]
         gives = [{"Topic": "t", field: [message["Key"]]} for field in ("Touch", "Nacks", "Rejects")]
         # When the connection's other end gives keys back as r, sends PING and the operator commands
-        refused = end.ask(*(dict(g, Subscriber="r") for g in gives), {"Command": "PING"}, *operator_commands("t", "dead", "s"))
+        refused = end.ask(*(dict(g, Subscriber="r") for g in gives), {"Command": "PING"}, *OPERATOR_COMMANDS)
         # Then all is refused, and r's copy is untouched
         assert statuses(refused) == [403] * (4 + len(OPERATOR_COMMANDS))
         assert refused[0]["Error"] == "Subscriber: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
         assert refused[3]["Error"].startswith("Command: the delivery connection of subscriber 's'")
         assert b.sub_status("t", "r")["IgnoredAcks"] == 0
         assert b.status()["Forbidden"] == 4 + len(OPERATOR_COMMANDS)
-        # And its own subscriber's touch, nack and reject are accepted, as s's, though root is not one of s's Users
-        assert statuses(end.ask(*(dict(g, Subscriber="s") for g in gives))) == [200, 200, 200]
+        # And its own subscriber's are accepted, as s's, though root is not one of s's Users:
+        # the nack has it pushed again, the reject dead-letters s's copy
+        touch, nack, reject = (dict(g, Subscriber="s") for g in gives)
+        assert statuses(end.ask(touch, nack)) == [200, 200]
+        assert [m["Key"] for m in end.next_batch()["Messages"]] == [message["Key"]]
+        assert statuses(end.ask(reject)) == [200]
+        assert {k: b.sub_status("t", "s")[k] for k in ("InFlight", "DeadLettered")} == {"InFlight": 0, "DeadLettered": 1}
     finally:
         end.close()
 
