@@ -268,6 +268,10 @@ def _status_table(body: dict[str, Any]) -> str:
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
+    """One subscriber's line; a paused one is marked after its name (`Paused` is read
+    with a default: a broker older than this command does not send it)."""
+    if s.get("Paused"):
+        name += " (paused)"
     age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
     ready = "/".join(map(str, s["Ready"]))
     counts = (s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])

@@ -286,6 +286,9 @@ def test_pause_stops_deliveries_to_the_subscriber_until_resume(broker, broker_fa
     time.sleep(0.5)
     assert sub.payloads() == ["goes out"]
     assert json.loads(run(broker, "status", "--json").stdout)["Topics"]["u"]["Subscribers"]["s"]["Paused"] is True
+    on_u, others = run(broker, "status").stdout.split("\nv: ")
+    assert re.search(r"^  s \(paused\) ", on_u, re.M), on_u
+    assert "(paused)" not in others
     # When s is resumed
     run(broker, "resume", "s", "--topic", "u")
     # Then the message held back goes out
