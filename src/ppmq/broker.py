@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from . import protocol as p
 from .access import Policy
+from .admin import Admin
 from .completion import Completion
 from .config import Config, ConfigError, TopicConfig
 from .events import StepEvents
@@ -30,17 +31,18 @@ from .staging import Answer, Staging, is_large
 from .schema import StoreError, StoreFullError
 from .state import NS, State, refused_changes, restore, snapshot, status_body
 from .store import Store, Txn
-from .validate import prepare
+from .validate import delay_ns, prepare
 from .wiring import Wiring
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+COMMANDS = ("RECONNECT", "CONNECT", "STATUS", "PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME", "PING")
 FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
 MAX_RETRY_NS = 5 * NS
 
 
-class Broker(Publishing, Completion, Filling):
+class Broker(Publishing, Completion, Filling, Admin):
     """One store's state machine; run `step` from one thread only."""
 
     def __init__(
@@ -60,6 +62,7 @@ class Broker(Publishing, Completion, Filling):
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
         self._retry_at_ns = 0  # after a failed commit, no step without requests before this
+        self._started_ns = now_ns  # PING's uptime
         with store.write() as txn:
             raw = txn.get_meta(b"state")
             self.state = restore(raw) if raw else State()
@@ -243,7 +246,8 @@ class Broker(Publishing, Completion, Filling):
         return reply
 
     def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply | None:
-        """PROTOCOL §2: messages, then acks, then the command; all or nothing.
+        """PROTOCOL §2, §8: messages, acks, nacks, rejects, touches, then the
+        command; all or nothing.
         None: a large publish, answered in a later step (staging.py)."""
         accepted, body = 0, None
         if req.messages is not None:
@@ -261,18 +265,47 @@ class Broker(Publishing, Completion, Filling):
             topic = self._topic_for(req, "Acks")
             sub = self._subscriber_of(req.subscriber, topic, "Acks")
             accepted += self._ack_keys(txn, topic, sub, req.acks)
+        accepted += self._control(txn, req)
         if req.command is not None:
-            command = req.command.upper()
-            if command in ("RECONNECT", "CONNECT"):
-                self._reconnect(txn, req.subscriber, self._reconnect_topics(req), now_ns)
-            elif command == "STATUS":
-                self._queue_fresh(txn)  # so that OldestReadyAge sees them
-                body = status_body(self.config, self.state, txn, now_ns)
-                if self._complete_status is not None:
-                    self._complete_status(body)
-            else:
-                raise p.BadRequest(f"Command: unknown command {req.command!r} (expected RECONNECT, CONNECT or STATUS)")
+            body = self._command(txn, req, now_ns)
         return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
+
+    def _control(self, txn: Txn, req: p.Request) -> int:
+        """PROTOCOL §8: Nacks, Rejects and Touch, in this order; how many keys applied."""
+        if req.delay is not None and req.nacks is None:
+            raise p.BadRequest("Delay: only with Nacks (a message waits with its own Delay or NotBefore)")
+        applied = 0
+        for field, keys in (("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
+            if keys is None:
+                continue
+            topic = self._topic_for(req, field)
+            sub = self._subscriber_of(req.subscriber, topic, field)
+            if field == "Nacks":
+                applied += self._nack_keys(txn, topic, sub, keys, delay_ns(req.delay or 0, "Delay"))
+            elif field == "Rejects":
+                applied += self._reject_keys(txn, topic, sub, keys)
+            else:
+                applied += self._touch_keys(txn, topic, sub, keys)
+        return applied
+
+    def _command(self, txn: Txn, req: p.Request, now_ns: int) -> dict | None:
+        """The Body of the request's Command (PROTOCOL §2, §8), None if it has none."""
+        command = req.command.upper()
+        if command in ("RECONNECT", "CONNECT"):
+            self._reconnect(txn, req.subscriber, self._topics_of_subscriber(req, "RECONNECT"), now_ns)
+            return None
+        if command == "STATUS":
+            self._queue_fresh(txn)  # so that OldestReadyAge sees them
+            if req.topic is not None:
+                self._topic_for(req, "STATUS")
+            body = status_body(self.config, self.state, txn, now_ns, req.topic)
+            if self._complete_status is not None:
+                self._complete_status(body)
+            return body
+        try:
+            return self._admin(txn, command, req, now_ns)
+        except KeyError:
+            raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})") from None
 
     def _topic_for(self, req: p.Request, field: str) -> TopicConfig:
         if req.topic is None:
@@ -291,16 +324,16 @@ class Broker(Publishing, Completion, Filling):
             raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
         return name
 
-    def _reconnect_topics(self, req: p.Request) -> list[TopicConfig]:
-        """The topics a RECONNECT names: its Topic, or all of its subscriber's."""
+    def _topics_of_subscriber(self, req: p.Request, command: str) -> list[TopicConfig]:
+        """The topics a RECONNECT, PAUSE or RESUME names: its Topic, or all of its subscriber's."""
         if req.subscriber is None:
-            raise p.BadRequest("Subscriber: required with RECONNECT")
+            raise p.BadRequest(f"Subscriber: required with {command}")
         if req.subscriber not in self.sub_topics:
             raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
         if req.topic is None:
             return self.sub_topics[req.subscriber]
-        topic = self._topic_for(req, "RECONNECT")
-        self._subscriber_of(req.subscriber, topic, "RECONNECT")
+        topic = self._topic_for(req, command)
+        self._subscriber_of(req.subscriber, topic, command)
         return [topic]
 
     # --- the config in force: one value, switched whole ---------------------------------

@@ -17,6 +17,7 @@ from . import protocol as p
 from .config import TopicConfig
 from .ops import Returned
 from .queues import Queue
+from .schema import Body, Flight
 from .state import NS, SubStats
 from .store import Txn
 from .validate import MAX_KEY_BYTES, Prepared
@@ -25,6 +26,7 @@ from .wiring import Wired
 log = logging.getLogger(__name__)
 
 TICK_NS = NS  # expiry and redelivery run at least this often
+DEAD_LETTER_REASON = {ev.EXPIRE: "expired", ev.OVERFLOW: "overflow"}  # PROTOCOL §8 DeadLetterReasons
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 
 
@@ -32,16 +34,15 @@ class Completion(Wired):
     # --- acks --------------------------------------------------------------------------------
 
     def _ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+        return self._ack_msgs(txn, topic.name, sub, self._msgs_of(txn, topic, keys))
+
+    def _msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
+        """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
+        if not topic.dedupe:
+            return [generated_id(key) for key in keys]
         t = self.state.topic_ids[topic.name]
-        msgs = []
-        for key in keys:
-            if topic.dedupe:
-                encoded = key.encode()
-                m = txn.get_dedupe(t, encoded) if len(encoded) <= MAX_KEY_BYTES else None
-            else:
-                m = generated_id(key)
-            msgs.append(m)
-        return self._ack_msgs(txn, topic.name, sub, msgs)
+        encoded = [key.encode() for key in keys]
+        return [txn.get_dedupe(t, key) if len(key) <= MAX_KEY_BYTES else None for key in encoded]
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)
@@ -53,6 +54,61 @@ class Completion(Wired):
             self._events.ack(topic, sub, reason, ids, pub_ns, attempts)
         self._release(txn, topic, queue.t, queue.s, list(ids))
         return len(ids)
+
+    # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------
+
+    def _nack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str], delay_ns: int) -> int:
+        """Each key in flight to sub goes back to its place, waiting there `delay_ns`
+        if given; a delivery attempt, so MaxAttempts may give it up instead."""
+        t, s, now_ns = self.state.topic_ids[topic.name], self.state.sub_ids[sub], self._events.now_ns
+        journaled, nacked = self._events.journaled, 0
+        for m in self._msgs_of(txn, topic, keys):
+            back = None if m is None else self._give_back(txn, t, s, m, now_ns, now_ns + delay_ns if delay_ns else 0)
+            if back is None:
+                self.state.subs[topic.name][sub].ignored_acks += 1
+                continue
+            nacked += 1
+            if journaled:
+                flight, given_up = back
+                self._delivered_event(ev.NACK, topic.name, sub, flight).delay_ns = delay_ns or None
+                if given_up:
+                    self._events.batch(ev.REQUEUE, topic.name, sub, "MaxAttempts").ids.append(flight.m)
+        return nacked
+
+    def _reject_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+        """Each key in flight to sub is given up on now: dead-lettered with reason
+        `rejected`, or dropped when the topic keeps no such dead letters."""
+        queue, now_ns = self._queue_of(txn, topic.name, sub), self._events.now_ns
+        rejected = 0
+        for m in self._msgs_of(txn, topic, keys):
+            flight = None if m is None else queue.unflight(m)
+            if flight is None:
+                queue.stats.ignored_acks += 1
+                continue
+            rejected += 1
+            if self._events.journaled:
+                self._delivered_event(ev.REJECTED, topic.name, sub, flight)
+            self._give_up(txn, topic, queue.s, flight, "rejected", now_ns)
+        return rejected
+
+    def _touch_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+        """Each key in flight to sub gets AckRetry from now (no effect without AckRetry)."""
+        ms = [m for m in self._msgs_of(txn, topic, keys) if m is not None]
+        queue = self._queue_of(txn, topic.name, sub)
+        queue.stats.ignored_acks += len(keys) - len(ms)
+        deadline_ns = self._events.now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
+        touched = queue.touch(ms, deadline_ns)
+        if self._events.journaled:
+            self._events.batch(ev.TOUCH, topic.name, sub).ids.extend(touched)
+        return len(touched)
+
+    def _delivered_event(self, kind: str, topic: str, sub: str, flight: Flight) -> ev.Event:
+        """The event of `kind` for sub, with the flight's message added to its columns."""
+        event = self._events.batch(kind, topic, sub)
+        event.ids.append(flight.m)
+        event.pub_ns.append(flight.publish_ns)
+        event.attempts.append(flight.attempts)
+        return event
 
     def _release(self, txn: Txn, topic: str, t: int, s: int, ms: list[int]) -> None:
         """Subscriber s is done with ms; the last one out deletes a message."""
@@ -79,46 +135,60 @@ class Completion(Wired):
 
     def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str) -> None:
         """Back to its place in the queue, as if it had not been delivered yet;
-        after MaxAttempts deliveries, to the dead-letter topic instead."""
+        after MaxAttempts deliveries, given up on (dead-lettered) instead."""
         stats = self._stats(t, s)
         if stats is None:  # a subscription no config names: nothing counts it
             flight = txn.pop_flight(t, s, m)
             if flight is not None:
                 txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
             return
-        queue = Queue(txn, t, s, stats)
+        back = self._give_back(txn, t, s, m, now_ns)
+        if back is not None and self._events.journaled:
+            reason = "MaxAttempts" if back[1] else reason
+            self._events.batch(ev.REQUEUE, self._topic_by_id[t], self._sub_by_id[s], reason).ids.append(m)
+
+    def _give_back(self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0) -> tuple[Flight, bool] | None:
+        """m leaves flight to s: back to its place (waiting there until `due_ns`
+        if given), or, after its MaxAttempts-th delivery, given up on. Returns
+        its flight and whether it was given up on; None if it was not in flight."""
+        queue = Queue(txn, t, s, self._stats(t, s))
         flight = queue.unflight(m)
         if flight is None:
-            return
+            return None
         topic = self.topics[self._topic_by_id[t]]
         if topic.max_attempts and flight.attempts >= topic.max_attempts:
-            stats.dead_lettered += 1
-            reason = "MaxAttempts"  # given up on; a copy may go to the DeadLetter topic
-            self._dead_letter(txn, topic, t, s, m, now_ns)
-        else:
-            queue.put_back(m, flight)
-        if self._events.journaled:
-            self._events.batch(ev.REQUEUE, topic.name, self._sub_by_id[s], reason).ids.append(m)
+            self._give_up(txn, topic, s, flight, "attempts", now_ns)
+            return flight, True
+        queue.put_back(m, flight, due_ns=due_ns)
+        return flight, False
 
-    def _dead_letter(self, txn: Txn, topic: TopicConfig, t: int, s: int, m: int, now_ns: int) -> None:
-        """PROTOCOL §3 extension: subscriber s gives up on m; a copy goes to the
-        topic's DeadLetter topic (with no expiry), or is dropped with a log record."""
-        body = txn.get_body(t, m)
-        sub = self._sub_by_id[s]
-        self._release(txn, topic.name, t, s, [m])
-        if body is None:
-            return
-        target = self.topics.get(topic.dead_letter) if topic.dead_letter else None
+    def _give_up(self, txn: Txn, topic: TopicConfig, s: int, flight: Flight, reason: str, now_ns: int) -> None:
+        """Subscriber s gives up on a message it had in flight (MaxAttempts, a
+        reject): dead-lettered if the topic's DeadLetterReasons say so, else dropped."""
+        t, sub = self.state.topic_ids[topic.name], self._sub_by_id[s]
+        self.state.subs[topic.name][sub].dead_lettered += 1
+        body = txn.get_body(t, flight.m)
+        if body is not None and not self._dead_letter(txn, topic, sub, body, reason, flight.attempts, now_ns):
+            why = f"after {flight.attempts} deliveries without an ack" if reason == "attempts" else "which rejected it"
+            log.warning("topic %s: message %s dropped for subscriber %s %s (no DeadLetter)", topic.name, body.key.decode(errors="replace"), sub, why)
+        self._release(txn, topic.name, t, s, [flight.m])
+
+    def _dead_letter(self, txn: Txn, topic: TopicConfig, sub: str, body: Body, reason: str, attempts: int, now_ns: int) -> bool:
+        """PROTOCOL §8: a copy of sub's message to the topic's DeadLetter topic,
+        with no expiry and an Origin saying where from and why; False if the
+        topic keeps no dead letters for `reason` (or its DeadLetter refused it)."""
+        target = self.topics.get(topic.dead_letter) if topic.dead_letter and reason in topic.dead_letter_reasons else None
         if target is None:
-            log.warning("topic %s: message %s dropped for subscriber %s after %d deliveries without an ack (no DeadLetter)",
-                        topic.name, body.key.decode(errors="replace"), sub, topic.max_attempts)
-            return
-        copy = Prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment))
+            return False
+        origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key)
+        copy = Prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment), origin=origin)
         try:
             self._publish(txn, target, [copy], now_ns)
         except p.StoreFull as exc:
             log.warning("topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
                         topic.name, body.key.decode(errors="replace"), sub, exc)
+            return False
+        return True
 
     def _stats(self, t: int, s: int) -> SubStats | None:
         topic, sub = self._topic_by_id.get(t), self._sub_by_id.get(s)
@@ -143,6 +213,12 @@ class Completion(Wired):
                 self._expire(txn, topic, t, m)
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
             self._requeue(txn, t, s, m, now_ns, "AckRetry")
+        for t, s, prio, pos in txn.due_delayed(now_ns, PER_TICK):
+            stats = self._stats(t, s)
+            if stats is None:  # a subscription no config names: nothing would ever take it
+                txn.pop_delayed(t, s, prio, pos)
+            else:
+                Queue(txn, t, s, stats).release_due(prio, pos)
 
     def _topic_name(self, t: int) -> str | None:
         name = self._topic_by_id.get(t)
@@ -157,30 +233,47 @@ class Completion(Wired):
     def _discard(self, txn: Txn, topic: str, t: int, m: int, kind: str) -> list[SubStats]:
         """Remove m from every queue and from in flight, and delete it; return the
         counters of the subscribers that still held it. `kind` is the journal's word
-        for why (expire, overflow)."""
+        for why (expire, overflow), and the DeadLetterReasons word too."""
+        return self._remove_copies(txn, topic, t, m, kind, None)
+
+    def _remove_copies(self, txn: Txn, topic: str, t: int, m: int, kind: str | None, only: set[str] | None) -> list[SubStats]:
+        """Remove m from the queues of `only` (None: every subscriber), ready,
+        delayed or in flight, copying each to DeadLetter if the topic keeps
+        dead letters for `kind` (the journal's word for the removal; None: not
+        journaled); the message goes when nobody holds it any more. Returns
+        the counters of the subscribers it was removed for."""
         self._settle_fresh(txn, topic)  # m may be fresh: its place must be a row
         holders = txn.get_holders(t, m)
+        body = txn.get_body(t, m)
         subs = self.state.subs[topic]
-        journaled = self._events.journaled
-        publish_ns = txn.publish_ns(t, m) if journaled else 0
-        held = []
-        for s, (prio, pos) in holders.items():
+        tc = self.topics.get(topic)
+        removed = []
+        for s, (prio, pos) in list(holders.items()):
             name = self._sub_by_id.get(s)
-            if name not in subs:
+            if only is not None and name not in only:
                 continue
-            delivered = bool(Queue(txn, t, s, subs[name]).remove(m, prio, pos))
-            held.append(subs[name])
-            if journaled:
+            del holders[s]
+            if name not in subs:
+                continue  # a subscription no config names: its hold goes with the message
+            held = Queue(txn, t, s, subs[name]).remove(m, prio, pos)
+            if held is None or body is None:
+                continue
+            removed.append(subs[name])
+            attempts, in_flight = held
+            if tc is not None and kind in (ev.EXPIRE, ev.OVERFLOW) and self._dead_letter(txn, tc, name, body, DEAD_LETTER_REASON[kind], attempts, self._events.now_ns):
+                subs[name].dead_lettered += 1
+            if self._events.journaled and kind is not None:
                 event = self._events.batch(kind, topic, name)
                 event.ids.append(m)
-                event.pub_ns.append(publish_ns)
-                event.delivered.append(delivered)
-        txn.put_holders(t, m, {})
-        self._delete_messages(txn, topic, t, [m])
-        return held
+                event.pub_ns.append(body.publish_ns)
+                event.delivered.append(in_flight or attempts > 0)
+        txn.put_holders(t, m, holders)
+        if not holders:
+            self._delete_messages(txn, topic, t, [m])
+        return removed
 
     def _next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_deadline_ns()]
+        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
         return max(now_ns, min(c for c in candidates if c is not None))
 
 

@@ -242,10 +242,12 @@ class Daemon:
         state = self.broker.state
         ready = sum(sum(s.ready) for subs in state.subs.values() for s in subs.values())
         inflight = sum(s.inflight for subs in state.subs.values() for s in subs.values())
+        delayed = sum(s.delayed for subs in state.subs.values() for s in subs.values())
+        paused = sum(s.paused for subs in state.subs.values() for s in subs.values())
         connected = sum(link.connected for link, _ in self.links.values())
         text = (
-            f"{len(self.config.topics)} topics, {ready} ready, {inflight} in flight,"
-            f" {connected}/{len(self.links)} subscribers connected"
+            f"{len(self.config.topics)} topics, {ready} ready, {delayed} delayed, {inflight} in flight,"
+            f" {connected}/{len(self.links)} subscribers connected, {paused} subscriptions paused"
         )
         return f"{text}; last error: {self.last_error}" if self.last_error else text
 

@@ -66,6 +66,8 @@ class Filling(Wired):
             ids, _, _, attempts, pub_ns, fragments = zip(*pulled.entries)
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
+        if self.sub_configs[sub].metadata:
+            fragments = list(map(p.with_metadata, fragments, attempts, pub_ns))
         return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:

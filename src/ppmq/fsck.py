@@ -31,6 +31,8 @@ from .reader import (
     BodyRecord,
     Damaged,
     DeadlineRecord,
+    DelayedRecord,
+    DueRecord,
     DedupeRecord,
     ExpiryRecord,
     FlightRecord,
@@ -60,6 +62,8 @@ class Snapshot:
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
     batches: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, s, f of an inflight row -> deadline_ns
     deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, f
+    delayed: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # t, s, prio, pos -> m, due_ns
+    due: set[tuple[int, int, int, int, int]] = field(default_factory=set)  # due_ns, t, s, prio, pos
     expiry: set[tuple[int, int, int]] = field(default_factory=set)  # expires_ns, t, m
     dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
     fragment_bytes: Counter = field(default_factory=Counter)  # topic id -> bytes of its messages as delivered
@@ -149,6 +153,14 @@ def _inflight(snap: Snapshot, record: FlightRecord, fragments: bool) -> None:
         snap.inflight[t, s, flight.m] = flight
 
 
+def _delayed(snap: Snapshot, record: DelayedRecord, fragments: bool) -> None:
+    snap.delayed[record.t, record.s, record.prio, record.pos] = (record.m, record.due_ns)
+
+
+def _due(snap: Snapshot, record: DueRecord, fragments: bool) -> None:
+    snap.due.add(tuple(record))
+
+
 def _deadline(snap: Snapshot, record: DeadlineRecord, fragments: bool) -> None:
     snap.deadlines.add(tuple(record))
 
@@ -167,6 +179,8 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
     "ready": _ready,
     "inflight": _inflight,
     "deadlines": _deadline,
+    "delayed": _delayed,
+    "due": _due,
     "expiry": _expiry,
     "dedupe": _dedupe,
 }
@@ -179,8 +193,8 @@ def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
     for find in (_staging_record_fits, _bodies_referenced, _holders_point_at_places, _ready_points_at_messages,
-                 _inflight_points_at_messages, _deadlines_point_at_flights, _message_indexes_point_at_bodies,
-                 _subscriptions_exist, _counters_match):
+                 _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
+                 _due_points_at_delayed, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
         problems += find(snap, config)
     return problems
 
@@ -229,7 +243,7 @@ def _holders_point_at_places(snap: Snapshot, config: Config) -> list[str]:
         if (t, m) not in snap.bodies:
             out.append(f"holders: {where} is not stored")
         for s, (prio, pos) in holders.items():
-            queued = snap.ready.get((t, s, prio, pos), (None,))[0] == m
+            queued = snap.ready.get((t, s, prio, pos), (None,))[0] == m or snap.delayed.get((t, s, prio, pos), (None,))[0] == m
             if not queued and (t, s, m) not in snap.inflight:
                 out.append(f"holders: {where} is held by subscriber {snap.sub(s)} but neither queued at ({prio}, {pos}) nor in flight")
     return out
@@ -273,6 +287,31 @@ def _deadlines_point_at_flights(snap: Snapshot, config: Config) -> list[str]:
     return out
 
 
+def _delayed_points_at_messages(snap: Snapshot, config: Config) -> list[str]:
+    """A delayed entry is a queue entry that waits: held at its place, in no other
+    state, and found by the timer through its due entry."""
+    out = []
+    for (t, s, prio, pos), (m, due_ns) in snap.delayed.items():
+        where = f"delayed: subscriber {snap.sub(s)} queue entry ({prio}, {pos}) -> {snap.msg(t, m)}"
+        if (t, m) not in snap.bodies:
+            out.append(f"{where} is not stored")
+        elif snap.holders.get((t, m), {}).get(s) != (prio, pos):
+            out.append(f"{where} does not hold this place in its holders")
+        if (t, s, prio, pos) in snap.ready or (t, s, m) in snap.inflight:
+            out.append(f"{where} is also ready or in flight to that subscriber")
+        if (due_ns, t, s, prio, pos) not in snap.due:
+            out.append(f"{where} is missing from the due index")
+    return out
+
+
+def _due_points_at_delayed(snap: Snapshot, config: Config) -> list[str]:
+    return [
+        f"due: {due_ns} for subscriber {snap.sub(s)} queue entry ({prio}, {pos}) of topic {snap.topic(t)} matches no delayed entry due then"
+        for due_ns, t, s, prio, pos in snap.due
+        if snap.delayed.get((t, s, prio, pos), (None, None))[1] != due_ns
+    ]
+
+
 def _message_indexes_point_at_bodies(snap: Snapshot, config: Config) -> list[str]:
     """Expiry and dedupe entries name a message by a field of its body, which must agree."""
     out = []
@@ -298,7 +337,9 @@ def _subscriptions_exist(snap: Snapshot, config: Config) -> list[str]:
     for (t, m), holders in snap.holders.items():
         out += [f"holders: {snap.msg(t, m)} is held by subscriber {snap.sub(s)}, which does not take that topic"
                 for s in holders if gone(t, s)]
-    for what, rows in (("ready", ((t, s) for t, s, _, _ in snap.ready)), ("inflight", ((t, s) for t, s, _ in snap.inflight))):
+    rows_of = (("ready", ((t, s) for t, s, _, _ in snap.ready)), ("delayed", ((t, s) for t, s, _, _ in snap.delayed)),
+               ("inflight", ((t, s) for t, s, _ in snap.inflight)))
+    for what, rows in rows_of:
         for (t, s), n in Counter(rows).items():
             if gone(t, s):
                 out.append(f"{what}: {n} entries of subscriber {snap.sub(s)} on topic {snap.topic(t)}, which it does not take")
@@ -311,6 +352,7 @@ def _counters_match(snap: Snapshot, config: Config) -> list[str]:
     stored = Counter(t for t, m in snap.bodies if not snap.hidden(t, m))
     ready = Counter((t, s, p) for t, s, p, pos in snap.ready if not snap.hidden(t, pos))
     inflight = Counter((t, s) for t, s, _ in snap.inflight)
+    delayed = Counter((t, s) for t, s, _, _ in snap.delayed)
     for topic, stats in snap.state.topics.items():
         t = snap.state.topic_ids[topic]
         if stats.stored != stored[t]:
@@ -324,6 +366,8 @@ def _counters_match(snap: Snapshot, config: Config) -> list[str]:
                 out.append(f"counters: {topic!r}/{sub!r} counts {ss.ready} ready, the queues hold {held}")
             if ss.inflight != inflight[(t, s)]:
                 out.append(f"counters: {topic!r}/{sub!r} counts {ss.inflight} in flight, the store holds {inflight[(t, s)]}")
+            if ss.delayed != delayed[(t, s)]:
+                out.append(f"counters: {topic!r}/{sub!r} counts {ss.delayed} delayed, the store holds {delayed[(t, s)]}")
     return out
 
 

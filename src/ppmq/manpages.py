@@ -18,13 +18,13 @@ import argparse
 import gzip
 import re
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig
+from .version import ppmq_version
 
 # The config Structs, each with where its keys sit in the file.
 SECTIONS = (
@@ -41,13 +41,6 @@ class ManPageError(Exception):
     """The pages cannot be made (a key without documentation)."""
 
 
-def _version() -> str:
-    try:
-        return version("ppmq")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _roff(text: str) -> str:
     """Text safe in a roff line: backslashes and hyphens escaped, no leading dot."""
     text = text.replace("\\", "\\e").replace("-", "\\-")
@@ -56,7 +49,7 @@ def _roff(text: str) -> str:
 
 def _header(name: str, section: int, title: str, summary: str) -> list[str]:
     return [
-        f'.TH {name.upper()} {section} "" "ppmq {_version()}" "{title}"',
+        f'.TH {name.upper()} {section} "" "ppmq {ppmq_version()}" "{title}"',
         ".SH NAME",
         f"{_roff(name)} \\- {_roff(summary)}",
     ]

@@ -110,11 +110,13 @@ _SUB_COUNTERS = (
     ("Delivered", "ppmq_delivered_messages", "Pushes of a message to the subscriber, redeliveries included."),
     ("Acked", "ppmq_acked_messages", "Messages the subscriber acknowledged."),
     ("Redelivered", "ppmq_redelivered_messages", "Pushes of a message to the subscriber after its first."),
-    ("DeadLettered", "ppmq_dead_lettered_messages", "Messages given up for the subscriber after MaxAttempts."),
+    ("DeadLettered", "ppmq_dead_lettered_messages", "Messages given up for the subscriber (MaxAttempts, Rejects) or dead-lettered for it (expired, overflow)."),
 )
 _SUB_GAUGES = (
     ("InFlight", "ppmq_inflight_messages", "Messages delivered to the subscriber and not yet acknowledged."),
     ("OldestReadyAge", "ppmq_oldest_ready_age_seconds", "Age of the oldest message ready for the subscriber; 0 when none is."),
+    ("Delayed", "ppmq_delayed_messages", "Messages queued for the subscriber that are not due yet (Delay, NotBefore)."),
+    ("Paused", "ppmq_subscriber_paused", "1 while the subscription is paused (PAUSE), else 0."),
 )
 _BROKER_COUNTERS = (
     ("Rejected", "ppmq_rejected_requests", "Requests answered with an error status."),

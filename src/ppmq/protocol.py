@@ -357,20 +357,52 @@ def format_expires(ns: int) -> str:
 _str_encoder = msgspec.json.Encoder()
 
 
-def message_fragment(key: str, payload: bytes, priority: int, expires: int) -> bytes:
-    """A delivered message's JSON object, built once at publish and stored as is."""
+def message_fragment(key: str, payload: bytes, priority: int, expires: int, origin: bytes | None = None) -> bytes:
+    """A delivered message's JSON object, built once at publish and stored as is;
+    a dead-letter copy carries its `Origin` object (PROTOCOL §8)."""
     parts = [b'{"Key":', _str_encoder.encode(key), b',"Payload":', payload, b',"Priority":%d' % priority]
     if expires:
         parts += [b',"Expires":"', format_expires(expires).encode(), b'"']
+    if origin is not None:
+        parts += [b',"Origin":', origin]
     parts.append(b"}")
     return b"".join(parts)
 
 
+def with_metadata(fragment: bytes, attempt: int, published_ns: int) -> bytes:
+    """A stored fragment as a `Metadata: true` subscriber receives it (PROTOCOL §8)."""
+    return b'%s,"Attempt":%d,"Published":"%s"}' % (fragment[:-1], attempt, format_expires(published_ns).encode())
+
+
+class Origin(msgspec.Struct, rename="pascal"):
+    """Where a dead letter comes from and why (PROTOCOL §8), delivered with it.
+    `Key` is the message's key on its origin topic: a dead-letter topic without
+    Dedupe gives the copy a key of its own, and REDRIVE puts the original back."""
+
+    topic: str
+    subscriber: str
+    reason: str  # attempts, rejected, expired, overflow
+    attempts: int
+    published: str
+    key: str
+
+
 class _Fragment(msgspec.Struct, rename="pascal"):
     payload: Raw
+    origin: Origin | None = None
 
 
 _fragment_decoder = msgspec.json.Decoder(_Fragment)
+
+
+def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, key: bytes) -> bytes:
+    """The Origin object of a dead-letter copy, as JSON."""
+    return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode()))
+
+
+def fragment_origin(fragment: bytes) -> Origin | None:
+    """The Origin of a stored message, if it is a dead letter."""
+    return _fragment_decoder.decode(fragment).origin
 
 
 def fragment_payload(fragment: bytes) -> bytes:

@@ -24,13 +24,15 @@ from .wiring import Wired
 class Publishing(Wired):
     _staging: Staging
 
-    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int) -> None:
-        """Counted as published once stored: a refused dead-letter copy is not."""
+    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int, subs: list[str] | None = None) -> None:
+        """Counted as published once stored: a refused dead-letter copy is not.
+        `subs`: the subscribers that get the messages (a redrive's one); default all."""
         t = self.state.topic_ids[topic.name]
-        if not topic.subscribers:
+        subs = topic.subscribers if subs is None else subs
+        if not subs:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
-            stored = self._store_new(txn, topic, t, prepared, now_ns)  # the whole batch at once
+            stored = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
             if self._events.journaled and stored:
                 ids, sizes = zip(*stored)
                 self._events.publish(topic.name, ids, [msg.prio for msg in prepared], sizes, [msg.expires_ns for msg in prepared], [False] * len(ids))
@@ -42,7 +44,7 @@ class Publishing(Wired):
                     m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
                 else:
                     try:
-                        [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns)
+                        [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns, subs)
                     except p.StoreFull as exc:
                         raise p.StoreFull(f"Messages[{i}]: {exc}") from None
                 journaled.append((m, msg.prio, size, msg.expires_ns, old is not None))
@@ -72,9 +74,9 @@ class Publishing(Wired):
             self._events.file(job.event)
         return True
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int) -> list[tuple[int, int]]:
-        """Store messages with new ids, each store write once for the whole batch;
-        return each one's id and the size of its JSON."""
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> list[tuple[int, int]]:
+        """Store messages with new ids for `subs`, each store write once for the
+        whole batch; return each one's id and the size of its JSON."""
         stats = self.state.topics[topic.name]
         bodies = []
         for msg in batch:
@@ -91,10 +93,11 @@ class Publishing(Wired):
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
         new = [Fresh(body.priority, m, body.fragment) for m, body in bodies]  # one tuple shared by every queue
-        for name in topic.subscribers:
+        due = [msg.due_ns for msg in batch] if any(msg.due_ns for msg in batch) else None
+        for name in subs:
             is_open = name in self._open
-            self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in topic.subscribers], [(m, body.priority) for m, body in bodies])
+            self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, body.priority) for m, body in bodies])
         return [(m, len(body.fragment)) for m, body in bodies]
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
@@ -152,7 +155,7 @@ class Publishing(Wired):
         holders = txn.get_holders(t, m)
         for name in topic.subscribers:
             queue = self._queue_of(txn, topic.name, name)
-            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos)
+            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos, msg.due_ns)
         txn.put_holders(t, m, holders)
         fragment = _fragment(msg.key, msg)
         old = txn.replace_message(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment), expire=topic.expire)
@@ -163,4 +166,4 @@ class Publishing(Wired):
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:
     """A message's JSON as delivered, under the key it is stored with."""
-    return p.message_fragment(key.decode(), msg.payload, msg.prio, msg.expires_ns)
+    return p.message_fragment(key.decode(), msg.payload, msg.prio, msg.expires_ns, msg.origin)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from .rows import Rows
+from .delayed_rows import DelayedRows
 from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, READY_VAL, TM, TS, TSM, TSPQ, U64, Flight, ReadyEntry, Taken
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
-class QueueRows(Rows):
+class QueueRows(DelayedRows):
     """The ready, inflight and deadlines databases of one transaction."""
 
     # --- ready queues ---------------------------------------------------------------
@@ -106,6 +106,15 @@ class QueueRows(Rows):
             self.put_flight(t, s, [entry(*x[:5]) for x in taken], deadline_ns, [x.m for x in taken])
         return taken, expired, missing
 
+    def ready_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[ReadyEntry]:
+        """s's ready entries on t by place, from `start` (prio, pos) on, a staged
+        publish's left out; reading only."""
+        staged = self.staged()
+        for key, raw in self._walk(self._ready, TS.pack(t, s), TSPQ.pack(t, s, *start)):
+            _, _, prio, pos = TSPQ.unpack(key)
+            if staged is None or not staged.hides(t, pos):
+                yield ReadyEntry(prio, pos, *READY_VAL.unpack(raw))
+
     def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
         """The head of s's queue of priority prio, a staged publish's entries left out."""
         prefix = TSPQ.pack(t, s, prio, 0)[:7]
@@ -137,12 +146,8 @@ class QueueRows(Rows):
     def _flight_rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
         """(F, deadline_ns, value) of every batch in flight to s on t."""
         prefix = TS.pack(t, s)
-        with self.txn.cursor(db=self._inflight) as cur:
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if key[:6] != prefix:
-                        break
-                    yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
+        for key, raw in self._walk(self._inflight, prefix, prefix):
+            yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
 
     def put_flight(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
         """A pushed batch into flight to s: entries (FLIGHT_ENTRY, packed) of the
@@ -196,6 +201,19 @@ class QueueRows(Rows):
         deadline_ns = U64.unpack_from(raw)[0]
         if deadline_ns:
             self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self._deadlines)
+
+    def retime_flights(self, t: int, s: int, ms: list[int], deadline_ns: int) -> list[int]:
+        """PROTOCOL §8 Touch: ms (those in flight to s) get the AckRetry deadline
+        `deadline_ns`, together in a batch row of their own; returns those that were."""
+        entries = [e for e in self.pop_flights(t, s, ms) if e is not None]
+        if entries:
+            self.put_flight(t, s, [FLIGHT_ENTRY.pack(*e) for e in entries], deadline_ns, [e[0] for e in entries])
+        return [e[0] for e in entries]
+
+    def inflight_deadlines(self, t: int, s: int) -> list[tuple[Flight, int]]:
+        """Everything in flight to s on t with its AckRetry deadline (0: none), by message id."""
+        rows = self._flight_rows(t, s)
+        return sorted((Flight._make(e), deadline) for _, deadline, raw in rows for e in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
 
     def pop_flight(self, t: int, s: int, m: int) -> Flight | None:
         entry = self.pop_flights(t, s, [m])[0]

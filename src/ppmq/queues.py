@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import FLIGHT_ENTRY, Flight, ReadyEntry, Taken
+from .schema import FLIGHT_ENTRY, Delayed, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,10 @@ class Pulled(NamedTuple):
 
 def space(stats: SubStats, batch_size: int, window: int) -> int:
     """How many messages a subscription's next batch may take (PROTOCOL §3 Batches
-    and window); 0 also when a reload lowered Window below what is in flight.
+    and window); 0 also when a reload lowered Window below what is in flight, and
+    while it is paused (PROTOCOL §8).
     Read from the counters alone, so the writer can ask it between steps."""
-    if not any(stats.ready):
+    if stats.paused or not any(stats.ready):
         return 0
     return max(0, min(batch_size, window - stats.inflight))
 
@@ -74,20 +75,24 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool], open_: bool) -> None:
+    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool], open_: bool, due: list[int] | None = None) -> None:
         """New messages at the end of the queue. While the subscriber is open and
-        has nothing older queued they stay fresh, else they get ready rows."""
+        has nothing older queued they stay fresh, else they get ready rows; those
+        with a due time (`due`, 0: none) wait in the delayed rows instead."""
         fresh = self.fresh
         caught_up = open_ and fresh is not None and self.ready == len(fresh)
         queued = []
         ready = self.stats.ready
-        for f, may in zip(msgs, may_stay_fresh):
-            if caught_up and may:
+        for i, (f, may) in enumerate(zip(msgs, may_stay_fresh)):
+            if due is not None and due[i]:
+                self._delay(Delayed(f.prio, f.m, f.m, 0, due[i]))
+            elif caught_up and may:
                 fresh.append(f)
             else:
                 caught_up = False
                 queued.append((f.prio, f.m, f.m))
-            ready[f.prio] += 1
+            if due is None or not due[i]:
+                ready[f.prio] += 1
         if queued:
             self._txn.push_ready_many(self.t, self.s, queued)
 
@@ -172,10 +177,36 @@ class Queue:
             self.stats.inflight -= 1
         return flight
 
-    def put_back(self, m: int, flight: Flight, attempts: int | None = None) -> None:
-        """A delivered message back at its original place (PROTOCOL §3 redelivery)."""
-        self._txn.push_ready(self.t, self.s, flight.prio, flight.pos, m, flight.attempts if attempts is None else attempts)
+    def put_back(self, m: int, flight: Flight, attempts: int | None = None, due_ns: int = 0) -> None:
+        """A delivered message back at its original place (PROTOCOL §3 redelivery),
+        waiting there until `due_ns` if given (PROTOCOL §8 a nack's Delay)."""
+        attempts = flight.attempts if attempts is None else attempts
+        if due_ns:
+            self._delay(Delayed(flight.prio, flight.pos, m, attempts, due_ns))
+            return
+        self._txn.push_ready(self.t, self.s, flight.prio, flight.pos, m, attempts)
         self.stats.ready[flight.prio] += 1
+
+    def _delay(self, entry: Delayed) -> None:
+        self._txn.push_delayed(self.t, self.s, entry)
+        self.stats.delayed += 1
+
+    def release_due(self, prio: int, pos: int) -> bool:
+        """A delayed entry that came due joins the ready queue at its place."""
+        entry = self._txn.pop_delayed(self.t, self.s, prio, pos)
+        if entry is None:
+            return False
+        self.stats.delayed -= 1
+        self._txn.push_ready(self.t, self.s, prio, pos, entry.msg, entry.attempts)
+        self.stats.ready[prio] += 1
+        return True
+
+    def touch(self, ms: list[int], deadline_ns: int) -> list[int]:
+        """PROTOCOL §8 Touch: those of ms in flight get the AckRetry deadline
+        `deadline_ns`; the others are counted as ignored. Returns the ones in flight."""
+        found = self._txn.retime_flights(self.t, self.s, ms, deadline_ns)
+        self.stats.ignored_acks += len(ms) - len(found)
+        return found
 
     def give_back(self, m: int) -> bool:
         """A batch that never reached the subscriber: m is ready again as if it
@@ -190,32 +221,46 @@ class Queue:
 
     # --- leaving the queue ----------------------------------------------------------------------
 
-    def remove(self, m: int, prio: int, pos: int) -> bool | None:
-        """m leaves the queue wherever it is (expiry, overflow); whether it had
-        been delivered, or None if this subscription did not hold it."""
+    def remove(self, m: int, prio: int, pos: int) -> tuple[int, bool] | None:
+        """m leaves the queue wherever it is (expiry, overflow, purge): its
+        deliveries so far and whether it was in flight, or None if this
+        subscription did not hold it."""
         attempts = self._txn.pop_ready(self.t, self.s, prio, pos)
         if attempts is not None:
             self.stats.ready[prio] -= 1
-            return attempts > 0
-        return True if self.unflight(m) is not None else None
+            return attempts, False
+        delayed = self._txn.pop_delayed(self.t, self.s, prio, pos)
+        if delayed is not None:
+            self.stats.delayed -= 1
+            return delayed.attempts, False
+        flight = self.unflight(m)
+        return None if flight is None else (flight.attempts, True)
 
-    def requeue_version(self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int]) -> tuple[int, int]:
+    def requeue_version(self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int], due_ns: int = 0) -> tuple[int, int]:
         """PROTOCOL §3 Dedupe, for this subscriber: a new version of m with priority
-        `prio`. Still ready at the same or a higher priority number it keeps its
-        place; otherwise it goes to the end of its priority. Returns its place."""
-        if place is not None:
-            if self.unflight(m) is not None:
-                place = None
-            elif prio >= place[0]:
-                self._txn.push_ready(self.t, self.s, place[0], place[1], m, 0)  # same place, new version
-                return place
-            else:
-                self._txn.remove_ready(self.t, self.s, *place)
-                self.stats.ready[place[0]] -= 1
-        place = (prio, new_pos())
-        self._txn.push_ready(self.t, self.s, prio, place[1], m, 0)
-        self.stats.ready[prio] += 1
+        `prio`. Still waiting (ready, or delayed) at the same or a higher priority
+        number it keeps its place; otherwise it goes to the end of its priority.
+        It waits there until `due_ns` if given (PROTOCOL §8). Returns its place."""
+        kept = place is not None and self._leave_place(m, place) and prio >= place[0]
+        place = place if kept else (prio, new_pos())
+        if due_ns:
+            self._delay(Delayed(place[0], place[1], m, 0, due_ns))
+        else:
+            self._txn.push_ready(self.t, self.s, place[0], place[1], m, 0)
+            self.stats.ready[place[0]] += 1
         return place
+
+    def _leave_place(self, m: int, place: tuple[int, int]) -> bool:
+        """m leaves this queue; whether it was waiting at `place` (ready or
+        delayed) rather than in flight or done with."""
+        if self._txn.pop_ready(self.t, self.s, *place) is not None:
+            self.stats.ready[place[0]] -= 1
+            return True
+        if self._txn.pop_delayed(self.t, self.s, *place) is not None:
+            self.stats.delayed -= 1
+            return True
+        self.unflight(m)
+        return False
 
     def drop_all(self) -> list[int]:
         """Every message of the subscription leaves it (the subscription is dropped)."""
@@ -224,5 +269,9 @@ class Queue:
         for flight in self.in_flight():
             self.unflight(flight.m)
             msgs.append(flight.m)
+        for entry in list(self._txn.delayed_of(self.t, self.s)):
+            self._txn.pop_delayed(self.t, self.s, entry.prio, entry.pos)
+            msgs.append(entry.msg)
         self.stats.ready = [0] * len(self.stats.ready)
+        self.stats.delayed = 0
         return msgs

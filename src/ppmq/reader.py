@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -19,7 +19,9 @@ from .schema import (
     BODY_HEAD,
     Body,
     DBS,
+    DELAYED_VAL,
     DTSM,
+    DUE,
     ETM,
     FLIGHT_ENTRY,
     Flight,
@@ -52,15 +54,16 @@ class StoreReader:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {path} read-only: {exc}") from None
         try:
-            self.dbs = self._open_dbs(path)
-            self._check_schema(path)
+            self.dbs = self._open_dbs(path, [b"meta"])
+            self._check_schema(path)  # before the others: an older schema may not have them all
+            self.dbs = self._open_dbs(path, DBS)
         except BaseException:
             self.env.close()
             raise
 
-    def _open_dbs(self, path: str) -> dict[str, lmdb._Database]:
+    def _open_dbs(self, path: str, names: Iterable[bytes]) -> dict[str, lmdb._Database]:
         try:
-            return {name.decode(): self.env.open_db(name, create=False) for name in DBS}
+            return {name.decode(): self.env.open_db(name, create=False) for name in names}
         except lmdb.NotFoundError:
             raise StoreError(f"{path} is an LMDB environment but not a ppmq store (databases missing)") from None
         except lmdb.Error as exc:
@@ -68,8 +71,8 @@ class StoreReader:
 
     def _check_schema(self, path: str) -> None:
         """Compared as bytes: a damaged record is refused with what it holds, not a ValueError."""
-        with self.snapshot() as txn:
-            found = txn.get_meta(b"schema")
+        with self.env.begin() as txn:
+            found = txn.get(b"schema", db=self.dbs["meta"])
         if found != b"%d" % SCHEMA_VERSION:
             older = found is not None and found.isdigit() and int(found) < SCHEMA_VERSION
             hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
@@ -139,6 +142,28 @@ class DeadlineRecord(NamedTuple):
     f: int
 
 
+class DelayedRecord(NamedTuple):
+    """delayed: message m queued for subscriber s of topic t at (prio, pos), not before due_ns."""
+
+    t: int
+    s: int
+    prio: int
+    pos: int
+    m: int
+    attempts: int
+    due_ns: int
+
+
+class DueRecord(NamedTuple):
+    """due: when the delayed entry at (prio, pos) of subscriber s of topic t comes due."""
+
+    due_ns: int
+    t: int
+    s: int
+    prio: int
+    pos: int
+
+
 class ExpiryRecord(NamedTuple):
     """expiry: when message m of topic t expires."""
 
@@ -164,7 +189,7 @@ class Damaged(NamedTuple):
     reason: str
 
 
-Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | ExpiryRecord | DedupeRecord
+Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | DelayedRecord | DueRecord | ExpiryRecord | DedupeRecord
 
 
 def _body_record(key: bytes, value: bytes) -> BodyRecord:
@@ -207,6 +232,8 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
     "ready": _ready_record,
     "inflight": _flight_record,
     "deadlines": lambda key, value: DeadlineRecord._make(DTSM.unpack(key)),
+    "delayed": lambda key, value: DelayedRecord(*TSPQ.unpack(key), *DELAYED_VAL.unpack(value)),
+    "due": lambda key, value: DueRecord._make(DUE.unpack(key)),
     "expiry": lambda key, value: ExpiryRecord._make(ETM.unpack(key)),
     "dedupe": _dedupe_record,
 }

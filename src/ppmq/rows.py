@@ -8,6 +8,7 @@ subscription's ready and in-flight rows, then the messages and their indexes.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ class Rows:
         d = store.dbs
         self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
+        self._delayed, self._due = d["delayed"], d["due"]
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
@@ -55,6 +57,15 @@ class Rows:
                 cur.putmulti(items[:i])
             if i < len(items):
                 cur.putmulti(items[i:], append=True)
+
+    def _walk(self, db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The rows of db from key `start` on, as long as their keys begin with `prefix`."""
+        with self.txn.cursor(db=db) as cur:
+            if cur.set_range(start):
+                for key, value in cur:
+                    if not key.startswith(prefix):
+                        break
+                    yield key, value
 
     # --- meta ---------------------------------------------------------------------
     def get_meta(self, name: bytes) -> bytes | None:

@@ -11,6 +11,8 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     inflight  T S F           -> deadline_ns, then per message: M, prio, pos, attempts, publish_ns
                                                                    (a pushed batch's messages not acked yet)
     deadlines deadline_ns T S F -> ""                              (AckRetry, by time)
+    delayed   T S prio pos    -> M, attempts, due_ns              (queued, not to be delivered before due_ns)
+    due       due_ns T S prio pos -> ""                            (delayed entries, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
     meta      name            -> schema version, name ids, broker state, staging record
@@ -36,7 +38,7 @@ from typing import NamedTuple
 
 # Bump when a key or value layout changes, and add the conversion to migrate.py.
 SCHEMA_VERSION = 3
-DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"expiry", b"dedupe", b"meta")
+DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
 TM = struct.Struct(">IQ")
 TS = struct.Struct(">IH")
@@ -44,6 +46,8 @@ TSPQ = struct.Struct(">IHBQ")
 TSM = struct.Struct(">IHQ")
 ETM = struct.Struct(">QIQ")
 DTSM = struct.Struct(">QIHQ")
+DUE = struct.Struct(">QIHBQ")  # due_ns, T, S, prio, pos
+DELAYED_VAL = struct.Struct(">QIQ")  # M, attempts, due_ns
 U64 = struct.Struct(">Q")
 READY_VAL = struct.Struct(">QI")  # M, attempts
 FLIGHT_ENTRY = struct.Struct(">QBQIQ")  # M, prio, pos, attempts, publish_ns: one message of an inflight row
@@ -94,6 +98,17 @@ class ReadyEntry(NamedTuple):
     pos: int
     msg: int
     attempts: int
+
+
+class Delayed(NamedTuple):
+    """A queue entry that waits (PROTOCOL §8 Delay, NotBefore): it keeps its place
+    (prio, pos) and joins the ready queue there when due."""
+
+    prio: int
+    pos: int
+    msg: int
+    attempts: int
+    due_ns: int
 
 
 class Taken(NamedTuple):

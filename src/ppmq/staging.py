@@ -39,7 +39,7 @@ from .events import Event
 from .state import TopicStats
 from .schema import Body, Staged
 from .store import Txn
-from .validate import Prepared, prepare
+from .validate import Prepared, delayed, prepare
 
 CHUNK_MESSAGES = 20_000  # per step: about a tenth of a second of the writer's time
 
@@ -48,13 +48,22 @@ def is_large(topic: TopicConfig, messages: list[p.Message]) -> bool:
     """Whether a publish must be staged; TooLarge if it cannot be (see the module doc)."""
     if len(messages) <= CHUNK_MESSAGES:
         return False
-    if topic.dedupe or topic.limited:
-        why = "Dedupe" if topic.dedupe else "MaxMessages or MaxBytes"
-        raise p.TooLarge(
-            f"Messages: {len(messages)} messages in one publish; topic {topic.name!r} has {why} and takes at most"
-            f" {CHUNK_MESSAGES} in one request: split it"
-        )
+    why = _unstageable(topic, messages)
+    if why:
+        raise p.TooLarge(f"Messages: {len(messages)} messages in one publish {why}, which takes at most {CHUNK_MESSAGES} in one request: split it")
     return True
+
+
+def _unstageable(topic: TopicConfig, messages: list[p.Message]) -> str | None:
+    """Why a publish cannot be stored in chunks: each of its messages must see
+    the ones before it (a key, a limit), or waits in rows the chunks do not write."""
+    if topic.dedupe:
+        return f"to topic {topic.name!r}, which has Dedupe"
+    if topic.limited:
+        return f"to topic {topic.name!r}, which has MaxMessages or MaxBytes"
+    if delayed(messages):
+        return "with messages that wait (Delay, NotBefore)"
+    return None
 
 
 @dataclass(eq=False)

@@ -34,7 +34,9 @@ class SubStats(msgspec.Struct):
     redelivered: int = 0
     expired: int = 0
     ignored_acks: int = 0
-    dead_lettered: int = 0  # given up after MaxAttempts deliveries without an ack
+    dead_lettered: int = 0  # copies given up on (MaxAttempts, Rejects) or copied to DeadLetter (expired, overflow)
+    delayed: int = 0  # queue entries not due yet (PROTOCOL §8 Delay, NotBefore)
+    paused: bool = False  # PROTOCOL §8 PAUSE: nothing is pushed until RESUME
 
 
 class State(msgspec.Struct):
@@ -109,10 +111,12 @@ def restore(raw: bytes) -> State:
     return _decoder.decode(raw)
 
 
-def status_body(config: Config, state: State, txn: Txn, now_ns: int) -> dict:
-    """The `Body` of a STATUS reply (PROTOCOL §4)."""
+def status_body(config: Config, state: State, txn: Txn, now_ns: int, topic: str | None = None) -> dict:
+    """The `Body` of a STATUS reply (PROTOCOL §4), of every topic or of `topic`."""
     topics = {}
     for tc in config.topics:
+        if topic is not None and tc.name != topic:
+            continue
         ts = state.topics[tc.name]
         subs = {}
         for name in tc.subscribers:
@@ -127,6 +131,8 @@ def status_body(config: Config, state: State, txn: Txn, now_ns: int) -> dict:
                 "Expired": st.expired,
                 "IgnoredAcks": st.ignored_acks,
                 "DeadLettered": st.dead_lettered,
+                "Paused": st.paused,
+                "Delayed": st.delayed,
             }
         topics[tc.name] = {
             "Stored": ts.stored,

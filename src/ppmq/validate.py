@@ -22,6 +22,8 @@ class Prepared(NamedTuple):
     prio: int
     expires_ns: int  # 0: never
     payload: bytes  # raw JSON, exactly as received
+    due_ns: int = 0  # not delivered before (PROTOCOL §8 Delay, NotBefore); 0: at once
+    origin: bytes | None = None  # a dead-letter copy's Origin object (PROTOCOL §8), delivered with it
 
 
 def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: int, now_ns: int, first_index: int = 0) -> list[Prepared]:
@@ -36,8 +38,36 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
         payload = bytes(m.payload)
         if len(payload) > max_message_bytes:
             raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
-        out.append(Prepared(_key(topic, m, where), m.priority, _expires(m, where, now_ns), payload))
+        expires = _expires(m, where, now_ns) or (now_ns + int(topic.max_age * NS) if topic.max_age else 0)
+        out.append(Prepared(_key(topic, m, where), m.priority, expires, payload, _due(m, where, now_ns)))
     return out
+
+
+def delayed(messages: list[p.Message]) -> bool:
+    """Whether any message of a publish asks to wait (PROTOCOL §8)."""
+    return any(m.delay is not None or m.not_before is not None for m in messages)
+
+
+def _due(m: p.Message, where: str, now_ns: int) -> int:
+    """When the message may first be delivered; 0: at once (also for a time already past)."""
+    if m.delay is not None and m.not_before is not None:
+        raise p.BadRequest(f"{where}.NotBefore: give either Delay or NotBefore, not both")
+    if m.delay is not None:
+        return now_ns + delay_ns(m.delay, f"{where}.Delay") if m.delay else 0
+    if m.not_before is None:
+        return 0
+    try:
+        due = p.expires_ns(m.not_before)
+    except ValueError as exc:
+        raise p.BadRequest(f"{where}.NotBefore: {exc}") from None
+    return due if due > now_ns else 0
+
+
+def delay_ns(seconds: float, field: str) -> int:
+    """A Delay in seconds as nanoseconds: a number from 0 up to about 30 years."""
+    if not 0 <= seconds < 10**9:
+        raise p.BadRequest(f"{field}: {seconds:g} must be a number of seconds from 0 to 1e9")
+    return int(seconds * NS)
 
 
 def _key(topic: TopicConfig, m: p.Message, where: str) -> bytes | None:

@@ -54,3 +54,21 @@ def test_a_step_with_nothing_to_report_reports_nothing(tmp_path):
     broker, store = open_broker(tmp_path)
     assert broker.step([], {"s"}, NOW).events == []
     store.close()
+
+
+def test_delivery_control_reports_nacks_rejects_touches_purges_and_pauses(tmp_path):
+    # Given three messages in flight to s, with an AckRetry
+    broker, store = open_broker(tmp_path, ack_retry=5.0)
+    broker.step([p.Request(topic="t", messages=[message(b"%d" % i) for i in range(4)])], {"s"}, NOW)
+    # When s nacks one with a delay, rejects one and touches one; and the operator purges the last and pauses s
+    control = p.Request(topic="t", subscriber="s", nacks=["1"], delay=2.5, rejects=["2"], touch=["3", "9"])
+    step = broker.step([control, p.Request(command="PURGE", topic="t", keys=["4"]), p.Request(command="PAUSE", subscriber="s")], set(), NOW + NS)
+    kinds = {e.event: e for e in step.events}
+    # Then each is journaled with the messages it concerned
+    assert (kinds["nack"].ids, kinds["nack"].attempts, kinds["nack"].pub_ns, kinds["nack"].delay_ns) == ([1], [1], [NOW], int(2.5 * NS))
+    assert (kinds["rejected"].ids, kinds["rejected"].attempts) == ([2], [1])
+    assert kinds["touch"].ids == [3]
+    assert (kinds["purge"].ids, kinds["purge"].delivered) == ([4], [True])
+    assert (kinds["pause"].topic, kinds["pause"].subscriber, kinds["pause"].ids) == ("t", "s", [])
+    assert step.replies[0].accepted == 3
+    store.close()

@@ -66,10 +66,12 @@ class Msg:
     expires_ns: int  # 0: never
     m: int = 0  # the broker's message id, given when it is stored
     key: str = ""  # as delivered
+    published_ns: int = 0
+    origin: bytes | None = None  # of a dead letter (PROTOCOL §8)
 
     def size(self) -> int:
         """What MaxBytes counts: the message's JSON as delivered."""
-        return len(p.message_fragment(self.key, b"%d" % self.payload, self.prio, self.expires_ns))
+        return len(p.message_fragment(self.key, b"%d" % self.payload, self.prio, self.expires_ns, self.origin))
 
 
 @dataclass
@@ -201,15 +203,16 @@ class TopicModel:
             if deadline and deadline <= now_ns
         ]
 
-    def requeue(self, s: str, ident: object) -> Msg | None:
-        """Back to its place; after MaxAttempts deliveries, given up: returns the message."""
+    def requeue(self, s: str, ident: object) -> tuple[Msg, int] | None:
+        """Back to its place; after MaxAttempts deliveries, given up: returns the
+        message and its deliveries."""
         prio, pos, _, attempts = self.inflight[s].pop(ident)
         if self.config.max_attempts and attempts >= self.config.max_attempts:
             self.counters[s].dead_lettered += 1
             msg = self.msgs[ident]
             if not self.holds(ident):
                 del self.msgs[ident]
-            return msg
+            return msg, attempts
         self.ready[s][ident] = (prio, pos, attempts)
         return None
 
@@ -309,6 +312,8 @@ class BrokerMachine(RuleBasedStateMachine):
         out = {"Key": None, "Payload": msg.payload, "Priority": msg.prio}
         if msg.expires_ns:
             out["Expires"] = p.format_expires(msg.expires_ns)
+        if msg.origin is not None:
+            out["Origin"] = msgspec.json.decode(msg.origin)
         return out
 
     def _learn_keys(self, expected: list, got: list) -> None:
@@ -335,7 +340,7 @@ class BrokerMachine(RuleBasedStateMachine):
             prio = prio % tm.config.priorities if i != bad_at else tm.config.priorities
             payload = next(self.payloads)
             messages.append(p.Message(payload=msgspec.Raw(b"%d" % payload), priority=prio, key=key, ttl_s=ttl))
-            idents.append((key if tm.config.dedupe else payload, Msg(payload, prio, self.now + ttl * NS if ttl else 0)))
+            idents.append((key if tm.config.dedupe else payload, Msg(payload, prio, self.now + ttl * NS if ttl else 0, published_ns=self.now)))
         req = p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"1"))
 
         def apply(replies: list) -> None:
@@ -362,11 +367,13 @@ class BrokerMachine(RuleBasedStateMachine):
 
     def requeue(self, tm: TopicModel, s: str, ident: object) -> None:
         """The model of Broker._requeue: a message given up goes to DeadLetter, if it has room."""
-        msg = tm.requeue(s, ident)
-        if msg is not None and tm.config.dead_letter:
+        given_up = tm.requeue(s, ident)
+        if given_up is not None and tm.config.dead_letter:
+            msg, attempts = given_up
             target = self.model[tm.config.dead_letter]
             prio = min(msg.prio, target.config.priorities - 1)
-            target.publish((msg.payload, s), Msg(msg.payload, prio, 0))
+            origin = p.origin(tm.config.name, s, "attempts", attempts, msg.published_ns, msg.key.encode())
+            target.publish((msg.payload, s), Msg(msg.payload, prio, 0, published_ns=self.now, origin=origin))
 
     def tick(self) -> None:
         for tm in self.model.values():

@@ -43,7 +43,7 @@ def test_ready_is_sent_only_once_the_server_socket_accepts(broker_factory, notif
 
     ready = notify_socket.wait("READY", "1")[0]
     assert accepted_at_ready == [True]
-    assert ready["STATUS"].startswith("1 topics, 0 ready, 0 in flight, 0/1 subscribers connected")
+    assert ready["STATUS"].startswith("1 topics, 0 ready, 0 delayed, 0 in flight, 0/1 subscribers connected, 0 subscriptions paused")
     assert {pid for _, pid, _ in notify_socket.received} == {b.proc.pid}  # NotifyAccess=main holds
 
 
@@ -51,11 +51,11 @@ def test_status_follows_the_backlog_and_connected_subscribers(broker_factory, no
     b = broker_factory(TOPIC, ["worker"], start=False).start(env=notify_socket.env())
     with b.client() as c:
         c.publish("jobs", [{"Payload": i} for i in range(7)])
-    notify_socket.wait("STATUS", "1 topics, 7 ready, 0 in flight, 0/1 subscribers connected")
+    notify_socket.wait("STATUS", "1 topics, 7 ready, 0 delayed, 0 in flight, 0/1 subscribers connected")
 
     sub = broker_factory.subscriber(b, "worker")
     sub.wait_messages(7)
-    notify_socket.wait("STATUS", "1 topics, 0 ready, 0 in flight, 1/1 subscribers connected")
+    notify_socket.wait("STATUS", "1 topics, 0 ready, 0 delayed, 0 in flight, 1/1 subscribers connected")
 
 
 def _pings(listener: NotifyListener, since: float) -> int:

@@ -27,6 +27,7 @@ SUBSCRIBER_COLUMNS = [
     "host", "topic", "subscriber", "messages", "bytes", "delivered", "redelivered", "redelivery_rate", "acked",
     "ack_p50_s", "ack_p95_s", "ack_p99_s", "deliver_p50_s", "deliver_p95_s", "deliver_p99_s",
     "expired", "expired_before_delivery", "overflowed", "ack_timeouts", "replaced",
+    "nacks", "nack_rate", "delayed_nacks", "rejected", "reject_rate", "touches", "purged", "redriven", "pauses", "resumes",
 ]  # fmt: skip
 
 

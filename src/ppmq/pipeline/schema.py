@@ -29,6 +29,7 @@ JOURNAL_SCHEMA = StructType(
         StructField("ExpiresNs", _longs()),
         StructField("Replaced", ArrayType(BooleanType())),
         StructField("Delivered", ArrayType(BooleanType())),
+        StructField("DelayNs", LongType()),
         StructField("Status", IntegerType()),
         StructField("Error", StringType()),
         StructField("Count", LongType()),

@@ -36,6 +36,7 @@ SLOWEST = 10  # rows of the slowest-subscribers table
 PER_SUBSCRIBER = ["host", "topic", "subscriber"]
 PER_TOPIC = ["host", "topic"]
 PARTITIONS = ["host", "date"]  # of the records table
+RATES = {"redelivery": "redelivered", "nack": "nacks", "reject": "rejected"}  # <name>_rate of the subscribers table: count per delivered message
 
 
 def read_journal(spark: SparkSession, paths: Iterable[str]) -> DataFrame:
@@ -71,6 +72,11 @@ def _is(kind: str) -> Column:
     return F.col("Event") == kind
 
 
+def _delayed() -> Column:
+    """Entries of a nack that had a Delay (DelayNs is per record, absent without one)."""
+    return F.when(_is("nack") & (F.col("DelayNs") > 0), _size(F.col("Ids"))).otherwise(0)
+
+
 def _latencies() -> Column:
     """Seconds from publish: every entry of an `ack`, first deliveries of a `deliver`."""
     since_publish = lambda pub: F.filter(F.transform(pub, lambda p: (F.col("Ts") - p) / NS_PER_S), lambda s: s.isNotNull())  # noqa: E731
@@ -97,6 +103,7 @@ def records(journal: DataFrame) -> DataFrame:
         F.when(deliver, _sum(_first("Bytes"))).when(_is("publish"), _sum(F.col("Bytes"))).otherwise(0).alias("bytes"),
         _size(F.filter("Replaced", lambda r: r)).alias("replaced"),
         _size(F.filter("Delivered", lambda d: ~d)).alias("undelivered"),
+        _delayed().alias("delayed"),
         F.col("Count").alias("count"),
         _latencies().alias("latencies"),
     )
@@ -105,7 +112,7 @@ def records(journal: DataFrame) -> DataFrame:
 def rollup(recs: DataFrame) -> DataFrame:
     """Per host, topic, subscriber, kind, reason, version and minute: every sum the tables need."""
     minute = F.date_trunc("minute", F.timestamp_seconds(F.col("ts") / NS_PER_S)).alias("minute")
-    sums = ["entries", "events", "first", "redelivered", "bytes", "replaced", "undelivered", "count"]
+    sums = ["entries", "events", "first", "redelivered", "bytes", "replaced", "undelivered", "delayed", "count"]
     return recs.groupBy("host", "topic", "subscriber", "event", "reason", "v", minute).agg(
         F.count("*").alias("records"),
         F.min("ts").alias("first_ts"),
@@ -171,7 +178,8 @@ def topics(rolled: DataFrame) -> DataFrame:
 
 
 def subscribers(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
-    """Per host, topic and subscriber: messages, bytes, redeliveries, expiries, latencies."""
+    """Per host, topic and subscriber: messages, bytes, redeliveries, expiries, what the
+    subscriber and operators did to its deliveries (PROTOCOL §8), latencies."""
     counts = (
         known(rolled)
         .where(F.col("subscriber").isNotNull())
@@ -186,11 +194,33 @@ def subscribers(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
             _total("undelivered", "expire").alias("expired_before_delivery"),
             _total("entries", "overflow").alias("overflowed"),
             _total("entries", "requeue", F.col("reason") == "AckRetry").alias("ack_timeouts"),
+            *_delivery_control(),
         )
-        .withColumn("redelivery_rate", F.when(F.col("delivered") > 0, F.col("redelivered") / F.col("delivered")))
+        .withColumns({f"{name}_rate": _per_delivered(count) for name, count in RATES.items()})
     )
     replaced = topics(rolled).select(*PER_TOPIC, "replaced")
     return counts.join(percentiles(histogram, PER_SUBSCRIBER), PER_SUBSCRIBER, "left").join(replaced, PER_TOPIC, "left")
+
+
+def _delivery_control() -> list[Column]:
+    """The sums of PROTOCOL §8's records: entries, except for pauses and resumes,
+    which carry no message and are counted as records."""
+    return [
+        _total("entries", "nack").alias("nacks"),
+        _total("delayed", "nack").alias("delayed_nacks"),
+        _total("entries", "rejected").alias("rejected"),
+        _total("entries", "touch").alias("touches"),
+        _total("entries", "purge").alias("purged"),
+        _total("entries", "redrive").alias("redriven"),
+        _total("records", "pause").alias("pauses"),
+        _total("records", "resume").alias("resumes"),
+    ]
+
+
+def _per_delivered(count: str) -> Column:
+    """A count per delivered message; null for a subscriber that was delivered nothing,
+    whose rate is unknown rather than 0."""
+    return F.when(F.col("delivered") > 0, F.col(count) / F.col("delivered"))
 
 
 def slowest(subs: DataFrame, n: int = SLOWEST) -> DataFrame:
