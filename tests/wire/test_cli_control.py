@@ -21,7 +21,7 @@ from .test_cli import ENV, PPMQ, ppmq
 
 TOPICS = [
     {"Name": "u", "Priorities": 2, "DeadLetter": "dlq", "Subscribers": ["s"]},
-    {"Name": "v", "Subscribers": ["s", "r"]},
+    {"Name": "v", "AckRetry": "1m", "Subscribers": ["s", "r"]},  # a deadline for what is in flight
     {"Name": "dlq", "Subscribers": ["ops"]},  # nobody listens on ops: dead letters stay
 ]
 QUESTION = "[y/N] "
