@@ -51,11 +51,11 @@ def test_status_follows_the_backlog_and_connected_subscribers(broker_factory, no
     b = broker_factory(TOPIC, ["worker"], start=False).start(env=notify_socket.env())
     with b.client() as c:
         c.publish("jobs", [{"Payload": i} for i in range(7)])
-    notify_socket.wait("STATUS", "1 topics, 7 ready, 0 delayed, 0 in flight, 0/1 subscribers connected")
+    notify_socket.wait("STATUS", "1 topics, 7 ready, 0 delayed, 0 in flight, 0/1 subscribers connected, 0 subscriptions paused")
 
     sub = broker_factory.subscriber(b, "worker")
     sub.wait_messages(7)
-    notify_socket.wait("STATUS", "1 topics, 0 ready, 0 delayed, 0 in flight, 1/1 subscribers connected")
+    notify_socket.wait("STATUS", "1 topics, 0 ready, 0 delayed, 0 in flight, 1/1 subscribers connected, 0 subscriptions paused")
 
 
 def _pings(listener: NotifyListener, since: float) -> int:
