@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from . import daemon, sockets
+from . import cli_control, daemon, sockets
+from .cli_control import align, open_client, seconds
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
@@ -86,6 +87,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pub.add_argument("--key", "-k")
     pub.add_argument("--priority", "-p", type=int, default=0)
     pub.add_argument("--ttl", type=float, help="seconds until the message expires")
+    pub.add_argument("--delay", type=seconds, help="seconds before the message may be delivered")
     pub.add_argument("--json", action="store_true", help="PAYLOAD is a JSON value rather than a string")
     ack = command("ack", _ack, "acknowledge messages")
     ack.add_argument("topic")
@@ -94,7 +96,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rec = command("reconnect", _reconnect, "redeliver everything in flight to a subscriber")
     rec.add_argument("subscriber")
     rec.add_argument("--topic", "-t")
+    cli_control.add_commands(command)
     st = command("status", _status, "show the broker's counters")
+    st.add_argument("--topic", "-t", help="only this topic")
     st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")
     command("metrics", _metrics, "print the broker's metrics in the Prometheus text format, as its Metrics textfile has them")
     commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
@@ -165,13 +169,8 @@ def _migrate(args: argparse.Namespace) -> int:
 # --- client side -----------------------------------------------------------------------
 
 
-def _client(args: argparse.Namespace) -> Client:
-    path = args.socket or load_config(args.config or default_config_path()).server_socket
-    return Client(path)
-
-
 def _publish(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with open_client(args) as client:
         if args.payloads == ["-"]:
             total = _publish_stdin(client, args.topic)
         else:
@@ -194,6 +193,8 @@ def _message(args: argparse.Namespace, payload: str) -> dict[str, Any]:
         message["Key"] = args.key
     if args.ttl is not None:
         message["TTL"] = args.ttl
+    if args.delay is not None:
+        message["Delay"] = args.delay
     return message
 
 
@@ -216,21 +217,21 @@ def _publish_stdin(client: Client, topic: str) -> int:
 
 
 def _ack(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with open_client(args) as client:
         done = client.ack(args.topic, args.subscriber, args.keys)
     print(f"acked {done}")
     return 0
 
 
 def _reconnect(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with open_client(args) as client:
         client.reconnect(args.subscriber, args.topic)
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        body = client.status()
+    with open_client(args) as client:
+        body = client.status(args.topic)
     if args.json:
         print(msgspec.json.encode(body).decode())
     else:
@@ -241,7 +242,7 @@ def _status(args: argparse.Namespace) -> int:
 def _metrics(args: argparse.Namespace) -> int:
     """From STATUS, like `ppmq status`: the one view of the counters a client may
     ask for (StatusUsers applies), rendered as the daemon renders its textfile."""
-    with _client(args) as client:
+    with open_client(args) as client:
         body = client.status()
     sys.stdout.write(exposition(body).decode())
     return 0
@@ -251,21 +252,26 @@ _SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED
 
 
 def _status_table(body: dict[str, Any]) -> str:
-    """One line per topic with its totals, then its subscribers in aligned columns."""
-    rows = {topic: [_SUB_COLUMNS] + [_sub_row(name, s) for name, s in t["Subscribers"].items()] for topic, t in body["Topics"].items()}
-    widths = [max(len(r[i]) for table in rows.values() for r in table) for i in range(len(_SUB_COLUMNS))]
+    """One line per topic with its totals, then its subscribers, in columns aligned
+    across all topics so that the tables read as one."""
+    tables = [[_SUB_COLUMNS, *(_sub_row(name, s) for name, s in t["Subscribers"].items())] for t in body["Topics"].values()]
+    rows = iter(align([row for table in tables for row in table]))
     lines = []
-    for topic, t in body["Topics"].items():
+    for (topic, t), table in zip(body["Topics"].items(), tables):
         lines.append(
             f"{topic}: stored {t['Stored']} ({t['StoredBytes']} bytes), published {t['Published']},"
             f" replaced {t['Replaced']}, expired {t['Expired']}, dropped {t['Dropped']}"
         )
-        lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows[topic]]
+        lines += ["  " + next(rows) for _ in table]
     lines.append(f"rejected requests: {body['Rejected']} ({body['Forbidden']} forbidden), commits: {body['Commits']}")
     return "\n".join(lines)
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
+    """One subscriber's line; a paused one is marked after its name (`Paused` is read
+    with a default: a broker older than this command does not send it)."""
+    if s.get("Paused"):
+        name += " (paused)"
     age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
     ready = "/".join(map(str, s["Ready"]))
     counts = (s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])
@@ -280,7 +286,7 @@ def _listen(args: argparse.Namespace) -> int:
         print(f"ppmq listen: {exc}", file=sys.stderr)
         return 1
     print(f"listening on {args.path}", file=sys.stderr)
-    via_server = _client(args) if args.ack and (args.config or args.socket) else None
+    via_server = open_client(args) if args.ack and (args.config or args.socket) else None
     try:
         while True:
             conn, _ = server.accept()

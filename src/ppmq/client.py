@@ -67,6 +67,11 @@ class _Calls:
         wrapper = {"Subscriber": subscriber, "Command": "RECONNECT"}
         return {**wrapper, "Topic": topic} if topic else wrapper
 
+    @staticmethod
+    def status_wrapper(topic: str | None) -> dict[str, Any]:
+        """STATUS of every topic, or of `topic` only (PROTOCOL §8)."""
+        return {"Command": "STATUS", "Topic": topic} if topic else {"Command": "STATUS"}
+
 
 class Client(_Calls):
     """Blocking client on the broker's server socket."""
@@ -103,8 +108,8 @@ class Client(_Calls):
     def reconnect(self, subscriber: str, topic: str | None = None) -> None:
         self.request(self.reconnect_wrapper(subscriber, topic))
 
-    def status(self) -> dict[str, Any]:
-        return self.request({"Command": "STATUS"}).body
+    def status(self, topic: str | None = None) -> dict[str, Any]:
+        return self.request(self.status_wrapper(topic)).body
 
     def close(self) -> None:
         self._lines.close()
@@ -156,8 +161,8 @@ class AsyncClient(_Calls):
     async def reconnect(self, subscriber: str, topic: str | None = None) -> None:
         await self.request(self.reconnect_wrapper(subscriber, topic))
 
-    async def status(self) -> dict[str, Any]:
-        return (await self.request({"Command": "STATUS"})).body
+    async def status(self, topic: str | None = None) -> dict[str, Any]:
+        return (await self.request(self.status_wrapper(topic))).body
 
     async def close(self) -> None:
         self._writer.close()

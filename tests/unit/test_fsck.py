@@ -58,7 +58,7 @@ class Built:
 @pytest.fixture
 def store(tmp_path: Path) -> Built:
     """A store as the broker leaves it: queued, in flight with deadlines, acked,
-    replaced, expiring."""
+    replaced, expiring, delayed."""
     config = make_config(tmp_path)
     store = Store(config.data_path, sync=False, max_bytes=1 << 24)
     broker = Broker(config, store, NOW)
@@ -67,6 +67,7 @@ def store(tmp_path: Path) -> Built:
     broker.step([publish("d", *d), publish("g", *({"Payload": raw(i)} for i in range(4)))], set(), NOW)
     broker.step([], {"a"}, NOW)  # two of each topic in flight to a
     broker.step([p.Request(topic="g", subscriber="a", acks=["1"]), publish("d", {"Key": "k3", "Payload": raw("new")})], set(), NOW)
+    broker.step([publish("g", {"Payload": raw("later"), "Delay": 60})], set(), NOW)  # message 5 waits for a and b
     store.close()
     return Built(config, {**broker.state.topic_ids, **broker.state.sub_ids})
 
@@ -78,7 +79,7 @@ def problems(store: Built) -> list[str]:
 def test_a_store_the_broker_wrote_is_clean(store):
     snap = read_snapshot(store.path)
     assert check(snap, store.config) == []
-    assert len(snap.bodies) == 6 + 3 and snap.inflight and snap.deadlines and snap.expiry and snap.dedupe
+    assert len(snap.bodies) == 6 + 4 and snap.inflight and snap.deadlines and snap.expiry and snap.dedupe and snap.delayed and snap.due
 
 
 def test_payloads_of_any_json_number_are_clean(tmp_path):
@@ -156,6 +157,9 @@ DAMAGES = {
     "a message in two batches in flight": (with_txn(copy_first_flight_to_a_new_batch), "is in two batches in flight"),
     "a batch in flight with no message": (with_txn(empty_first_flight), "holds no message"),
     "a deadline entry deleted": (drop_first("deadlines"), "missing from the deadline index"),
+    "a delayed entry deleted": (drop_first("delayed"), "matches no delayed entry due then"),
+    "a due entry deleted": (drop_first("due"), "missing from the due index"),
+    "a delayed counter off": (with_state(lambda s: setattr(s.subs["g"]["a"], "delayed", 3)), "counts 3 delayed"),
     "an expiry entry deleted": (drop_first("expiry"), "missing from the expiry index"),
     "a dedupe entry deleted": (drop_first("dedupe"), "missing from the dedupe index"),
     "a holders entry deleted": (drop_first("holders"), "is held by no subscriber"),
@@ -220,7 +224,7 @@ def fsck_cli(config: Config | dict, tmp: Path) -> subprocess.CompletedProcess:
 def test_the_command_exits_0_on_a_clean_store_and_1_with_one_line_per_problem(store, tmp_path):
     clean = fsck_cli(store.config, tmp_path)
     assert (clean.returncode, clean.stdout) == (0, ""), clean.stderr
-    assert "clean (9 messages" in clean.stderr
+    assert "clean (10 messages" in clean.stderr
     drop_first("inflight")(store)
     drop_first("expiry")(store)
     damaged = fsck_cli(store.config, tmp_path)

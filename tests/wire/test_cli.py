@@ -294,8 +294,12 @@ def test_config_defaults_to_ppmq_config_from_the_environment(broker):
 @pytest.mark.parametrize("stale", [False, True], ids=["no socket file", "a stale socket file"])
 @pytest.mark.parametrize(
     "args",
-    [["publish", "t", "x"], ["ack", "t", "s", "1"], ["reconnect", "s"], ["status"]],
-    ids=["publish", "ack", "reconnect", "status"],
+    [
+        ["publish", "t", "x"], ["ack", "t", "s", "1"], ["reconnect", "s"], ["status"], ["nack", "t", "s", "1"],
+        ["reject", "t", "s", "1"], ["peek", "t"], ["purge", "t", "--yes"], ["redrive", "t"], ["pause", "s"],
+        ["resume", "s"], ["ping"],
+    ],
+    ids=["publish", "ack", "reconnect", "status", "nack", "reject", "peek", "purge", "redrive", "pause", "resume", "ping"],
 )
 def test_a_client_command_exits_1_with_a_clear_message_when_no_broker_listens(broker_factory, args, stale):
     b = broker_factory(TOPICS, ["s"], start=False)
