@@ -104,7 +104,7 @@ class Admin(Wired):
 
     def _redrive_one(self, txn: Txn, dead: TopicConfig, t: int, m: int, now_ns: int) -> bool:
         body = txn.get_body(t, m)
-        origin = p.fragment_origin(body.fragment) if body is not None else None
+        payload, origin = p.fragment_parts(body.fragment) if body is not None else (b"", None)
         target = self.topics.get(origin.topic) if origin is not None else None
         if target is None or origin.subscriber not in target.subscribers:
             return False
@@ -112,7 +112,7 @@ class Admin(Wired):
         if key is not None and txn.get_dedupe(self.state.topic_ids[target.name], key) is not None:
             return False  # a newer version of the key waits there already: newest wins
         prio = min(body.priority, target.priorities - 1)
-        self._publish(txn, target, [Prepared(key, prio, 0, p.fragment_payload(body.fragment))], now_ns, [origin.subscriber])
+        self._publish(txn, target, [Prepared(key, prio, 0, payload)], now_ns, [origin.subscriber])
         self._remove_copies(txn, dead.name, t, m, None, None)
         if self._events.journaled:
             self._events.batch(ev.REDRIVE, target.name, origin.subscriber).ids.append(self.state.topics[target.name].seq)

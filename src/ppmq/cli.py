@@ -248,7 +248,7 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUB_COLUMNS = ("SUBSCRIBER", "READY", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED", "DEADLETTERED")
+_SUB_COLUMNS = ("SUBSCRIBER", "READY", "DELAYED", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED", "DEADLETTERED")
 
 
 def _status_table(body: dict[str, Any]) -> str:
@@ -268,13 +268,13 @@ def _status_table(body: dict[str, Any]) -> str:
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
-    """One subscriber's line; a paused one is marked after its name (`Paused` is read
-    with a default: a broker older than this command does not send it)."""
+    """One subscriber's line; a paused one is marked after its name (`Paused` and
+    `Delayed` are read with defaults: a broker older than this command does not send them)."""
     if s.get("Paused"):
         name += " (paused)"
     age = "-" if s["OldestReadyAge"] is None else f"{s['OldestReadyAge']:.1f}s"
     ready = "/".join(map(str, s["Ready"]))
-    counts = (s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])
+    counts = (s.get("Delayed", 0), s["InFlight"], age, s["Delivered"], s["Acked"], s["Redelivered"], s["Expired"], s["DeadLettered"])
     return tuple(map(str, (name, ready, *counts)))
 
 

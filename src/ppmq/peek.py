@@ -98,9 +98,11 @@ def _entries(txn: Txn, t: int, s: int, name: str, part: int, start: Cursor | Non
 
 
 def _entry(body: Body, sub: str, state: str, attempts: int, deadline_ns: int) -> dict:
-    return {
+    """One message as PEEK shows it; a dead letter's entry also has its `Origin`."""
+    payload, origin = p.fragment_parts(body.fragment)
+    entry = {
         "Key": body.key.decode(),
-        "Payload": msgspec.Raw(p.fragment_payload(body.fragment)),
+        "Payload": msgspec.Raw(payload),
         "Priority": body.priority,
         "Expires": p.format_expires(body.expires_ns) if body.expires_ns else None,
         "Subscriber": sub,
@@ -109,3 +111,4 @@ def _entry(body: Body, sub: str, state: str, attempts: int, deadline_ns: int) ->
         "Published": p.format_expires(body.publish_ns),
         "Deadline": p.format_expires(deadline_ns) if deadline_ns else None,
     }
+    return entry if origin is None else entry | {"Origin": origin}

@@ -400,9 +400,10 @@ def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, ke
     return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode()))
 
 
-def fragment_origin(fragment: bytes) -> Origin | None:
-    """The Origin of a stored message, if it is a dead letter."""
-    return _fragment_decoder.decode(fragment).origin
+def fragment_parts(fragment: bytes) -> tuple[bytes, Origin | None]:
+    """The raw Payload of a stored message and its Origin, if it is a dead letter."""
+    parts = _fragment_decoder.decode(fragment)
+    return bytes(parts.payload), parts.origin
 
 
 def fragment_payload(fragment: bytes) -> bytes:

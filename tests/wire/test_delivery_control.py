@@ -107,7 +107,7 @@ def test_a_rejected_message_is_dead_lettered_with_its_origin_and_redrive_brings_
     assert request(b, Topic="t", Subscriber="s", Rejects=[key])["Accepted"] == 1
     # Then a copy waits in the dead-letter topic, with where it came from and why
     peeked = request(b, Command="PEEK", Topic="dead")["Body"]["Messages"]
-    assert [(m["Payload"], m["Subscriber"], m["State"]) for m in peeked] == [({"n": 1}, "archive", "ready")]
+    assert [(m["Payload"], m["Subscriber"], m["State"], m["Origin"]["Reason"]) for m in peeked] == [({"n": 1}, "archive", "ready", "rejected")]
     assert b.sub_status("t", "s")["DeadLettered"] == 1 and b.status()["Topics"]["t"]["Stored"] == 0
     archive = broker_factory.subscriber(b, "archive", ack=None)
     origin = archive.wait_messages(1)[0]["Origin"]

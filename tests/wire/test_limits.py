@@ -288,7 +288,7 @@ def test_a_message_delivered_max_attempts_times_without_an_ack_goes_to_the_dead_
     }
     assert (dead["Origin"]["Topic"], dead["Origin"]["Subscriber"], dead["Origin"]["Reason"], dead["Origin"]["Attempts"]) == ("jobs", "worker", "attempts", 2)
     assert status["dead"]["Published"] == 1
-    assert re.search(r"^  worker +0/0/0 +0 +- +3 +1 +1 +0 +1$", status_table(b), re.M), status_table(b)
+    assert re.search(r"^  worker +0/0/0 +0 +0 +- +3 +1 +1 +0 +1$", status_table(b), re.M), status_table(b)
     assert [m["Payload"] for m in worker.messages] == ["fine", {"poison": True}, {"poison": True}]
 
 
