@@ -109,7 +109,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     socket_group: str | None = None  # group of ServerSocket; None: the broker's own group
     status_users: list[str | int] | None = None  # who may ask STATUS; None: anyone
     admin_users: list[str | int] | None = None  # who may PEEK, PURGE, REDRIVE, PAUSE, RESUME; None: root and the broker's user
-    allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers rule
+    allow_root: bool = True  # uid 0 passes every Users/Publishers/StatusUsers/AdminUsers rule
     drop_topics: list[str] = msgspec.field(default_factory=list)  # removed topics whose messages may be deleted
     journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
     metrics: MetricsConfig | None = None
