@@ -43,12 +43,14 @@ class ConfigError(Exception):
 
 class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     name: str
-    socket: str
+    socket: str | None = None  # where the broker pushes; required unless Pull
     batch_size: int = 50  # messages per pushed batch, as in ppMQ
     window: int | None = None  # messages in flight per topic; default batch_size
     users: list[str | int] | None = None  # who may ack or RECONNECT as this subscriber; None: anyone
     check_owner: bool | None = None  # the socket's owner must be root or in Users; default: Users is set
     metadata: bool = False  # delivered messages carry Attempt and Published (PROTOCOL §8); off: ppMQ's frames
+    pull: bool = False  # never pushed to: workers TAKE its messages (PROTOCOL §9)
+    connections: int = 1  # push connections to Socket at most, each with its own Window (PROTOCOL §9)
 
     @property
     def owner_checked(self) -> bool:
@@ -70,6 +72,7 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     dead_letter: str | None = None  # topic that receives dead-lettered messages; None: dropped
     dead_letter_reasons: list[str] = msgspec.field(default_factory=lambda: ["attempts", "rejected"])  # removals copied to DeadLetter
     max_age: Duration | None = None  # the Expires of a message published without one (needs Expire: true)
+    phpmq_subscriber: str | None = None  # the pull subscriber PHPMQ consumers of this queue take from (PROTOCOL §9)
     publishers: list[str | int] | None = None  # who may publish; None: anyone
 
     @property
@@ -96,6 +99,7 @@ class MetricsConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True)
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
+    phpmq_socket: str | None = None  # where the broker also speaks the PHPMQ protocol (PROTOCOL §9)
     subscribers: list[SubscriberConfig] = msgspec.field(default_factory=list)
     topics: list[TopicConfig] = msgspec.field(default_factory=list)
     sync: bool = True  # fsync at every commit; false leaves flushing to the OS
@@ -243,8 +247,7 @@ def _check(config: Config) -> list[tuple[str, str]]:
             errors.append((f".Subscribers[{i}].BatchSize", f"must be at least 1, got {sub.batch_size}"))
         if sub.window is not None and sub.window < 1:
             errors.append((f".Subscribers[{i}].Window", f"must be at least 1, got {sub.window}"))
-        if len(sub.socket.encode()) > _UNIX_PATH_MAX:
-            errors.append((f".Subscribers[{i}].Socket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+        errors += [(f".Subscribers[{i}]{where}", msg) for where, msg in _check_delivery(sub)]
     for i, topic in enumerate(config.topics):
         if not 1 <= topic.priorities <= 256:
             errors.append((f".Topics[{i}].Priorities", f"must be 1..256, got {topic.priorities}"))
@@ -266,8 +269,26 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".Journal.SegmentBytes", f"must not exceed Journal.MaxBytes ({config.journal.max_bytes})"))
     if not config.data_path:
         errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
+    if config.phpmq_socket is not None and len(config.phpmq_socket.encode()) > _UNIX_PATH_MAX:
+        errors.append((".PhpmqSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if config.metrics is not None:
         errors += [(f".Metrics{where}", msg) for where, msg in _check_metrics(config.metrics)]
+    return errors
+
+
+def _check_delivery(sub: SubscriberConfig) -> list[tuple[str, str]]:
+    """A subscriber is pushed to through its Socket, or pulls (PROTOCOL §9): one of the two."""
+    errors = []
+    if sub.pull and sub.socket is not None:
+        errors.append((".Socket", "a Pull subscriber takes its messages and has no Socket"))
+    elif not sub.pull and sub.socket is None:
+        errors.append((".Socket", "required (or Pull: true, for a subscriber that takes its messages)"))
+    elif sub.socket is not None and len(sub.socket.encode()) > _UNIX_PATH_MAX:
+        errors.append((".Socket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    if sub.connections < 1:
+        errors.append((".Connections", f"must be at least 1, got {sub.connections}"))
+    elif sub.connections > 1 and sub.pull:
+        errors.append((".Connections", "is for push subscribers; a Pull subscriber's workers open their own"))
     return errors
 
 
@@ -300,6 +321,9 @@ def _check_limits(config: Config, topic: TopicConfig) -> list[tuple[str, str]]:
     for i, reason in enumerate(topic.dead_letter_reasons):
         if reason not in DEAD_LETTER_REASONS:
             errors.append((f".DeadLetterReasons[{i}]", f"must be one of {', '.join(DEAD_LETTER_REASONS)}, got {reason!r}"))
+    pullers = {s.name for s in config.subscribers if s.pull}
+    if topic.phpmq_subscriber is not None and (topic.phpmq_subscriber not in topic.subscribers or topic.phpmq_subscriber not in pullers):
+        errors.append((".PhpmqSubscriber", f"{topic.phpmq_subscriber!r} is not a Pull subscriber of this topic"))
     if topic.max_age is not None and not topic.expire:
         errors.append((".MaxAge", "needs Expire: true (without it, Expires is ignored)"))
     elif topic.max_age is not None and topic.max_age <= 0:
@@ -363,10 +387,13 @@ def _resolved(config: Config, base: Path) -> Config:
         return p if os.path.isabs(p) else os.path.normpath(base.resolve() / p)
 
     config.server_socket = absolute(config.server_socket)
+    if config.phpmq_socket is not None:
+        config.phpmq_socket = absolute(config.phpmq_socket)
     if not config.in_memory:
         config.data_path = absolute(config.data_path)
     for sub in config.subscribers:
-        sub.socket = absolute(sub.socket)
+        if sub.socket is not None:
+            sub.socket = absolute(sub.socket)
     if config.metrics is not None:
         config.metrics.textfile = absolute(config.metrics.textfile)
     return config

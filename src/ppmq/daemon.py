@@ -110,7 +110,8 @@ class Daemon:
         await self.server.start(inherited, self.config.socket_mode, self.config.socket_group)
         self._writing = asyncio.create_task(self.writer.run(), name="writer")
         for sub in self.config.subscribers:
-            self._link(sub)
+            if not sub.pull:  # a Pull subscriber is never pushed to
+                self._link(sub)
         self._tasks = [
             asyncio.create_task(self._reloads(), name="reloads"),
             asyncio.create_task(self._report_status(), name="status"),
@@ -173,7 +174,7 @@ class Daemon:
     async def _relink(self, config: Config) -> None:
         """Links follow the new config: new ones start, removed ones stop, a moved
         socket reconnects; the others keep their connection and take the new limits."""
-        wanted = {s.name: s for s in config.subscribers}
+        wanted = {s.name: s for s in config.subscribers if not s.pull}  # a Pull subscriber is never pushed to
         moved = [n for n, (link, _) in self.links.items() if n in wanted and wanted[n].socket != link.config.socket]
         await self._unlink([n for n in self.links if n not in wanted] + moved)
         for name, sub in wanted.items():

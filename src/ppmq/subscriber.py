@@ -136,6 +136,8 @@ def settings(
     if match is None:
         known = ", ".join(s.name for s in loaded.subscribers) or "none"
         raise SubscriberError(f"{path}: no subscriber named {name!r} (Subscribers: {known})")
+    if socket_path is None and match.socket is None:
+        raise SubscriberError(f"{path}: subscriber {name!r} is a Pull subscriber: nothing is pushed to it (its workers TAKE)")
     return Settings(
         name,
         socket_path or match.socket,
