@@ -198,6 +198,7 @@ class Policy:
 
 
 DELIVERY_COMMANDS = ("RECONNECT", "CONNECT")
+SUBSCRIBER_COMMANDS = (*DELIVERY_COMMANDS, "TAKE")  # act as the Subscriber: its Users decide (PROTOCOL §9)
 ADMIN_COMMANDS = ("PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME")  # PROTOCOL §8 Access
 
 
@@ -213,7 +214,7 @@ def _acting_field(req: p.Request) -> str | None:
     for field, keys in (("Acks", req.acks), ("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
         if keys is not None:
             return field
-    return "Command" if _command(req) in DELIVERY_COMMANDS else None
+    return "Command" if _command(req) in SUBSCRIBER_COMMANDS else None
 
 
 def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
@@ -224,7 +225,7 @@ def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
 
 
 def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
-    """A subscriber's `Users` decide who may ack, nack, reject, touch or RECONNECT as it."""
+    """A subscriber's `Users` decide who may ack, nack, reject, touch, RECONNECT or TAKE as it."""
     field = _acting_field(req)
     rule = rules.users.get(req.subscriber) if field is not None else None
     if rule is not None and not rule.allows(peer):

@@ -8,8 +8,8 @@ and it runs on one thread: the writer thread of the server, or a test.
 
 This module is the step and the dispatch of requests (PROTOCOL §2), read top
 down; what a request does to messages is in the parts the Broker is made of:
-publishing.py, completion.py and filling.py (wiring.py says why they are mixins),
-and the values a step takes and returns are in ops.py.
+publishing.py, completion.py, filling.py, taking.py and admin.py (wiring.py says
+why they are mixins), and the values a step takes and returns are in ops.py.
 """
 
 from __future__ import annotations
@@ -22,27 +22,29 @@ from . import protocol as p
 from .access import Policy
 from .admin import Admin
 from .completion import Completion
-from .config import Config, ConfigError, TopicConfig
+from .config import Config, ConfigError
 from .events import StepEvents
 from .filling import Filling
-from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Written, request_id
+from .ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Take, Written, request_id
+from .owners import Owners
 from .publishing import Publishing
 from .staging import Answer, Staging, is_large
 from .schema import StoreError, StoreFullError
 from .state import NS, State, refused_changes, restore, snapshot, status_body
 from .store import Store, Txn
+from .taking import ABANDONED, Taking
 from .validate import delay_ns, prepare
 from .wiring import Wiring
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-COMMANDS = ("RECONNECT", "CONNECT", "STATUS", "PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME", "PING")
+COMMANDS = ("RECONNECT", "CONNECT", "STATUS", "TAKE", "PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME", "PING")
 FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
 MAX_RETRY_NS = 5 * NS
 
 
-class Broker(Publishing, Completion, Filling, Admin):
+class Broker(Publishing, Completion, Filling, Taking, Admin):
     """One store's state machine; run `step` from one thread only."""
 
     def __init__(
@@ -58,6 +60,7 @@ class Broker(Publishing, Completion, Filling, Admin):
         self._wiring: Wiring | None = None
         self._fresh = {}
         self._open = set()
+        self._owners = Owners()  # who took what (PROTOCOL §9); no taker outlives the process
         self._events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
@@ -172,8 +175,10 @@ class Broker(Publishing, Completion, Filling, Admin):
             self._rewire(wiring)
             self._events.clear()
             self._fresh = {}
+            self._owners.undo()
             raise
         self._committed = saved
+        self._owners.commit()
         return replies, deliveries, next_tick, finished
 
     def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int, ended: list[Answer]) -> Step:
@@ -185,21 +190,26 @@ class Broker(Publishing, Completion, Filling, Admin):
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
         self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
-        # Nobody resends a returned or written batch: keep it for the next step.
-        self._carried = [op for op in ops if isinstance(op, (Returned, Written))]
+        # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
+        self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
         err = _reply_error(exc)
-        replies = [None if isinstance(op, (Returned, Written)) else p.error_reply(err, request_id(op)) for op in ops]
+        replies = [None if isinstance(op, (Returned, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
         return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
 
     # --- one op -----------------------------------------------------------------------
 
     def _apply(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
-        if isinstance(op, Guarded):
+        taker = op.taker if isinstance(op, Take) else None
+        if isinstance(op, (Guarded, Take)):
             try:
-                op.check(op.request)
+                if op.check is not None:
+                    op.check(op.request)
             except p.Forbidden as exc:
                 return self._apply(txn, Invalid(exc, op.request.id), now_ns)
             op = op.request
+        if isinstance(op, Abandoned):
+            self._abandon(txn, op.taker, now_ns)
+            return None
         if isinstance(op, (Returned, Written)):
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
@@ -215,7 +225,7 @@ class Broker(Publishing, Completion, Filling, Admin):
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
         try:
-            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns)))
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
         except p.RequestError as exc:
             error = exc
         except StoreFullError as exc:
@@ -230,12 +240,13 @@ class Broker(Publishing, Completion, Filling, Admin):
         """apply(), whose writes, counters, config and fresh messages all vanish if
         it raises. The step's fresh lists are kept by value: a STATUS or a reload
         moves them into the queues (and empties the dict) inside it."""
-        before, wiring = snapshot(self.state), self._wiring
+        before, wiring, owners = snapshot(self.state), self._wiring, self._owners.mark()
         fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
         try:
             with txn.savepoint():
                 return apply()
         except BaseException:
+            self._owners.undo(owners)
             self.state = restore(before)
             self._rewire(wiring)
             self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
@@ -245,9 +256,9 @@ class Broker(Publishing, Completion, Filling, Admin):
         self._events.reject(topic, reply.status, reply.error, count)
         return reply
 
-    def _request(self, txn: Txn, req: p.Request, now_ns: int) -> p.Reply | None:
+    def _request(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None = None) -> p.Reply | None:
         """PROTOCOL §2, §8: messages, acks, nacks, rejects, touches, then the
-        command; all or nothing.
+        command (a TAKE's on behalf of `taker`); all or nothing.
         None: a large publish, answered in a later step (staging.py)."""
         accepted, body = 0, None
         if req.messages is not None:
@@ -267,7 +278,7 @@ class Broker(Publishing, Completion, Filling, Admin):
             accepted += self._ack_keys(txn, topic, sub, req.acks)
         accepted += self._control(txn, req)
         if req.command is not None:
-            body = self._command(txn, req, now_ns)
+            body = self._command(txn, req, now_ns, taker)
         return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
 
     def _control(self, txn: Txn, req: p.Request) -> int:
@@ -288,9 +299,11 @@ class Broker(Publishing, Completion, Filling, Admin):
                 applied += self._touch_keys(txn, topic, sub, keys)
         return applied
 
-    def _command(self, txn: Txn, req: p.Request, now_ns: int) -> dict | None:
-        """The Body of the request's Command (PROTOCOL §2, §8), None if it has none."""
+    def _command(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None) -> dict | None:
+        """The Body of the request's Command (PROTOCOL §2, §8, §9), None if it has none."""
         command = req.command.upper()
+        if command == "TAKE":
+            return self._take(txn, req, taker, now_ns)
         if command in ("RECONNECT", "CONNECT"):
             self._reconnect(txn, req.subscriber, self._topics_of_subscriber(req, "RECONNECT"), now_ns)
             return None
@@ -298,6 +311,7 @@ class Broker(Publishing, Completion, Filling, Admin):
             self._queue_fresh(txn)  # so that OldestReadyAge sees them
             if req.topic is not None:
                 self._topic_for(req, "STATUS")
+            self._prune_takers(txn)  # so that the takers counted hold messages in flight
             body = status_body(self.config, self.state, txn, now_ns, req.topic)
             if self._complete_status is not None:
                 self._complete_status(body)
@@ -306,35 +320,6 @@ class Broker(Publishing, Completion, Filling, Admin):
             return self._admin(txn, command, req, now_ns)
         except KeyError:
             raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})") from None
-
-    def _topic_for(self, req: p.Request, field: str) -> TopicConfig:
-        if req.topic is None:
-            raise p.BadRequest(f"Topic: required with {field}")
-        topic = self.topics.get(req.topic)
-        if topic is None:
-            raise p.NotFound(f"Topic: unknown topic {req.topic!r}")
-        return topic
-
-    def _subscriber_of(self, name: str | None, topic: TopicConfig, field: str) -> str:
-        if name is None:
-            raise p.BadRequest(f"Subscriber: required with {field}")
-        if name not in self.sub_topics:
-            raise p.NotFound(f"Subscriber: unknown subscriber {name!r}")
-        if name not in topic.subscribers:
-            raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
-        return name
-
-    def _topics_of_subscriber(self, req: p.Request, command: str) -> list[TopicConfig]:
-        """The topics a RECONNECT, PAUSE or RESUME names: its Topic, or all of its subscriber's."""
-        if req.subscriber is None:
-            raise p.BadRequest(f"Subscriber: required with {command}")
-        if req.subscriber not in self.sub_topics:
-            raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
-        if req.topic is None:
-            return self.sub_topics[req.subscriber]
-        topic = self._topic_for(req, command)
-        self._subscriber_of(req.subscriber, topic, command)
-        return [topic]
 
     # --- the config in force: one value, switched whole ---------------------------------
 
@@ -383,15 +368,18 @@ class Broker(Publishing, Completion, Filling, Admin):
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
     def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
-        """On an `AckRequired: false` topic nothing will ever ack what a previous run
-        pushed without seeing the write finish: deliver it again (at least once)."""
+        """Deliver again (at least once) what nothing will ever ack: on an
+        `AckRequired: false` topic, what a previous run pushed without seeing the
+        write finish; for a Pull subscriber, what the takers of that run, all
+        gone with it, took (PROTOCOL §9 Competing consumers)."""
         for tc in self.config.topics:
-            if not tc.ack_required:
-                t = self.state.topic_ids[tc.name]
-                for name in tc.subscribers:
-                    s = self.state.sub_ids[name]
-                    for flight in txn.inflight_of(t, s):
-                        self._requeue(txn, t, s, flight.m, now_ns, "Unconfirmed")
+            t = self.state.topic_ids[tc.name]
+            for name in tc.subscribers:
+                if tc.ack_required and not self.sub_configs[name].pull:
+                    continue
+                s = self.state.sub_ids[name]
+                for flight in txn.inflight_of(t, s):
+                    self._requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
     def _save(self, txn: Txn) -> bytes:
         """The counters into the step's transaction; the bytes are what a failed

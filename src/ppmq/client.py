@@ -68,6 +68,12 @@ class _Calls:
         return {**wrapper, "Topic": topic} if topic else wrapper
 
     @staticmethod
+    def take_wrapper(topic: str, subscriber: str, count: int, wait_s: float, acks: list[str] | None) -> dict[str, Any]:
+        """PROTOCOL §9 TAKE, with the previous batch's Acks applied first when given."""
+        wrapper = {"Topic": topic, "Subscriber": subscriber, "Command": "TAKE", "Count": count, "Wait": wait_s}
+        return {**wrapper, "Acks": acks} if acks else wrapper
+
+    @staticmethod
     def status_wrapper(topic: str | None) -> dict[str, Any]:
         """STATUS of every topic, or of `topic` only (PROTOCOL §8)."""
         return {"Command": "STATUS", "Topic": topic} if topic else {"Command": "STATUS"}
@@ -110,6 +116,11 @@ class Client(_Calls):
 
     def status(self, topic: str | None = None) -> dict[str, Any]:
         return self.request(self.status_wrapper(topic)).body
+
+    def take(self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: list[str] | None = None) -> list[dict[str, Any]]:
+        """Up to `count` messages for a Pull subscriber, waiting up to `wait_s` for
+        one (the client's timeout must be longer); `acks` are acked first."""
+        return self.request(self.take_wrapper(topic, subscriber, count, wait_s, acks)).body["Messages"]
 
     def close(self) -> None:
         self._lines.close()

@@ -50,6 +50,7 @@ class Completion(Wired):
         if not acked:
             return 0
         ids, attempts, pub_ns = zip(*acked)
+        self._owners.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids, pub_ns, attempts)
         self._release(txn, topic, queue.t, queue.s, list(ids))

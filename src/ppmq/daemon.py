@@ -28,6 +28,7 @@ from .ops import Reconfigure
 from .server import Server
 from .store import Store
 from .systemd import Notifier
+from .takes import Takes
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -95,9 +96,10 @@ class Daemon:
             durable=config.sync and not config.in_memory, on_step=self.commit_times.observe,
         )
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
+        self.takes = Takes(self.writer)  # TAKEs of every listener's connections (PROTOCOL §9)
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,
-            max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy,
+            max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
         )
         self.links: dict[str, tuple[SubscriberLink, asyncio.Task]] = {}
         self.last_error = ""
@@ -269,13 +271,14 @@ class Daemon:
 
     def _complete_status(self, body: dict) -> None:
         """What STATUS takes from this process rather than the store (PROTOCOL §8,
-        §10): whether each subscriber is connected, and the commit times. Runs on
+        §9, §10): whether each subscriber is connected, its takers, and the commit times. Runs on
         the writer thread; it only reads flags and copies the links dict, which
         the event loop may change during a reload."""
         connected = {name for name, (link, _) in dict(self.links).items() if link.connected}
         for topic in body["Topics"].values():
             for name, sub in topic["Subscribers"].items():
                 sub["Connected"] = name in connected
+        self.takes.complete_status(body)
         body["CommitSeconds"] = self.commit_times.body()
 
     async def _write_metrics_every(self, interval_s: float) -> None:

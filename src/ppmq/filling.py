@@ -48,8 +48,18 @@ class Filling(Wired):
         return out
 
     def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
-        """The next batch for sub: its fresh messages when they are its whole queue,
-        else from the ready rows; expired ones met on the way are expired."""
+        """The next batch for sub, as the frame pushed to it."""
+        batch = self._batch(txn, sub, topic, limit, now_ns)
+        if batch is None:
+            return None
+        ids, fragments = batch
+        return Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
+
+    def _batch(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> tuple[list[int], list[bytes]] | None:
+        """The next batch for sub, now in flight and journaled, pushed or taken
+        (PROTOCOL §9): its ids and its messages as sub receives them. Its fresh
+        messages when they are its whole queue, else from the ready rows;
+        expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
@@ -68,7 +78,7 @@ class Filling(Wired):
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
         if self.sub_configs[sub].metadata:
             fragments = list(map(p.with_metadata, fragments, attempts, pub_ns))
-        return Delivery(sub, topic.name, list(ids), p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
+        return list(ids), list(fragments)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:
         """The fresh messages of one topic join its ready queues now: before a

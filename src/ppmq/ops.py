@@ -56,7 +56,26 @@ class Guarded(NamedTuple):
     check: Callable[[p.Request], None]  # raises Forbidden
 
 
-Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure
+class Take(NamedTuple):
+    """A TAKE (PROTOCOL §9) on behalf of `taker`: one connection, or one consumer of
+    another listener, numbered by whoever makes the ops (`takes.Takes.new_taker`).
+    The messages it gets stay that taker's until they are acked or it is
+    `Abandoned`; `request` is the wrapper (Command TAKE, Topic, Subscriber, Count,
+    Id, and maybe Acks to apply first), `check` its access check, as in Guarded."""
+
+    taker: int
+    request: p.Request
+    check: Callable[[p.Request], None] | None = None  # raises Forbidden
+
+
+class Abandoned(NamedTuple):
+    """The taker is gone (its connection closed): every message it took and has
+    not acked goes back to ready at its place, now (PROTOCOL §9 Competing consumers)."""
+
+    taker: int
+
+
+Op = p.Request | Guarded | Take | Abandoned | Returned | Written | Invalid | Reconfigure
 
 
 class Delivery(NamedTuple):
@@ -83,7 +102,7 @@ class Step(NamedTuple):
 
 def request_of(op: Op) -> p.Request | None:
     """The client's request an op carries; None for internal ops."""
-    if isinstance(op, Guarded):
+    if isinstance(op, (Guarded, Take)):
         return op.request
     return op if isinstance(op, p.Request) else None
 

@@ -99,6 +99,9 @@ class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     state: str | None = None  # for PEEK: "ready" or "inflight"
     limit: int | None = None  # for PEEK
     after: str | None = None  # for PEEK: a previous reply's Next
+    # PROTOCOL §9 TAKE: how many messages at most, and how many seconds to wait for one.
+    count: int | None = None
+    wait: float | None = None
     command: str | None = None
     # Kept raw so that the reply echoes the client's Id byte for byte.
     id: Raw | UnsetType = UNSET
@@ -106,7 +109,7 @@ class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
 
 WRAPPER_KEYS = {
     f.lower(): f
-    for f in ("Topic", "Subscriber", "Messages", "Acks", "Nacks", "Rejects", "Touch", "Delay", "Keys", "State", "Limit", "After", "Command", "Id")
+    for f in ("Topic", "Subscriber", "Messages", "Acks", "Nacks", "Rejects", "Touch", "Delay", "Keys", "State", "Limit", "After", "Count", "Wait", "Command", "Id")
 }
 MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority", "Delay", "NotBefore")}
 

@@ -15,7 +15,8 @@ import resource
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from msgspec import UNSET
 
@@ -24,6 +25,7 @@ from . import sockets
 from .access import Peer, Policy
 from .framing import Framer
 from .ops import Guarded, Invalid
+from .takes import Takes
 from .writer import ReplySink, Writer
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,41 @@ class ReplyChannel:
         self._last_log, self._unlogged = now, 0
 
 
+class _Reads:
+    """A connection's reads, one at a time. While a TAKE waits, the next read is
+    started early (`ahead`): that is how a peer that goes away is seen at once,
+    and what it took given back; the data read is kept for the read after."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._ahead: asyncio.Task[bytes] | None = None
+
+    def ahead(self) -> asyncio.Task[bytes]:
+        if self._ahead is None:
+            self._ahead = asyncio.ensure_future(self._reader.read(READ_CHUNK))
+        return self._ahead
+
+    async def next(self, deadline: float | None) -> bytes | None:
+        """The next chunk; None if the monotonic `deadline` passes first."""
+        ahead, self._ahead = self._ahead, None
+        return await _read(ahead or self._reader.read(READ_CHUNK), deadline)
+
+    def cancel(self) -> None:
+        """The connection is done: a read started early goes, its error unseen."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead.add_done_callback(lambda read: read.cancelled() or read.exception())
+
+
+class _Taking(NamedTuple):
+    """How one connection of ServerSocket takes (PROTOCOL §9): as which taker,
+    and the read that says whether it is still there."""
+
+    takes: Takes
+    taker: int
+    reads: _Reads
+
+
 async def serve_requests(
     reader: asyncio.StreamReader,
     channel: ReplyChannel,
@@ -133,6 +170,7 @@ async def serve_requests(
     stopping: asyncio.Event | None = None,
     read_timeout_s: float = 0.0,
     authorize: Callable[[p.Request], None] | None = None,
+    takes: Takes | None = None,
 ) -> None:
     """Read frames until EOF; each becomes an op for the writer, replied to in order.
 
@@ -140,14 +178,17 @@ async def serve_requests(
     limit), so a peer stalled in the middle of one is answered 408 and closed
     while an idle one between frames may wait for ever. `authorize` raises
     Forbidden for a request the peer may not make; it runs when the request is
-    applied, under the access rules of that moment.
+    applied, under the access rules of that moment. With `takes`, the
+    connection is a taker: its TAKEs go through it, and so does its closing.
     """
     framer = Framer(max_frame_bytes)
     peer = channel.peer
     frame_started = None  # monotonic time the pending partial frame began
+    reads = _Reads(reader)
+    taking = _Taking(takes, takes.new_taker(), reads) if takes is not None else None
     try:
         while True:
-            data = await _read(reader, frame_started and frame_started + read_timeout_s)
+            data = await reads.next(frame_started and frame_started + read_timeout_s)
             if data is None:
                 await channel.settled()
                 channel.send(p.error_reply(p.ReadTimeout(f"frame not complete within ReadTimeout ({read_timeout_s:g}s)")))
@@ -164,7 +205,7 @@ async def serve_requests(
                 await _turn_away(frames, channel)
                 return
             paused_at = time.monotonic()
-            if not await _submit(frames, channel, writer, authorize, stopping):
+            if not await _submit(frames, channel, writer, authorize, stopping, taking):
                 return
             if framer.too_large is not None:
                 await channel.settled()
@@ -179,6 +220,9 @@ async def serve_requests(
     except (ConnectionError, OSError) as exc:
         log.debug("%s: connection error: %s", peer, exc)
     finally:
+        reads.cancel()
+        if taking is not None:
+            taking.takes.gone(taking.taker)
         channel.out.close()
 
 
@@ -188,9 +232,11 @@ async def _submit(
     writer: Writer,
     authorize: Callable[[p.Request], None] | None,
     stopping: asyncio.Event | None,
+    taking: _Taking | None,
 ) -> bool:
     """Hand each frame to the writer once the connection has room for it; the
     socket is not read meanwhile, so a peer that does not read is not read.
+    A TAKE is answered before the next frame is taken (it may wait).
     False if the server began stopping meanwhile: the rest were turned away."""
     for i, frame in enumerate(frames):
         op = _decode(frame, authorize)
@@ -198,8 +244,21 @@ async def _submit(
         if stopping is not None and stopping.is_set():  # the writer takes nothing new
             await _turn_away(frames[i:], channel)
             return False
-        writer.submit(op, channel.expect(len(frame)))
+        sink = channel.expect(len(frame))
+        take = _take_of(op) if taking is not None else None
+        if take is None:
+            writer.submit(op, sink)
+        else:
+            sink(await taking.takes.take(taking.taker, *take, taking.reads.ahead()))
     return True
+
+
+def _take_of(op: p.Request | Guarded | Invalid) -> tuple[p.Request, Callable[[p.Request], None] | None] | None:
+    """A TAKE request and its access check; None for any other op."""
+    request, check = (op.request, op.check) if isinstance(op, Guarded) else (op, None)
+    if isinstance(request, p.Request) and (request.command or "").upper() == "TAKE":
+        return request, check
+    return None
 
 
 async def _turn_away(frames: list[bytes], channel: ReplyChannel) -> None:
@@ -229,12 +288,12 @@ def _answers_with_state(op: p.Request | Guarded | Invalid) -> bool:
     return isinstance(op, p.Request) and op.command is not None and op.id is not UNSET
 
 
-async def _read(reader: asyncio.StreamReader, deadline: float | None) -> bytes | None:
-    """The next chunk; None if the monotonic `deadline` passes first."""
+async def _read(chunk: Awaitable[bytes], deadline: float | None) -> bytes | None:
+    """The chunk; None if the monotonic `deadline` passes first."""
     if not deadline:
-        return await reader.read(READ_CHUNK)
+        return await chunk
     try:
-        return await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - time.monotonic()))
+        return await asyncio.wait_for(chunk, max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         return None
 
@@ -251,8 +310,10 @@ class Server:
         max_connections: int = 0,
         read_timeout_s: float = 0.0,
         policy: Policy | None = None,
+        takes: Takes | None = None,
     ) -> None:
         self.path = path
+        self.takes = takes  # TAKE on this socket's connections (PROTOCOL §9)
         self.writer = writer
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections  # 0: the open-file limit less FD_RESERVE
@@ -296,7 +357,7 @@ class Server:
         channel = self._channels[task] = ReplyChannel(out, f"client#{self._count} ({peer})")
         authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
         try:
-            await serve_requests(reader, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize)
+            await serve_requests(reader, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes)
         finally:
             del self._channels[task]
 
@@ -318,6 +379,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting; connections answer 503 to anything new and close."""
         self.stopping.set()
+        if self.takes is not None:
+            self.takes.stop()
         if self._server is not None:
             self._server.close()
         if self._owns_path:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from . import protocol as p
 from .access import Rules
 from .config import Config, SubscriberConfig, TopicConfig
 from .events import StepEvents
+from .owners import Owners
 from .state import State
 from .store import Store
 
@@ -55,6 +57,7 @@ class Wired:
     state: State  # replaced whole when a request or a step is undone
     _wiring: Wiring | None
     _events: StepEvents
+    _owners: Owners  # who took which message of a Pull subscriber (taking.py)
 
     @property
     def config(self) -> Config:
@@ -79,3 +82,34 @@ class Wired:
     @property
     def _sub_by_id(self) -> dict[int, str]:
         return self._wiring.sub_by_id
+
+    # --- names in requests, looked up in the config in force ------------------------------
+
+    def _topic_for(self, req: p.Request, field: str) -> TopicConfig:
+        if req.topic is None:
+            raise p.BadRequest(f"Topic: required with {field}")
+        topic = self.topics.get(req.topic)
+        if topic is None:
+            raise p.NotFound(f"Topic: unknown topic {req.topic!r}")
+        return topic
+
+    def _subscriber_of(self, name: str | None, topic: TopicConfig, field: str) -> str:
+        if name is None:
+            raise p.BadRequest(f"Subscriber: required with {field}")
+        if name not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {name!r}")
+        if name not in topic.subscribers:
+            raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
+        return name
+
+    def _topics_of_subscriber(self, req: p.Request, command: str) -> list[TopicConfig]:
+        """The topics a RECONNECT, PAUSE or RESUME names: its Topic, or all of its subscriber's."""
+        if req.subscriber is None:
+            raise p.BadRequest(f"Subscriber: required with {command}")
+        if req.subscriber not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
+        if req.topic is None:
+            return self.sub_topics[req.subscriber]
+        topic = self._topic_for(req, command)
+        self._subscriber_of(req.subscriber, topic, command)
+        return [topic]

@@ -74,6 +74,7 @@ class Writer:
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = asyncio.Event()  # set after each step, then replaced
+        self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
@@ -90,6 +91,13 @@ class Writer:
         """Return once the broker holds something for subscriber."""
         while not self.broker.has_pending(subscriber):
             await self._stepped.wait()
+
+    def watch_steps(self, watcher: Callable[[], None]) -> None:
+        """Call `watcher` on the event loop after every step, before the next one
+        starts, so that it reads the broker's counters as that step left them:
+        how waiting TAKEs (takes.py) learn that messages may be there, without
+        a step of their own."""
+        self._watchers.append(watcher)
 
     async def call(self, op: Op) -> p.Reply:
         """Submit `op` and wait for its reply."""
@@ -170,6 +178,8 @@ class Writer:
                     self._dispatch(step.deliveries)
                 self._stepped.set()
                 self._stepped = asyncio.Event()
+                for watcher in self._watchers:
+                    watcher()
                 if step.events and self._journal is not None:
                     self._journal(step.events)
         finally:
