@@ -19,10 +19,10 @@ def test_bench_runs_every_workload_on_ppmq_and_writes_results(short_tmp: Path) -
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     # Then it succeeds, prints a table per workload and saves every figure
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("fanout-durable", "fanout-fast", "backlog", "latency", "latency-fast"):
+    for name in ("fanout-durable", "fanout-fast", "pull", "backlog", "latency", "latency-fast"):
         assert f"== {name}" in done.stdout
     results = json.loads((out / "results.json").read_text())
-    assert set(results["workloads"]) == {"fanout-durable", "fanout-fast", "backlog", "latency", "latency-fast"}
+    assert set(results["workloads"]) == {"fanout-durable", "fanout-fast", "pull", "backlog", "latency", "latency-fast"}
     for name, workload in results["workloads"].items():
         figures = workload["systems"]["ppmq"]["median"]
         assert figures["msgs_per_s"] > 0 and figures["cpu_s_per_10k"] >= 0, name

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         versions: dict[str, str] = {}
         for i in range(args.runs):  # systems interleaved, so each run's ratios share its moment
             for m in systems:
+                if w.pull and not hasattr(m, "Taker"):
+                    continue  # only ppmq has Pull subscribers
                 print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
                 try:
                     profile = out / f"profile-{w.name}.txt" if args.profile and m.NAME == "ppmq" else None

@@ -126,7 +126,8 @@ def _measure(name: str, running: Running, w: Workload, max_s: float) -> dict[str
 
 def _figures(w, empty, full, peak, disk_full, published, received, drain_ns, cpu) -> dict[str, float]:
     n = published["sent"]
-    short = [r["count"] for r in received if r["count"] < n]
+    counts = [sum(r["count"] for r in received)] if w.pull else [r["count"] for r in received]  # pull: shared
+    short = [c for c in counts if c < n]
     if short:
         raise RunError(f"subscribers received {short} of {n} messages")
     last_ns = max(r["end_ns"] for r in received)

@@ -45,28 +45,32 @@ def publish(system, address: dict, w: Workload, max_s: float) -> dict:
 
 
 def subscribe(system, address: dict, w: Workload, index: int) -> dict:
-    sub = system.Subscriber(address, w, index)
+    """Every message (a pull worker: its share, until it finds none once the
+    publisher is done); `end_ns` is when the last one arrived."""
+    sub = (system.Taker if w.pull else system.Subscriber)(address, w, index)
     sub.prepare()
     _handshake()
-    total = [w.messages]  # lowered by `stop N` when the publisher stopped early
+    total = [w.messages, 0]  # lowered by `stop N` when the publisher stopped early; then 1: told
     threading.Thread(target=_read_stop, args=(total,), daemon=True).start()
     sub.start()
-    seen, latencies = 0, []
+    seen, latencies, last_ns = 0, [], payload.now_ns()
     for payloads in sub.batches():
+        now_ns = payload.now_ns()
         if w.paced:
-            now_ns = payload.now_ns()
             latencies += [payload.latency_us(p, now_ns) for p in payloads]
+        if payloads:
+            last_ns = now_ns
         seen += len(payloads)
-        if seen >= total[0]:
+        if seen >= total[0] or (w.pull and not payloads and total[1]):
             break
     sub.close()
-    return {"end_ns": payload.now_ns(), "count": seen, "latencies_us": latencies, "cpu_s": time.process_time()}
+    return {"end_ns": last_ns if w.pull else payload.now_ns(), "count": seen, "latencies_us": latencies, "cpu_s": time.process_time()}
 
 
 def _read_stop(total: list[int]) -> None:
     line = sys.stdin.readline().split()
     if line[:1] == ["stop"]:
-        total[0] = int(line[1])
+        total[0], total[1] = int(line[1]), 1
 
 
 def _handshake() -> None:

@@ -19,6 +19,7 @@ class Workload(NamedTuple):
     server_acks: bool = False  # ppmq subscribers ack the ppMQ way: one-way, to ServerSocket
     dedupe: bool = False  # ppmq's topic has Dedupe, and every message a unique Key
     metrics_s: float = 0.0  # ppmq writes a Metrics textfile this often; 0: no Metrics section
+    pull: bool = False  # the subscribers are competing workers of one Pull subscriber (ppmq only: TAKE)
 
     @property
     def paced(self) -> bool:
@@ -33,6 +34,8 @@ def workloads(backlog_messages: int = 200_000, latency_s: float = 30.0) -> dict[
         for w in (
             Workload("fanout-durable", 50_000, 200, durable=True, backlog=False),
             Workload("fanout-fast", 50_000, 200, durable=False, backlog=False),
+            # one subscriber's messages shared by 4 worker processes, each TAKE with Count and Wait, acks by batch
+            Workload("pull", 50_000, 200, durable=True, backlog=False, subscribers=4, pull=True),
             Workload("backlog", backlog_messages, 1024, durable=False, backlog=True),
             Workload("latency", int(rate * latency_s), 200, durable=True, backlog=False, rate_per_s=rate),
             # the broker's own share, without the disk's fsync latency

@@ -12,12 +12,15 @@ from pathlib import Path
 import msgspec
 import yaml
 
+from ...client import Client
+
 from ..service import Running, Service
 from ..workloads import Workload
 from . import IDLE_S
 
 NAME = "ppmq"
 TOPIC = "bench"
+PULLED = "w"  # the Pull subscriber of the pull workload
 
 
 def missing() -> str | None:
@@ -25,13 +28,14 @@ def missing() -> str | None:
 
 
 def start(tmp: Path, w: Workload) -> Running:
-    subs = [f"s{i}" for i in range(w.subscribers)]
+    subs = [PULLED] if w.pull else [f"s{i}" for i in range(w.subscribers)]
+    kind = {"Pull": True} if w.pull else {}
     config = {
         "ServerSocket": str(tmp / "ppmq.sock"),
         "DataPath": str(tmp / "data"),
         "Sync": w.durable,
         "RetryMax": "100ms",  # a backlog's subscribers come up once publishing ends
-        "Subscribers": [{"Name": s, "Socket": str(tmp / f"{s}.sock"), "BatchSize": w.batch, "Window": w.window} for s in subs],
+        "Subscribers": [{"Name": s, **(kind or {"Socket": str(tmp / f"{s}.sock")}), "BatchSize": w.batch, "Window": w.window} for s in subs],
         "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs, "Dedupe": w.dedupe}],
     }
     if w.metrics_s:
@@ -39,8 +43,8 @@ def start(tmp: Path, w: Workload) -> Running:
     (tmp / "ppmq.yaml").write_text(yaml.safe_dump(config))
     service = Service([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], tmp)
     service.wait_unix(config["ServerSocket"])
-    address = {"server": config["ServerSocket"], "subscribers": [s["Socket"] for s in config["Subscribers"]]}
-    acks = "acks to ServerSocket" if w.server_acks else "acks on the delivery connection"
+    address = {"server": config["ServerSocket"], "subscribers": [s.get("Socket") for s in config["Subscribers"]]}
+    acks = "acks to ServerSocket" if w.server_acks or w.pull else "acks on the delivery connection"
     dedupe = ", Dedupe with a Key a message" if w.dedupe else ""
     metrics = f", Metrics every {w.metrics_s:g}s" if w.metrics_s else ""
     return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe}{metrics})")
@@ -138,3 +142,31 @@ class Subscriber:
             if sock is not None:
                 sock.close()
         self.listener.close()
+
+
+class Taker:
+    """A worker of the Pull subscriber: TAKEs up to a batch, waiting up to IDLE_S
+    for one, and acks each batch in its next TAKE, as a worker would."""
+
+    def __init__(self, address: dict, w: Workload, index: int) -> None:
+        self.path = address["server"]
+        self.count = w.batch
+        self.client: Client | None = None
+        self.acks: list[str] | None = None
+
+    def prepare(self) -> None:
+        self.client = Client(self.path, timeout_s=IDLE_S + 30)
+
+    def start(self) -> None:
+        pass
+
+    def batches(self) -> Iterator[list[bytes]]:
+        while True:
+            taken = self.client.take(TOPIC, PULLED, self.count, IDLE_S, self.acks)
+            self.acks = [m["Key"] for m in taken]
+            yield [m["Payload"].encode() for m in taken]
+
+    def close(self) -> None:
+        if self.acks:
+            self.client.ack(TOPIC, PULLED, self.acks)
+        self.client.close()
