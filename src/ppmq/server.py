@@ -144,7 +144,7 @@ class _Reads:
     async def next(self, deadline: float | None) -> bytes | None:
         """The next chunk; None if the monotonic `deadline` passes first."""
         ahead, self._ahead = self._ahead, None
-        return await _read(ahead or self._reader.read(READ_CHUNK), deadline)
+        return await _read(self._reader, deadline, ahead)
 
     def cancel(self) -> None:
         """The connection is done: a read started early goes, its error unseen."""
@@ -288,8 +288,10 @@ def _answers_with_state(op: p.Request | Guarded | Invalid) -> bool:
     return isinstance(op, p.Request) and op.command is not None and op.id is not UNSET
 
 
-async def _read(chunk: Awaitable[bytes], deadline: float | None) -> bytes | None:
-    """The chunk; None if the monotonic `deadline` passes first."""
+async def _read(reader: asyncio.StreamReader, deadline: float | None, started: Awaitable[bytes] | None = None) -> bytes | None:
+    """The next chunk (that of a read `started` already, if given); None if the
+    monotonic `deadline` passes first."""
+    chunk = reader.read(READ_CHUNK) if started is None else started
     if not deadline:
         return await chunk
     try:
