@@ -407,9 +407,7 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(sub=st.none() | st.sampled_from(sorted(SUBS)))
     def purge_what_is_being_staged(self, sub: str | None) -> None:
         """A publish still being staged is not there yet (PROTOCOL §3: a publish is
-        seen whole or not at all): a PURGE naming one of its ids finds nothing.
-        The broker fails this for now: PURGE Keys removes the hidden copies, which
-        sets Ready below zero and leaves rows fsck reports."""
+        seen whole or not at all): a PURGE naming one of its ids finds nothing."""
         req = p.Request(topic="bulk", subscriber=sub, command="PURGE", keys=self._hidden(), id=msgspec.Raw(b"8"))
         (reply,) = self.step([req])
         assert (reply.status, reply.body) == (200, {"Purged": 0}), reply
