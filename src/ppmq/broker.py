@@ -25,6 +25,7 @@ from .completion import Completion
 from .config import Config, ConfigError, TopicConfig
 from .events import StepEvents
 from .filling import Filling
+from .lanes import Lanes
 from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Written, request_id
 from .publishing import Publishing
 from .staging import Answer, Staging, is_large
@@ -58,6 +59,8 @@ class Broker(Publishing, Completion, Filling, Admin):
         self._wiring: Wiring | None = None
         self._fresh = {}
         self._open = set()
+        self._lanes = {}
+        self._watch = None
         self._events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
@@ -98,15 +101,21 @@ class Broker(Publishing, Completion, Filling, Admin):
 
     # --- the step ---------------------------------------------------------------------
 
-    def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
-        """Whether a step with no requests would do anything now."""
+    def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
+        """Whether a step with no requests would do anything now; `lanes` as for step."""
         if now_ns < self._retry_at_ns:
             return False
         if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        return now_ns >= self._next_tick_ns or any(self._space(s, t) > 0 for s in open_subs for t in self.sub_topics.get(s, ()))
+        lanes = lanes or {}
+        return now_ns >= self._next_tick_ns or any(
+            self._space(s, t, self._lanes_of(s, lanes)) > 0 for s in open_subs for t in self.sub_topics.get(s, ())
+        )
 
-    def step(self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None) -> Step:
+    def step(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,
+        lanes: dict[str, Lanes] | None = None,
+    ) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit.
 
         `early`, if given, is handed the step's batches just before the commit,
@@ -115,7 +124,9 @@ class Broker(Publishing, Completion, Filling, Admin):
         only deliver them again, which at-least-once allows; replies still wait
         for the commit. A step that runs out of room looks again for reader
         slots of dead processes (which pin pages) and, if that freed any, tries
-        once more before answering 507."""
+        once more before answering 507. `lanes`: what each lane of the open
+        subscribers with Connections > 1 carries (laning.py)."""
+        self._lanes = lanes or {}
         carried, self._carried = self._carried, []
         ops = carried + ops
         self._clear_stale_readers()
@@ -135,7 +146,7 @@ class Broker(Publishing, Completion, Filling, Admin):
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished)
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._left_flight())
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -156,6 +167,7 @@ class Broker(Publishing, Completion, Filling, Admin):
         self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
+                self._watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns) for op in ops]
                 finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns))
                 if now_ns >= self._next_tick_ns:
