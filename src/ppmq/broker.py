@@ -58,9 +58,7 @@ class Broker(Publishing, Completion, Filling, Admin):
         self.policy = Policy()  # connections check their requests against it, in the step
         self._wiring: Wiring | None = None
         self._fresh = {}
-        self._open = set()
-        self._lanes = {}
-        self._watch = None
+        self._open, self._lanes, self._watch = set(), {}, None
         self._events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
@@ -107,10 +105,8 @@ class Broker(Publishing, Completion, Filling, Admin):
             return False
         if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        lanes = lanes or {}
-        return now_ns >= self._next_tick_ns or any(
-            self._space(s, t, self._lanes_of(s, lanes)) > 0 for s in open_subs for t in self.sub_topics.get(s, ())
-        )
+        subs = ((s, self._lanes_of(s, lanes or {})) for s in open_subs)
+        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self.sub_topics.get(s, ()))
 
     def step(
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,

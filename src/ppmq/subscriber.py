@@ -284,8 +284,8 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
             ended = await _serve_socket(listener.sock, call, s, stop, listener.idle_exit_s)
         else:
             ended = await _serve_listening(listener, call, s, stop)
-        why = {IDLE: f"idle for {listener.idle_exit_s:g}s", STOPPED: "stopped", CLOSED: "the broker closed the connection"}
-        log.info("%s: %s, exiting", s.name, why[ended])
+        why = f"idle for {listener.idle_exit_s:g}s" if ended == IDLE else "stopped" if ended == STOPPED else "the broker closed the connection"
+        log.info("%s: %s, exiting", s.name, why)
     finally:
         listener.close()
         executor.shutdown(wait=False)
