@@ -62,12 +62,19 @@ class Admin(Wired):
         ready, delayed or in flight; a message nobody holds any more is deleted."""
         only, t = set(subs), self.state.topic_ids[topic.name]
         if keys is not None:
-            named = dict.fromkeys(m for m in self._msgs_of(txn, topic, keys) if m is not None)
+            named = self._visible(txn, topic, keys)
             return sum(len(self._remove_copies(txn, topic.name, t, m, ev.PURGE, only)) for m in named)
         purged = 0
         while ms := self._held(txn, t, subs):
             purged += sum(len(self._remove_copies(txn, topic.name, t, m, ev.PURGE, only)) for m in ms)
         return purged
+
+    def _visible(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int]:
+        """The messages keys name, once each, none of a publish still being staged
+        (staging.py): until it is whole, nobody may see or touch its messages."""
+        t, staged = self.state.topic_ids[topic.name], txn.staged()
+        named = (m for m in self._msgs_of(txn, topic, keys) if m is not None)
+        return list(dict.fromkeys(m for m in named if staged is None or not staged.hides(t, m)))
 
     def _held(self, txn: Txn, t: int, subs: list[str]) -> list[int]:
         """Up to CHUNK messages that `subs` hold on topic t, wherever they are."""
@@ -91,7 +98,7 @@ class Admin(Wired):
             raise p.BadRequest(f"Topic: {dead.name!r} is no topic's DeadLetter")
         t = self.state.topic_ids[dead.name]
         if keys is not None:
-            ms = list(dict.fromkeys(m for m in self._msgs_of(txn, dead, keys) if m is not None))
+            ms = self._visible(txn, dead, keys)
         else:
             ms = [m for m, _ in txn.bodies_of(t)]
         redriven = skipped = 0

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
+from msgspec import UNSET
+
 from . import protocol as p
 from .access import Policy
 from .admin import Admin
@@ -26,7 +28,7 @@ from .config import Config, ConfigError, TopicConfig
 from .events import StepEvents
 from .filling import Filling
 from .lanes import Lanes
-from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Returned, Step, Written, request_id
+from .ops import Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Written, request_id
 from .publishing import Publishing
 from .staging import Answer, Staging, is_large
 from .schema import StoreError, StoreFullError
@@ -222,6 +224,11 @@ class Broker(Publishing, Completion, Filling, Admin):
             return self._rejected(p.error_reply(op.error, op.id), None, 0)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
+        if isinstance(op, Requeue):
+            try:
+                return self._requeue_at_end(txn, op, now_ns)
+            except p.RequestError as exc:  # counted and journaled as any refused request
+                return self._apply(txn, Invalid(exc, UNSET), now_ns)
         try:
             return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns)))
         except p.RequestError as exc:

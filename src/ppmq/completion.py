@@ -15,7 +15,7 @@ import logging
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
-from .ops import Returned
+from .ops import Requeue, Returned
 from .queues import Queue
 from .schema import Body, Flight
 from .state import NS, SubStats
@@ -133,24 +133,28 @@ class Completion(Wired):
             for flight in txn.inflight_of(t, s):
                 self._requeue(txn, t, s, flight.m, now_ns, "Reconnect")
 
-    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str) -> None:
-        """Back to its place in the queue, as if it had not been delivered yet;
-        after MaxAttempts deliveries, given up on (dead-lettered) instead."""
+    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str, to_end: bool = False) -> tuple[Flight, bool] | None:
+        """Back to its place in the queue (or, `to_end`, to the end of its
+        priority), as if it had not been delivered yet; after MaxAttempts
+        deliveries, given up on (dead-lettered) instead. Returns what
+        `_give_back` does."""
         stats = self._stats(t, s)
         if stats is None:  # a subscription no config names: nothing counts it
             flight = txn.pop_flight(t, s, m)
             if flight is not None:
                 txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
-            return
-        back = self._give_back(txn, t, s, m, now_ns)
+            return None
+        back = self._give_back(txn, t, s, m, now_ns, to_end=to_end)
         if back is not None and self._events.journaled:
             reason = "MaxAttempts" if back[1] else reason
             self._events.batch(ev.REQUEUE, self._topic_by_id[t], self._sub_by_id[s], reason).ids.append(m)
+        return back
 
-    def _give_back(self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0) -> tuple[Flight, bool] | None:
+    def _give_back(self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0, to_end: bool = False) -> tuple[Flight, bool] | None:
         """m leaves flight to s: back to its place (waiting there until `due_ns`
-        if given), or, after its MaxAttempts-th delivery, given up on. Returns
-        its flight and whether it was given up on; None if it was not in flight."""
+        if given; `to_end`: a new place at the end of its priority), or, after
+        its MaxAttempts-th delivery, given up on. Returns its flight and whether
+        it was given up on; None if it was not in flight."""
         queue = Queue(txn, t, s, self._stats(t, s))
         flight = queue.unflight(m)
         if flight is None:
@@ -159,8 +163,41 @@ class Completion(Wired):
         if topic.max_attempts and flight.attempts >= topic.max_attempts:
             self._give_up(txn, topic, s, flight, "attempts", now_ns)
             return flight, True
+        if to_end:
+            flight = self._moved_to_end(txn, t, s, flight)
         queue.put_back(m, flight, due_ns=due_ns)
         return flight, False
+
+    def _moved_to_end(self, txn: Txn, t: int, s: int, flight: Flight) -> Flight:
+        """flight with a place after every message of its topic queued so far,
+        which its message's holders record (as a new version's, Dedupe)."""
+        pos = self._next_position(self._topic_by_id[t])
+        holders = txn.get_holders(t, flight.m)
+        holders[s] = (flight.prio, pos)
+        txn.put_holders(t, flight.m, holders)
+        return flight._replace(pos=pos)
+
+    # --- PHPMQ's re-queue (PROTOCOL §9) --------------------------------------------------------
+
+    def _requeue_at_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
+        """The key, in flight to the subscriber, goes to the end of its priority
+        with the new TTL, as a delivery attempt (MaxAttempts may give it up
+        instead). Raises the RequestError that refuses it: the connection's
+        access check, or a queue a reload took away since it arrived."""
+        op.check()
+        topic = self.topics.get(op.topic)
+        if topic is None:
+            raise p.NotFound(f"Topic: unknown topic {op.topic!r}")
+        sub = self._subscriber_of(op.subscriber, topic, "Requeue")
+        [m] = self._msgs_of(txn, topic, [op.key])
+        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
+        back = None if m is None else self._requeue(txn, t, s, m, now_ns, "Requeue", to_end=True)
+        if back is None:
+            self.state.subs[topic.name][sub].ignored_acks += 1
+            return p.Reply(status=200, accepted=0)
+        if not back[1]:
+            self._retime(txn, topic, t, m, now_ns + op.ttl_s * NS if op.ttl_s else 0)
+        return p.Reply(status=200, accepted=1)
 
     def _give_up(self, txn: Txn, topic: TopicConfig, s: int, flight: Flight, reason: str, now_ns: int) -> None:
         """Subscriber s gives up on a message it had in flight (MaxAttempts, a

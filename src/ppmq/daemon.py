@@ -26,6 +26,7 @@ from .journal import Journal
 from .metrics import CommitTimes, exposition, write_textfile
 from .ops import Reconfigure
 from .parallel import ParallelLink
+from .phpmq import PhpmqServer
 from .server import Server
 from .store import Store
 from .systemd import Notifier
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
 STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 # Changing these needs a restart: they are the environment the others run in.
-RESTART_ONLY = ("server_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal", "metrics")
+RESTART_ONLY = ("server_socket", "phpmq_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal", "metrics")
 
 
 async def run(
@@ -100,6 +101,7 @@ class Daemon:
             config.server_socket, self.writer, config.max_frame_bytes,
             max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy,
         )
+        self.phpmq = PhpmqServer(config.phpmq_socket, self.writer, config, self.policy) if config.phpmq_socket else None
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
@@ -109,6 +111,8 @@ class Daemon:
 
     async def start(self, inherited: socket.socket | None) -> None:
         await self.server.start(inherited, self.config.socket_mode, self.config.socket_group)
+        if self.phpmq is not None:
+            await self.phpmq.start(self.config.socket_mode, self.config.socket_group)
         self._writing = asyncio.create_task(self.writer.run(), name="writer")
         for sub in self.config.subscribers:
             if not sub.pull:  # a Pull subscriber is never pushed to
@@ -145,6 +149,8 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await self.server.stop()
+        if self.phpmq is not None:
+            await self.phpmq.stop()
         # Links first: the batches they give back (unwritten or still queued) are
         # applied by the writer's last steps, so they stay ready in the store.
         await self._unlink(list(self.links))
@@ -154,6 +160,8 @@ class Daemon:
         if self._writing is not None:
             await asyncio.gather(self._writing, *self._tasks, return_exceptions=True)
         await self.server.close_connections(STOP_GRACE_S)
+        if self.phpmq is not None:
+            await self.phpmq.close_connections()
         if self.journal is not None:
             self.journal.close()  # after the last step, so that its events are written too
 
@@ -219,6 +227,8 @@ class Daemon:
         old, self.config = self.config, config
         await self._relink(config)
         self.server.max_frame_bytes = config.max_frame_bytes
+        if self.phpmq is not None:
+            self.phpmq.config = config
         self.server.read_timeout_s, self.server.max_connections = config.read_timeout, config.max_connections
         self.last_error = ""
         log.info("config reloaded: %s", _summary(old, config))

@@ -56,7 +56,19 @@ class Guarded(NamedTuple):
     check: Callable[[p.Request], None]  # raises Forbidden
 
 
-Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure
+class Requeue(NamedTuple):
+    """PHPMQ's re-queue (PROTOCOL §9): `key`, in flight to `subscriber`, goes to
+    the end of its priority with a new expiry, as a delivery attempt. Not a
+    Request: ServerSocket has no such command, and it needs no Id."""
+
+    topic: str
+    subscriber: str
+    key: str
+    ttl_s: int  # the message's new time to live; 0: it never expires
+    check: Callable[[], None]  # raises Forbidden: the connection's access check, run when applied
+
+
+Op = p.Request | Guarded | Returned | Written | Invalid | Reconfigure | Requeue
 
 
 class Delivery(NamedTuple):

@@ -10,6 +10,8 @@ message leaves no trace.
 
 from __future__ import annotations
 
+import msgspec
+
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
@@ -148,8 +150,7 @@ class Publishing(Wired):
 
         def next_pos() -> int:  # one new place for every subscriber that moves it
             if not new_pos:
-                stats.seq += 1
-                new_pos.append(stats.seq)
+                new_pos.append(self._next_position(topic.name))
             return new_pos[0]
 
         holders = txn.get_holders(t, m)
@@ -158,10 +159,32 @@ class Publishing(Wired):
             holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos, msg.due_ns)
         txn.put_holders(t, m, holders)
         fragment = _fragment(msg.key, msg)
-        old = txn.replace_message(t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment), expire=topic.expire)
-        if old is not None:
-            stats.stored_bytes += len(fragment) - len(old.fragment)
+        self._put_version(txn, topic, t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
         return len(fragment)
+
+    def _retime(self, txn: Txn, topic: TopicConfig, t: int, m: int, expires_ns: int) -> None:
+        """m gets a new Expires (0: never), also in the JSON it is delivered as
+        (PROTOCOL §9, PHPMQ's re-queue); its other fields stay as they are."""
+        body = txn.get_body(t, m)
+        if body is None:
+            return
+        payload, origin = p.fragment_parts(body.fragment)
+        fragment = _fragment(body.key, Prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
+        self._put_version(txn, topic, t, m, body._replace(expires_ns=expires_ns, fragment=fragment))
+
+    def _put_version(self, txn: Txn, topic: TopicConfig, t: int, m: int, body: Body) -> None:
+        """A new version of m in place of the old one, with its expiry index entry
+        and the topic's byte count following."""
+        old = txn.replace_message(t, m, body, expire=topic.expire)
+        if old is not None:
+            self.state.topics[topic.name].stored_bytes += len(body.fragment) - len(old.fragment)
+
+    def _next_position(self, topic: str) -> int:
+        """A queue place after every message of the topic queued so far: places
+        and message ids come from the same sequence."""
+        stats = self.state.topics[topic]
+        stats.seq += 1
+        return stats.seq
 
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:

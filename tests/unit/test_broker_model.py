@@ -1,12 +1,16 @@
-"""The broker against a small reference model of PROTOCOL §3.
+"""The broker against a small reference model of PROTOCOL §3 and §8.
 
 Hypothesis drives the real Broker on a real LMDB store with random publishes
-(some with a bad message, some replacing a dedupe key), deliveries to open
-subscribers, acks, RECONNECTs, returned batches, confirmed writes on an
-`AckRequired: false` topic, clock steps and restarts; topics have MaxMessages or
-MaxBytes with either OverflowPolicy, and MaxAttempts with or without DeadLetter. After every step the
-batches pushed must be exactly the ones the model predicts (topic, order,
-contents) and every STATUS counter must agree. Only the clock is fake.
+(some with a bad message, some replacing a dedupe key, some waiting with a Delay
+or a NotBefore), deliveries to open subscribers, acks, RECONNECTs, returned
+batches, confirmed writes on an `AckRequired: false` topic, nacks (with and
+without a Delay), rejects and touches in one request with acks, PURGE, REDRIVE,
+PAUSE and RESUME, clock steps and restarts; topics have MaxMessages or MaxBytes
+with either OverflowPolicy, and MaxAttempts with or without DeadLetter (and
+DeadLetterReasons). After every step the batches pushed must be exactly the
+ones the model (broker_model.py) predicts (topic, order, contents, a dead
+letter's Origin) and every STATUS counter must agree, Delayed, Paused and
+DeadLettered included. Only the clock is fake.
 
 CHUNK_MESSAGES is made small, so that publishes larger than it are staged over
 several steps (staging.py) on the topic `bulk`, interleaved with everything
@@ -17,9 +21,10 @@ they are refused.
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import itertools
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 
 import msgspec
 from hypothesis import settings
@@ -35,198 +40,19 @@ from hypothesis.stateful import (
 from ppmq import protocol as p
 from ppmq import staging
 from ppmq.broker import Broker
-from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.config import Config, SubscriberConfig
 from ppmq.fsck import check, read_snapshot
 from ppmq.ops import Returned, Written
 from ppmq.state import NS
 from ppmq.store import Store
+from tests.unit.broker_model import SUBS, TOPICS, Given, Job, Msg, TopicModel
 
-SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
-TOPICS = [
-    TopicConfig(
-        name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True,
-        max_messages=6, overflow_policy="drop-oldest", max_attempts=2, dead_letter="dead",
-    ),
-    TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True, max_bytes=150, max_attempts=3),
-    TopicConfig(name="auto", subscribers=["s2"], ack_required=False, max_messages=4),
-    TopicConfig(name="dead", subscribers=["s1"], priorities=2, max_messages=3),
-    TopicConfig(name="bulk", subscribers=["s1", "s2"], priorities=2, expire=True, ack_retry=3.0),
-]
 CHUNK = 3  # staging.CHUNK_MESSAGES while the machine runs
-TOPIC_IDS = {t.name: i for i, t in enumerate(TOPICS, 1)}
-SUB_IDS = {s: i for i, s in enumerate(SUBS, 1)}
 KEYS = ["a", "b", "c"]
 START_NS = 1_800_000_000 * NS
-
-
-@dataclass
-class Msg:
-    payload: int
-    prio: int
-    expires_ns: int  # 0: never
-    m: int = 0  # the broker's message id, given when it is stored
-    key: str = ""  # as delivered
-    published_ns: int = 0
-    origin: bytes | None = None  # of a dead letter (PROTOCOL §8)
-
-    def size(self) -> int:
-        """What MaxBytes counts: the message's JSON as delivered."""
-        return len(p.message_fragment(self.key, b"%d" % self.payload, self.prio, self.expires_ns, self.origin))
-
-
-@dataclass
-class Job:
-    """A publish being staged: `done` messages of it stored unseen so far."""
-
-    req: p.Request
-    idents: list[tuple[object, Msg]]
-    bad_at: int | None
-    done: int = 0
-    reserved: bool = False  # its first chunk took the ids
-
-
-@dataclass
-class Counters:
-    delivered: int = 0
-    acked: int = 0
-    redelivered: int = 0
-    expired: int = 0
-    ignored: int = 0
-    dead_lettered: int = 0
-
-
-@dataclass
-class TopicModel:
-    config: TopicConfig
-    msgs: dict[object, Msg] = field(default_factory=dict)  # ident -> live message
-    ready: dict[str, dict[object, tuple[int, int, int]]] = field(default_factory=dict)  # ident -> (prio, pos, attempts)
-    inflight: dict[str, dict[object, tuple[int, int, int, int]]] = field(default_factory=dict)  # + deadline
-    counters: dict[str, Counters] = field(default_factory=dict)
-    seq: int = 0
-    published: int = 0
-    replaced: int = 0
-    expired: int = 0
-    dropped: int = 0
-
-    def __post_init__(self) -> None:
-        for s in self.config.subscribers:
-            self.ready[s], self.inflight[s], self.counters[s] = {}, {}, Counters()
-
-    def next_pos(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def publish(self, ident: object, msg: Msg) -> bool:
-        """PROTOCOL §3 Fan-out and Dedupe; False when the topic is full."""
-        if ident not in self.msgs:
-            msg.m = self.seq + 1
-            msg.key = ident if self.config.dedupe else str(msg.m)
-            if not self.make_room(msg.size()):
-                return False
-            pos = self.next_pos()
-            for s in self.config.subscribers:
-                self.ready[s][ident] = (msg.prio, pos, 0)
-        else:
-            old = self.msgs[ident]
-            msg.m, msg.key = old.m, old.key
-            self.replaced += 1
-            new_pos = None
-            for s in self.config.subscribers:
-                place = self.ready[s].get(ident)
-                if place is not None and msg.prio >= place[0]:
-                    self.ready[s][ident] = (place[0], place[1], 0)
-                    continue
-                self.ready[s].pop(ident, None)
-                self.inflight[s].pop(ident, None)
-                new_pos = new_pos or self.next_pos()
-                self.ready[s][ident] = (msg.prio, new_pos, 0)
-        self.msgs[ident] = msg
-        self.published += 1
-        return True
-
-    def reveal(self, first: int, idents: list[tuple[object, Msg]]) -> None:
-        """A staged publish made whole: its messages at the ids reserved for it."""
-        for i, (ident, msg) in enumerate(idents):
-            msg.m = first + i
-            msg.key = str(msg.m)
-            for s in self.config.subscribers:
-                self.ready[s][ident] = (msg.prio, msg.m, 0)
-            self.msgs[ident] = msg
-        self.published += len(idents)
-
-    def stored_bytes(self) -> int:
-        return sum(msg.size() for msg in self.msgs.values())
-
-    def make_room(self, size: int) -> bool:
-        """MaxMessages / MaxBytes: drop the oldest of the lowest priority, or refuse."""
-        c = self.config
-        if c.max_bytes and size > c.max_bytes:
-            return False
-        while (c.max_messages and len(self.msgs) >= c.max_messages) or (c.max_bytes and self.stored_bytes() + size > c.max_bytes):
-            waiting = [(-prio, pos, ident) for s in c.subscribers for ident, (prio, pos, _) in self.ready[s].items()]
-            if c.overflow_policy != "drop-oldest" or not waiting:
-                return False
-            self.discard(min(waiting)[2])
-            self.dropped += 1
-        return True
-
-    def discard(self, ident: object) -> list[str]:
-        """Gone from every queue and from in flight; the subscribers that held it."""
-        held = [s for s in self.config.subscribers if self.ready[s].pop(ident, None) or self.inflight[s].pop(ident, None)]
-        del self.msgs[ident]
-        return held
-
-    def holds(self, ident: object) -> bool:
-        return any(ident in self.ready[s] or ident in self.inflight[s] for s in self.config.subscribers)
-
-    def finish(self, s: str, ident: object) -> None:
-        del self.inflight[s][ident]
-        self.counters[s].acked += 1
-        if not self.holds(ident):
-            del self.msgs[ident]
-
-    def expire(self, now_ns: int) -> None:
-        if self.config.expire:
-            for ident, msg in list(self.msgs.items()):
-                if msg.expires_ns and msg.expires_ns <= now_ns:
-                    self.expired += 1
-                    for s in self.discard(ident):
-                        self.counters[s].expired += 1
-
-    def due(self, now_ns: int) -> list[tuple]:
-        """In-flight entries past AckRetry, as the broker's deadline index orders them."""
-        t = TOPIC_IDS[self.config.name]
-        return [
-            (deadline, t, SUB_IDS[s], self.msgs[ident].m, self.config.name, s, ident)
-            for s in self.config.subscribers
-            for ident, (_, _, deadline, _) in self.inflight[s].items()
-            if deadline and deadline <= now_ns
-        ]
-
-    def requeue(self, s: str, ident: object) -> tuple[Msg, int] | None:
-        """Back to its place; after MaxAttempts deliveries, given up: returns the
-        message and its deliveries."""
-        prio, pos, _, attempts = self.inflight[s].pop(ident)
-        if self.config.max_attempts and attempts >= self.config.max_attempts:
-            self.counters[s].dead_lettered += 1
-            msg = self.msgs[ident]
-            if not self.holds(ident):
-                del self.msgs[ident]
-            return msg, attempts
-        self.ready[s][ident] = (prio, pos, attempts)
-        return None
-
-    def pull(self, s: str, now_ns: int) -> list[object]:
-        batch, window = SUBS[s]
-        limit = min(batch, window - len(self.inflight[s]))
-        order = sorted(self.ready[s], key=lambda i: self.ready[s][i][:2])[: max(0, limit)]
-        deadline = now_ns + int(self.config.ack_retry * NS) if self.config.ack_retry else 0
-        for ident in order:
-            prio, pos, attempts = self.ready[s].pop(ident)
-            self.inflight[s][ident] = (prio, pos, deadline, attempts + 1)
-            self.counters[s].delivered += 1
-            self.counters[s].redelivered += attempts > 0
-        return order
+WAITS = [("Delay", 0), ("Delay", 1.5), ("Delay", 4), ("Unix", -1), ("Unix", 2), ("RFC3339", 0), ("RFC3339", 2.5)]
+OPEN = st.sampled_from([set(), {"s1"}, {"s2"}, {"s1", "s2"}])  # the subscribers open in a step
+STRAYS = ["999999", "zzz", "007"]  # keys that name no message, or none the broker would write
 
 
 class BrokerMachine(RuleBasedStateMachine):
@@ -238,6 +64,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.now = START_NS
         self.model = {t.name: TopicModel(t) for t in TOPICS}
         self.payloads = iter(range(1, 10**9))
+        self.serial = itertools.count()  # idents of the messages the broker makes: dead letters, redriven ones
         self.keys: dict[tuple[str, object], str] = {}  # (topic, ident) -> key the broker delivered it with
         self.written: list = []  # deliveries of the last step, which may still fail to be written
         self.unconfirmed: list = []  # written to an AckRequired: false subscriber, Written not yet applied
@@ -330,33 +157,39 @@ class BrokerMachine(RuleBasedStateMachine):
         topic=st.sampled_from(["plain", "dd", "auto", "dead", "bulk"]),
         spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=10),
         bad_at=st.none() | st.integers(0, 9),
+        waits=st.none() | st.dictionaries(st.integers(0, 9), st.sampled_from(WAITS), min_size=1),
         subs=st.sets(st.sampled_from(sorted(SUBS))),
     )
-    def publish(self, topic: str, spec: list, bad_at: int | None, subs: set[str]) -> None:
-        """A publish, in a step that may also push to open subscribers."""
+    def publish(self, topic: str, spec: list, bad_at: int | None, waits: dict | None, subs: set[str]) -> None:
+        """A publish, in a step that may also push to open subscribers; `waits`:
+        the messages that wait, by index (PROTOCOL §8 Delay, NotBefore)."""
         tm = self.model[topic]
+        waits = {i: w for i, w in (waits or {}).items() if i < len(spec)}
         messages, idents = [], []
         for i, (prio, key, ttl) in enumerate(spec):
             prio = prio % tm.config.priorities if i != bad_at else tm.config.priorities
             payload = next(self.payloads)
-            messages.append(p.Message(payload=msgspec.Raw(b"%d" % payload), priority=prio, key=key, ttl_s=ttl))
-            idents.append((key if tm.config.dedupe else payload, Msg(payload, prio, self.now + ttl * NS if ttl else 0, published_ns=self.now)))
+            message = p.Message(payload=msgspec.Raw(b"%d" % payload), priority=prio, key=key, ttl_s=ttl)
+            due_ns = self._wait(message, waits.get(i))
+            messages.append(message)
+            msg = Msg(payload, prio, self.now + ttl * NS if ttl else 0, published_ns=self.now)
+            idents.append((key if tm.config.dedupe else payload, msg, due_ns))
         req = p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"1"))
 
         def apply(replies: list) -> None:
             (reply,) = replies
-            if len(spec) > CHUNK and topic != "bulk":  # Dedupe or limits: too large to stage
+            if len(spec) > CHUNK and (topic != "bulk" or waits):  # Dedupe, limits, waits: not staged
                 assert reply.status == 413 and "split it" in reply.error, reply
                 return
             if len(spec) > CHUNK:  # staged: answered in the step that ends it
                 assert reply is None
-                self.jobs.append(Job(req, idents, bad_at if bad_at is not None and bad_at < len(spec) else None))
+                self.jobs.append(Job(req, [(ident, msg) for ident, msg, _ in idents], bad_at if bad_at is not None and bad_at < len(spec) else None))
                 return
             if bad_at is not None and bad_at < len(spec):
                 assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
                 return
             trial = copy.deepcopy(tm)
-            full_at = next((i for i, (ident, msg) in enumerate(idents) if not trial.publish(ident, msg)), None)
+            full_at = next((i for i, entry in enumerate(idents) if not trial.publish(*entry)), None)
             if full_at is None:
                 assert (reply.status, reply.accepted) == (200, len(spec))
                 self.model[topic] = trial
@@ -365,21 +198,46 @@ class BrokerMachine(RuleBasedStateMachine):
 
         self.step([req], subs, apply)
 
-    def requeue(self, tm: TopicModel, s: str, ident: object) -> None:
-        """The model of Broker._requeue: a message given up goes to DeadLetter, if it has room."""
-        given_up = tm.requeue(s, ident)
-        if given_up is not None and tm.config.dead_letter:
-            msg, attempts = given_up
-            target = self.model[tm.config.dead_letter]
-            prio = min(msg.prio, target.config.priorities - 1)
-            origin = p.origin(tm.config.name, s, "attempts", attempts, msg.published_ns, msg.key.encode())
-            target.publish((msg.payload, s), Msg(msg.payload, prio, 0, published_ns=self.now, origin=origin))
+    def _wait(self, message: p.Message, wait: tuple | None) -> int:
+        """Sets the message's Delay or NotBefore (Unix seconds or an RFC 3339 time,
+        `wait[1]` seconds from now); returns when the model expects it due (0: now)."""
+        if wait is None:
+            return 0
+        form, seconds = wait
+        if form == "Delay":
+            message.delay = seconds
+            return self.now + int(seconds * NS) if seconds else 0
+        if form == "Unix":
+            message.not_before = self.now // NS + seconds
+            due_ns = message.not_before * NS
+        else:
+            message.not_before = dt.datetime.fromtimestamp(self.now / NS + seconds, dt.timezone.utc)
+            due_ns = self.now + int(seconds * NS)
+        return due_ns if due_ns > self.now else 0
+
+    def requeue(self, tm: TopicModel, s: str, ident: object, due_ns: int = 0) -> None:
+        """The model of Broker._give_back: back to its place, or given up on after MaxAttempts."""
+        self.dead_letter(tm, s, tm.requeue(s, ident, due_ns), "attempts")
+
+    def dead_letter(self, tm: TopicModel, s: str, given_up: Given | None, reason: str) -> None:
+        """PROTOCOL §8: a copy of what s gave up on goes to DeadLetter with its
+        Origin, if the topic keeps dead letters for `reason` and DeadLetter has room."""
+        c = tm.config
+        if given_up is None or c.dead_letter is None or reason not in c.dead_letter_reasons:
+            return
+        msg, attempts = given_up
+        target = self.model[c.dead_letter]
+        prio = min(msg.prio, target.config.priorities - 1)
+        origin = p.origin(c.name, s, reason, attempts, msg.published_ns, msg.key.encode())
+        target.publish(("dead", next(self.serial)), Msg(msg.payload, prio, 0, published_ns=self.now, origin=origin))
 
     def tick(self) -> None:
         for tm in self.model.values():
             tm.expire(self.now)
         for *_, topic, s, ident in sorted(e for tm in self.model.values() for e in tm.due(self.now)):
             self.requeue(self.model[topic], s, ident)
+        for tm in self.model.values():
+            tm.release_due(self.now)
 
     @rule(subs=st.sets(st.sampled_from(sorted(SUBS)), min_size=1))
     def deliver(self, subs: set[str]) -> None:
@@ -402,6 +260,7 @@ class BrokerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.unconfirmed)
     @rule()
     def writes_are_confirmed(self) -> None:
+        """Acks of what was written; one purged meanwhile counts as an ignored ack."""
         ops = [Written(d.subscriber, d.topic, d.msgs) for d, _ in self.unconfirmed]
         self.step(ops)
         for d, order in self.unconfirmed:
@@ -409,6 +268,8 @@ class BrokerMachine(RuleBasedStateMachine):
             for ident in order:
                 if ident in tm.inflight[d.subscriber]:
                     tm.finish(d.subscriber, ident)
+                else:
+                    tm.counters[d.subscriber].ignored += 1
         self.unconfirmed = []
 
     @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dead"]), sub=st.sampled_from(sorted(SUBS)))
@@ -444,6 +305,185 @@ class BrokerMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.now += int(seconds * NS)
         self.step([])
+
+    # --- delivery control and operator commands (PROTOCOL §8) ----------------------------
+
+    @precondition(lambda self: any(any(tm.inflight.values()) for tm in self.model.values()))
+    @rule(
+        data=st.data(),
+        delay=st.sampled_from([None, 0, 1.5, 4]),
+        bad=st.sampled_from([None, None, None, "Command", "Delay"]),
+        subs=OPEN,
+    )
+    def settle(self, data, delay: float | None, bad: str | None, subs: set[str]) -> None:
+        """Acks, Nacks (with or without a Delay), Rejects and Touch of one subscriber
+        in one request, applied in that order: a key not in flight (any more) is an
+        ignored ack. A bad Delay or Command undoes the whole request."""
+        topic, sub = self._busy(data, ["plain", "dd", "dead", "bulk"])
+        tm = self.model[topic]
+        in_flight = sorted(tm.msgs[i].key for i in tm.inflight[sub])
+        pool = in_flight * 3 + sorted(msg.key for msg in tm.msgs.values())[:3] + self._strays(tm)
+        acks, nacks, rejects, touch = [data.draw(st.none() | st.lists(st.sampled_from(pool), max_size=4)) for _ in range(4)]
+        delay = delay if nacks is not None else None
+        if bad == "Delay":  # Delay without Nacks, or a negative one
+            delay = 1 if nacks is None else -1
+        command = "BOGUS" if bad == "Command" else None
+        req = p.Request(topic=topic, subscriber=sub, acks=acks, nacks=nacks, rejects=rejects, touch=touch, delay=delay, command=command, id=msgspec.Raw(b"4"))
+
+        def apply(replies: list) -> None:
+            (reply,) = replies
+            if bad is not None:
+                assert reply.status == 400, reply
+                return
+            due_ns = self.now + int(delay * NS) if delay else 0
+            applied = sum(
+                self._each_in_flight(tm, sub, keys, action)
+                for keys, action in (
+                    (acks, lambda i: tm.finish(sub, i)),
+                    (nacks, lambda i: self.requeue(tm, sub, i, due_ns)),
+                    (rejects, lambda i: self.dead_letter(tm, sub, tm.give_up(sub, i), "rejected")),
+                    (touch, lambda i: tm.touch(sub, i, self.now)),
+                )
+            )
+            assert (reply.status, reply.accepted) == (200, applied), reply
+
+        self.step([req], subs, apply)
+
+    def _busy(self, data, topics: list[str]) -> tuple[str, str]:
+        """A subscription of one of topics with something in flight, if there is
+        one (one of another topic may be), where settling keys does something."""
+        pairs = [(t, s) for t in topics for s in self.model[t].config.subscribers]
+        busy = [(t, s) for t, s in pairs if self.model[t].inflight[s]]
+        return data.draw(st.sampled_from(busy or pairs))
+
+    def _each_in_flight(self, tm: TopicModel, sub: str, keys: list[str] | None, action) -> int:
+        """action() on the message each key names in flight to sub, in order; a key
+        naming nothing in flight, or named before in the list (a second Touch too),
+        is counted as an ignored ack."""
+        applied = 0
+        for i, key in enumerate(keys or ()):
+            ident = tm.in_flight_as(sub, key) if key not in keys[:i] else None
+            if ident is None:
+                tm.counters[sub].ignored += 1
+            else:
+                action(ident)
+                applied += 1
+        return applied
+
+    def _strays(self, tm: TopicModel) -> list[str]:
+        """Keys that name no message, or none that may be seen yet (on `bulk`)."""
+        return STRAYS + (self._hidden() if tm.config.name == "bulk" else [])
+
+    def _hidden(self) -> list[str]:
+        """The keys of the first and the last message stored so far by the publish
+        being staged, if any: they name no message anyone may see."""
+        job = self.jobs[0] if self.jobs else None
+        return [str(job.first), str(job.first + job.done - 1)] if job is not None and job.reserved else []
+
+    @precondition(lambda self: any(tm.msgs for tm in self.model.values()))
+    @rule(data=st.data(), sub=st.none() | st.sampled_from(sorted(SUBS)), subs=OPEN)
+    def purge(self, data, sub: str | None, subs: set[str]) -> None:
+        """PURGE of a topic that holds messages, or of one subscriber's copies there,
+        of all or of some keys."""
+        topic = data.draw(st.sampled_from([name for name, tm in self.model.items() if tm.msgs]))
+        tm = self.model[topic]
+        pool = sorted(msg.key for msg in tm.msgs.values()) + self._strays(tm)
+        keys = data.draw(st.none() | st.lists(st.sampled_from(pool), max_size=3))
+        req = p.Request(topic=topic, subscriber=sub, command="PURGE", keys=keys, id=msgspec.Raw(b"5"))
+
+        def apply(replies: list) -> None:
+            (reply,) = replies
+            if sub is not None and sub not in tm.config.subscribers:
+                assert reply.status == 404, reply
+                return
+            only = tm.config.subscribers if sub is None else [sub]
+            by_key = {msg.key: ident for ident, msg in tm.msgs.items()}
+            idents = tm.held_by(only) if keys is None else list(dict.fromkeys(by_key[k] for k in keys if k in by_key))
+            assert (reply.status, reply.body) == (200, {"Purged": tm.purge(only, idents)}), reply
+
+        self.step([req], subs, apply)
+
+    @precondition(lambda self: self.jobs and self.jobs[0].reserved)
+    @rule(sub=st.none() | st.sampled_from(sorted(SUBS)))
+    def purge_what_is_being_staged(self, sub: str | None) -> None:
+        """A publish still being staged is not there yet (PROTOCOL §3: a publish is
+        seen whole or not at all): a PURGE naming one of its ids finds nothing."""
+        req = p.Request(topic="bulk", subscriber=sub, command="PURGE", keys=self._hidden(), id=msgspec.Raw(b"8"))
+        (reply,) = self.step([req])
+        assert (reply.status, reply.body) == (200, {"Purged": 0}), reply
+
+    @precondition(lambda self: self.model["dead"].msgs)
+    @rule(data=st.data(), topic=st.sampled_from(["dead"] * 3 + ["plain"]), subs=OPEN)
+    def redrive(self, data, topic: str, subs: set[str]) -> None:
+        """REDRIVE of the dead letters, all or some, back to where they came from;
+        a topic that is nobody's DeadLetter is a bad request."""
+        pool = sorted(msg.key for msg in self.model["dead"].msgs.values()) + STRAYS
+        keys = data.draw(st.none() | st.lists(st.sampled_from(pool), max_size=3))
+        req = p.Request(topic=topic, command="REDRIVE", keys=keys, id=msgspec.Raw(b"6"))
+
+        def apply(replies: list) -> None:
+            (reply,) = replies
+            if topic != "dead":
+                assert reply.status == 400 and "DeadLetter" in reply.error, reply
+                return
+            trial = copy.deepcopy(self.model)
+            counts = self._redrive(trial, keys)
+            if counts is None:  # an origin topic is full: nothing happened
+                assert reply.status == 507, reply
+                return
+            assert (reply.status, reply.body) == (200, {"Redriven": counts[0], "Skipped": counts[1]}), reply
+            self.model = trial
+
+        self.step([req], subs, apply)
+
+    def _redrive(self, model: dict[str, TopicModel], keys: list[str] | None) -> tuple[int, int] | None:
+        """The model of REDRIVE on `dead`: (redriven, skipped), or None if an origin
+        topic refused one. Keys the broker could have written are looked up (and
+        skipped when they name nothing), others are not."""
+        dead = model["dead"]
+        by_key = {msg.key: ident for ident, msg in dead.msgs.items()}
+        if keys is None:
+            named = sorted(dead.msgs, key=lambda i: dead.msgs[i].m)
+        else:
+            named = [by_key.get(k) for k in dict.fromkeys(keys) if k.isdigit() and k[0] != "0"]
+        redriven = skipped = 0
+        for ident in named:
+            msg = dead.msgs.get(ident)
+            origin = msgspec.json.decode(msg.origin) if msg is not None and msg.origin is not None else None
+            target = model[origin["Topic"]] if origin is not None else None
+            key = origin["Key"] if target is not None and target.config.dedupe else None
+            if target is None or key in target.msgs:  # gone, not a dead letter, or a newer version waits there
+                skipped += 1
+                continue
+            prio = min(msg.prio, target.config.priorities - 1)
+            new = Msg(msg.payload, prio, 0, published_ns=self.now)
+            if not target.publish(("redriven", next(self.serial)) if key is None else key, new, subs=[origin["Subscriber"]]):
+                return None
+            dead.purge(dead.config.subscribers, [ident])
+            redriven += 1
+        return redriven, skipped
+
+    @rule(
+        sub=st.sampled_from(sorted(SUBS)),
+        topic=st.none() | st.sampled_from([t.name for t in TOPICS]),
+        pause=st.booleans(),
+        subs=OPEN,
+    )
+    def pause(self, sub: str, topic: str | None, pause: bool, subs: set[str]) -> None:
+        """PAUSE or RESUME of a subscriber, on one topic or on all of its topics."""
+        req = p.Request(subscriber=sub, topic=topic, command="PAUSE" if pause else "RESUME", id=msgspec.Raw(b"7"))
+
+        def apply(replies: list) -> None:
+            (reply,) = replies
+            if topic is not None and sub not in self.model[topic].config.subscribers:
+                assert reply.status == 404, reply
+                return
+            assert reply.status == 200, reply
+            for tm in self.model.values():
+                if sub in tm.config.subscribers and topic in (None, tm.config.name):
+                    (tm.paused.add if pause else tm.paused.discard)(sub)
+
+        self.step([req], subs, apply)
 
     @rule()
     def restart(self) -> None:
@@ -484,10 +524,10 @@ class BrokerMachine(RuleBasedStateMachine):
                     ready[prio] += 1
                 c = tm.counters[s]
                 assert sub["Ready"] == ready, (name, s)
-                assert sub["InFlight"] == len(tm.inflight[s]), (name, s)
+                assert (sub["InFlight"], sub["Delayed"], sub["Paused"]) == (len(tm.inflight[s]), len(tm.delayed[s]), s in tm.paused), (name, s)
                 counts = (sub["Delivered"], sub["Acked"], sub["Redelivered"], sub["Expired"], sub["IgnoredAcks"], sub["DeadLettered"])
                 assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored, c.dead_lettered), (name, s)
 
 
-BrokerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+BrokerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
 test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase

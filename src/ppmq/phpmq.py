@@ -1,0 +1,187 @@
+"""The PHPMQ listener (PROTOCOL §9): PhpmqSocket's connections, frames to ops.
+
+A PHPMQ queue is the ppmq topic of that name, and what its consumers take,
+ack, re-queue and dead-letter is the topic's `PhpmqSubscriber`'s. Each frame
+becomes the op a ppmq client would send, with the same access check as on
+ServerSocket, and is applied before the next frame is read: so a send (001) is
+committed, and durable with Sync, before the broker looks at anything after it.
+
+The protocol has no replies, so whatever ppmq would answer with an error closes
+the connection, logged: a bad frame (counted in `Rejected` as a bad request on
+ServerSocket is), a queue that does not exist, a refused request. The client
+notices the close, and no message it sent is silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import msgspec
+from msgspec import UNSET
+
+from . import phpmq_codec as wire
+from . import protocol as p
+from . import sockets
+from .access import Peer, Policy
+from .config import Config, TopicConfig
+from .ops import Guarded, Invalid, Op, Requeue
+from .server import LISTEN_BACKLOG, _read
+from .writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """The broker answered a PHPMQ request with an error; the text says which."""
+
+
+class PhpmqConnection:
+    """One client on PhpmqSocket: its frames, applied one at a time."""
+
+    def __init__(self, server: PhpmqServer, peer: Peer, where: str) -> None:
+        self.server = server
+        self.where = where
+        guard = server.policy.guard(peer, where) if server.policy is not None else None
+        self.authorize: Callable[[p.Request], None] = guard or (lambda req: None)
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        """Until EOF, a bad frame or a refusal; each frame is applied (and
+        committed) before the next is decoded. A frame must arrive whole within
+        ReadTimeout of its first byte, as on ServerSocket."""
+        decoder = wire.Decoder(self.server.config.max_frame_bytes)
+        started = None  # monotonic time the pending partial frame began
+        try:
+            while True:
+                frame = decoder.next_frame()
+                if frame is not None:
+                    started = None
+                    await self.apply(frame)
+                    continue
+                timeout_s = self.server.config.read_timeout
+                if decoder.pending and started is None:
+                    started = time.monotonic()
+                data = await _read(reader, timeout_s and started and started + timeout_s)
+                if data is None:
+                    raise wire.BadFrame(f"frame not complete within ReadTimeout ({timeout_s:g}s)")
+                if not data:
+                    if decoder.pending:
+                        log.info("%s: closed in the middle of a PHPMQ frame; the partial frame is dropped", self.where)
+                    return
+                decoder.feed(data)
+        except wire.BadFrame as exc:
+            self._reject(exc)
+        except Refused as exc:
+            log.warning("%s: %s; closing the connection", self.where, exc)
+
+    def _reject(self, exc: wire.BadFrame) -> None:
+        """Count a bad frame in Rejected, as the writer counts every bad request."""
+        log.warning("%s: bad PHPMQ frame: %s; closing the connection", self.where, exc)
+        error = p.TooLarge(str(exc)) if isinstance(exc, wire.TooLarge) else p.BadRequest(f"PHPMQ: {exc}")
+        self.server.writer.submit(Invalid(error, UNSET))
+
+    async def apply(self, frame: wire.Frame) -> None:
+        """One frame, as the op a ppmq client would send for it; Refused if
+        the broker answers it with an error."""
+        topic = self._queue(frame)
+        if frame.type == wire.SEND:
+            await self._call(self._guarded(p.Request(topic=topic.name, messages=[_message(topic, frame)])), "send")
+            return
+        sub = _phpmq_subscriber(topic)
+        if frame.type == wire.ACK:
+            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[frame.message_id])), "ack")
+        elif frame.type == wire.DEAD_LETTER:
+            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, rejects=[frame.message_id])), "dead letter")
+        elif frame.type == wire.REQUEUE:
+            await self._call(self._requeue(topic.name, sub, frame.message_id, frame.ttl_s), "re-queue")
+        else:
+            raise Refused(f"consume request on queue {topic.name!r}: consuming is not available yet")
+
+    def _queue(self, frame: wire.Frame) -> TopicConfig:
+        """The topic a frame's queue names, in the config in force; a queue that
+        does not exist is a bad frame."""
+        topic = next((t for t in self.server.config.topics if t.name == frame.queue), None)
+        if topic is None:
+            raise wire.BadFrame(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
+        if frame.type != wire.SEND and topic.phpmq_subscriber is None:
+            raise wire.BadFrame(f"queue {topic.name!r} cannot be consumed: its topic has no PhpmqSubscriber")
+        return topic
+
+    def _guarded(self, request: p.Request) -> Op:
+        return Guarded(request, self.authorize)
+
+    def _requeue(self, topic: str, sub: str, key: str, ttl_s: int) -> Requeue:
+        """A re-queue is checked as the Nacks it resembles: the subscriber's Users."""
+        return Requeue(topic, sub, key, ttl_s, lambda: self.authorize(p.Request(topic=topic, subscriber=sub, nacks=[key])))
+
+    async def _call(self, op: Op, what: str) -> p.Reply:
+        """Apply op and wait for its commit; Refused unless the broker took it."""
+        reply = await self.server.writer.call(op)
+        if reply.status != 200:
+            raise Refused(f"PHPMQ {what} refused ({reply.status}): {reply.error}")
+        return reply
+
+
+def _phpmq_subscriber(topic: TopicConfig) -> str:
+    assert topic.phpmq_subscriber is not None, "checked by _queue"
+    return topic.phpmq_subscriber
+
+
+def _message(topic: TopicConfig, frame: wire.Frame) -> p.Message:
+    """A send's message: the content as a JSON string, the TTL (0: none); on a
+    Dedupe topic, where the key is the client's to give and PHPMQ gives none, a
+    random one shaped like the published server's IDs (32 hex digits)."""
+    return p.Message(
+        payload=msgspec.Raw(msgspec.json.encode(frame.content)),
+        ttl_s=frame.ttl_s or None,
+        key=uuid.uuid4().hex if topic.dedupe else None,
+    )
+
+
+class PhpmqServer:
+    """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
+
+    def __init__(self, path: str, writer: Writer, config: Config, policy: Policy | None = None) -> None:
+        self.path = path
+        self.writer = writer
+        self.config = config
+        self.policy = policy
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._count = 0
+
+    async def start(self, mode: int | None = None, group: str | None = None) -> None:
+        """Bind PhpmqSocket as ServerSocket is bound (mode and group before it listens)."""
+        sock = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
+        log.info("speaking PHPMQ on %s", self.path)
+
+    async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+        self._count += 1
+        peer = Peer.of_socket(out.get_extra_info("socket"))
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await PhpmqConnection(self, peer, f"phpmq#{self._count} ({peer})").serve(reader)
+        except (ConnectionError, OSError) as exc:
+            log.debug("phpmq#%d: connection error: %s", self._count, exc)
+        finally:
+            self._tasks.discard(task)
+            out.close()
+
+    async def stop(self) -> None:
+        """Stop accepting, and remove the socket file."""
+        if self._server is not None:
+            self._server.close()
+        sockets.remove(self.path)
+
+    async def close_connections(self) -> None:
+        """Once the writer is done: close every connection (a frame waiting for
+        its commit has had it, or never will)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
