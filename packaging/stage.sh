@@ -82,7 +82,7 @@ system_files() {
     install -D -m 0644 "$src/systemd/tmpfiles.d/ppmq.conf" "$stage/usr/lib/tmpfiles.d/ppmq.conf"
     install -D -m 0644 -t "$stage/usr/share/doc/ppmq" "$src/README.md" "$src/packaging/copyright"
     mkdir "$stage/usr/share/doc/ppmq/examples"
-    cp -r "$src/examples/subscriber" "$stage/usr/share/doc/ppmq/examples/"
+    cp -r "$src/examples/subscriber" "$src/examples/parallel" "$stage/usr/share/doc/ppmq/examples/"
     find "$stage/usr/share/doc/ppmq/examples" -type f -exec chmod 0644 {} +
     mkdir -p "$stage/usr/bin"
     ln -s /opt/ppmq/bin/ppmq "$stage/usr/bin/ppmq"

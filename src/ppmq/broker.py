@@ -27,6 +27,7 @@ from .completion import Completion
 from .config import Config, ConfigError
 from .events import StepEvents
 from .filling import Filling
+from .lanes import Lanes
 from .ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
 from .owners import Owners
 from .publishing import Publishing
@@ -61,7 +62,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self.policy = Policy()  # connections check their requests against it, in the step
         self._wiring: Wiring | None = None
         self._fresh = {}
-        self._open = set()
+        self._open, self._lanes, self._watch = set(), {}, None
         self._owners = Owners()  # who took what (PROTOCOL §9); no taker outlives the process
         self._events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
@@ -103,15 +104,19 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
 
     # --- the step ---------------------------------------------------------------------
 
-    def wants_step(self, open_subs: set[str], now_ns: int) -> bool:
-        """Whether a step with no requests would do anything now."""
+    def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
+        """Whether a step with no requests would do anything now; `lanes` as for step."""
         if now_ns < self._retry_at_ns:
             return False
         if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        return now_ns >= self._next_tick_ns or any(self._space(s, t) > 0 for s in open_subs for t in self.sub_topics.get(s, ()))
+        subs = ((s, self._lanes_of(s, lanes or {})) for s in open_subs)
+        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self.sub_topics.get(s, ()))
 
-    def step(self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None) -> Step:
+    def step(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,
+        lanes: dict[str, Lanes] | None = None,
+    ) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit.
 
         `early`, if given, is handed the step's batches just before the commit,
@@ -120,7 +125,9 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         only deliver them again, which at-least-once allows; replies still wait
         for the commit. A step that runs out of room looks again for reader
         slots of dead processes (which pin pages) and, if that freed any, tries
-        once more before answering 507."""
+        once more before answering 507. `lanes`: what each lane of the open
+        subscribers with Connections > 1 carries (laning.py)."""
+        self._lanes = lanes or {}
         carried, self._carried = self._carried, []
         ops = carried + ops
         self._clear_stale_readers()
@@ -140,7 +147,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished)
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._left_flight())
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -161,6 +168,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
         try:
             with self.store.write() as txn:
+                self._watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns) for op in ops]
                 finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns))
                 if now_ns >= self._next_tick_ns:

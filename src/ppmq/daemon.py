@@ -25,6 +25,7 @@ from .delivery import SubscriberLink
 from .journal import Journal
 from .metrics import CommitTimes, exposition, write_textfile
 from .ops import Reconfigure
+from .parallel import ParallelLink
 from .phpmq import PhpmqServer
 from .server import Server
 from .store import Store
@@ -103,7 +104,7 @@ class Daemon:
             max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
         )
         self.phpmq = PhpmqServer(config.phpmq_socket, self.writer, config, self.policy) if config.phpmq_socket else None
-        self.links: dict[str, tuple[SubscriberLink, asyncio.Task]] = {}
+        self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
         self._tasks: list[asyncio.Task] = []
@@ -169,7 +170,7 @@ class Daemon:
     # --- subscribers ----------------------------------------------------------------------
 
     def _link(self, sub: SubscriberConfig) -> None:
-        link = SubscriberLink(
+        link = (ParallelLink if sub.connections > 1 else SubscriberLink)(
             sub, self.writer, self.config.retry_max, self.config.max_frame_bytes,
             read_timeout_s=self.config.read_timeout, policy=self.policy,
         )
@@ -183,17 +184,15 @@ class Daemon:
 
     async def _relink(self, config: Config) -> None:
         """Links follow the new config: new ones start, removed ones stop, a moved
-        socket reconnects; the others keep their connection and take the new limits."""
+        socket or Connections reconnects; the others keep their connections and take the new limits."""
         wanted = {s.name: s for s in config.subscribers if not s.pull}  # a Pull subscriber is never pushed to
-        moved = [n for n, (link, _) in self.links.items() if n in wanted and wanted[n].socket != link.config.socket]
+        moved = [n for n, (link, _) in self.links.items() if n in wanted and _moved(link.config, wanted[n])]
         await self._unlink([n for n in self.links if n not in wanted] + moved)
         for name, sub in wanted.items():
             if name not in self.links:
                 self._link(sub)
                 continue
-            link = self.links[name][0]
-            link.config, link.retry_max_s, link.max_frame_bytes = sub, config.retry_max, config.max_frame_bytes
-            link.read_timeout_s = config.read_timeout
+            self.links[name][0].follow(sub, config.retry_max, config.max_frame_bytes, config.read_timeout)
 
     # --- reload (SIGHUP) --------------------------------------------------------------------
 
@@ -326,6 +325,11 @@ class Daemon:
             else:
                 log.error("writer stuck for over %.1fs; withholding the watchdog ping", interval_s)
             await asyncio.sleep(interval_s)
+
+
+def _moved(old: SubscriberConfig, new: SubscriberConfig) -> bool:
+    """A subscriber's links must start again: another socket, or another number of connections."""
+    return (old.socket, old.connections) != (new.socket, new.connections)
 
 
 def _pascal(key: str) -> str:

@@ -64,6 +64,15 @@ class SubscriberLink:
         self._waiter: asyncio.Future[None] | None = None  # _serve waits on it for a batch or the end of acks
         self.connected = False
 
+    @property
+    def serving(self) -> bool:
+        """A connection is up and batches pushed now go out on it."""
+        return self._out is not None
+
+    def follow(self, config: SubscriberConfig, retry_max_s: float, max_frame_bytes: int, read_timeout_s: float) -> None:
+        """A reload's new settings; the connection, if any, stays."""
+        self.config, self.retry_max_s, self.max_frame_bytes, self.read_timeout_s = config, retry_max_s, max_frame_bytes, read_timeout_s
+
     def push(self, delivery: Delivery) -> None:
         """Called by the writer with a committed batch.
 

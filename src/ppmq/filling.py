@@ -5,20 +5,23 @@ step's fresh messages: published in this step for an open subscriber with nothin
 older queued, they go into flight from memory if a batch takes them in the same
 step (no ready row written, walked and read back), and join the ready queue at
 the end otherwise. A step that commits must therefore `_queue_fresh` first.
+
+A subscriber with Connections > 1 is filled per lane (laning.py).
 """
 
 from __future__ import annotations
 
 from . import protocol as p
 from .config import TopicConfig
+from .lanes import Lanes, room
+from .laning import Laning
 from .ops import Delivery
 from .queues import Fresh, Queue, space
 from .state import NS
 from .store import Txn
-from .wiring import Wired
 
 
-class Filling(Wired):
+class Filling(Laning):
     _fresh: dict[tuple[str, str], list[Fresh]]  # (topic, subscriber) -> its fresh messages, oldest first
     _open: set[str]  # the subscribers that can take a batch in this step
 
@@ -27,10 +30,13 @@ class Filling(Wired):
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
         return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list)
 
-    def _space(self, sub: str, topic: TopicConfig) -> int:
-        """How many messages of topic may be pushed to sub now."""
+    def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
+        """How many messages of topic may be pushed to sub now: with lanes, to its
+        least loaded lane, and all lanes' Windows cap what is in flight in all."""
         sc = self.sub_configs[sub]
-        return space(self.state.subs[topic.name][sub], sc.batch_size, self.config.window(sc))
+        window = self.config.window(sc)
+        limit = space(self.state.subs[topic.name][sub], sc.batch_size, window * sc.connections)
+        return limit if lanes is None else min(limit, room(lanes, topic.name, window)[1])
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one
@@ -39,12 +45,13 @@ class Filling(Wired):
         message through the ready queue instead of straight into flight."""
         out = []
         for sub in sorted(open_subs):
+            lanes = self._lanes_of(sub, self._lanes)
             for topic in self.sub_topics.get(sub, ()):
-                while (limit := self._space(sub, topic)) > 0:
+                while (limit := self._space(sub, topic, lanes)) > 0:
                     delivery = self._pull(txn, sub, topic, limit, now_ns)
                     if delivery is None:
                         break
-                    out.append(delivery)
+                    out.append(delivery if lanes is None else self._to_lane(sub, delivery, lanes))
         return out
 
     def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:

@@ -98,6 +98,7 @@ class Delivery(NamedTuple):
     msgs: list[int]
     frame: bytes
     auto_ack: bool  # AckRequired: false - complete once written
+    lane: int = 0  # with Connections > 1, the lane whose connection takes it (lanes.py)
 
 
 class Step(NamedTuple):
@@ -110,6 +111,9 @@ class Step(NamedTuple):
     next_tick_ns: int
     events: list[Event] = []  # for the journal; empty unless the config keeps one
     finished: list[Answer] = []  # staged publishes of earlier steps, answered now
+    # Subscriber -> topic -> messages that left flight, for subscribers with
+    # Connections > 1, whose links free room on the lane that carried each (lanes.py).
+    left: dict[str, dict[str, list[int]]] = {}
 
 
 def request_of(op: Op) -> p.Request | None:

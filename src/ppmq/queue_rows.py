@@ -131,6 +131,10 @@ class QueueRows(DelayedRows):
             return ReadyEntry(p, pos, m, attempts)
 
     # --- in flight --------------------------------------------------------------------
+    def watch_flights(self, watch: FlightWatch) -> None:
+        """From now on, note in `watch` what leaves flight to its subscriptions."""
+        self._watch = watch
+
     def _flights(self, t: int, s: int) -> SubFlights:
         return self._index.of(t, s, self._read_flights)
 
@@ -160,6 +164,8 @@ class QueueRows(DelayedRows):
         where = flights.where
         for m in ms:
             where[m] = f
+        if self._watch is not None:
+            self._watch.note(False, t, s, ms)
         if deadline_ns:
             self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self._deadlines)
 
@@ -174,6 +180,8 @@ class QueueRows(DelayedRows):
             f = where.pop(m, None)
             if f is not None:
                 wanted.setdefault(f, {})[m] = i
+        if self._watch is not None:
+            self._watch.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
         for f, found in wanted.items():
             self._take_from_row(t, s, f, found, out)
@@ -285,3 +293,37 @@ class FlightIndex:
 
     def clear(self) -> None:
         self._subs.clear()
+
+
+class FlightWatch:
+    """The messages that left flight to some subscriptions in one transaction,
+    net of those that came back into flight in it (a touch rewrites its flights;
+    AckRetry and a batch in one step put a message back and out again): what the
+    links of subscribers with parallel connections free room by (lanes.py).
+    A log rather than a set, so that a savepoint rolled back takes back its part."""
+
+    def __init__(self, subs: set[tuple[int, int]]) -> None:
+        self.subs = subs  # (t, s) watched
+        self._log: list[tuple[bool, int, int, int]] = []  # (left, t, s, m), in order
+
+    def note(self, left: bool, t: int, s: int, ms: Iterable[int]) -> None:
+        if (t, s) in self.subs:
+            self._log.extend((left, t, s, m) for m in ms)
+
+    def mark(self) -> int:
+        return len(self._log)
+
+    def undo(self, mark: int) -> None:
+        """Forget what was noted since mark: those writes were rolled back."""
+        del self._log[mark:]
+
+    def gone(self) -> dict[tuple[int, int], list[int]]:
+        """(t, s) -> the messages out of flight at the end, that were in it before."""
+        last: dict[tuple[int, int, int], bool] = {}
+        for left, t, s, m in self._log:
+            last[t, s, m] = left
+        out: dict[tuple[int, int], list[int]] = {}
+        for (t, s, m), left in last.items():
+            if left:
+                out.setdefault((t, s), []).append(m)
+        return out

@@ -17,6 +17,7 @@ import lmdb
 from .schema import STAGED, STAGING_KEY, TM, Staged
 
 if TYPE_CHECKING:
+    from .queue_rows import FlightWatch
     from .reader import StoreReader
     from .store import Store
 
@@ -34,6 +35,7 @@ class Rows:
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
+        self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
 
     def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:
         """Put a key that is usually the largest in its database so far.

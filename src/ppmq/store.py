@@ -140,13 +140,15 @@ class Txn(QueueRows):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested transaction: the block's writes vanish if it raises."""
-        outer = self.txn
+        outer, noted = self.txn, self._watch.mark() if self._watch is not None else 0
         self.txn = self.store.env.begin(write=True, parent=outer)
         try:
             yield
         except BaseException as exc:
             self.txn.abort()
             self._index.clear()
+            if self._watch is not None:
+                self._watch.undo(noted)
             if isinstance(exc, lmdb.Error) and isinstance(self.store, Store):
                 raise self.store.translate(exc) from None
             raise

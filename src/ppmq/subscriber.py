@@ -28,6 +28,10 @@ What the kit does around the function (PROTOCOL §1, §3, §5):
   activated, never when run by hand), so that a subscriber systemd started does
   not stay resident; systemd starts it again at the broker's next connection.
 - Stops on SIGTERM or SIGINT (`systemctl stop`) after acking the batch in hand.
+- Given one connection systemd accepted (a socket unit with `Accept=yes`, for a
+  subscriber with `Connections: N`, PROTOCOL §9), serves only it and exits when
+  the broker closes it, without RECONNECT: the handler processes of the other
+  connections hold the rest of what is in flight.
 
 Delivery is at least once. A message may come again after a crash, an exit
 between handling and ack, or because the RECONNECT of a start also returns the
@@ -168,15 +172,18 @@ def each(fn: Callable[[Message], Any]) -> Handler:
 
 
 class _Listener:
-    """The listening socket: systemd's, or one bound (and later removed) by us."""
+    """The listening socket: systemd's, or one bound (and later removed) by us;
+    or, with `Accept=yes`, the one connection systemd accepted (`accepted`)."""
 
     def __init__(self, s: Settings) -> None:
         inherited = listening_unix_socket(FD_NAME)
         self.activated = inherited is not None
+        self.accepted = self.activated and not inherited.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         self.bound_path = None if self.activated else s.socket
         self.sock = inherited if inherited is not None else _bind(s.socket)
         self.idle_exit_s = _idle_exit_s(s.idle_exit_s, self.activated)
         where = "the socket systemd passed" if self.activated else s.socket
+        where = "the connection systemd accepted" if self.accepted else where
         log.info("%s: listening on %s; idle exit %s", s.name, where, f"after {self.idle_exit_s:g}s" if self.idle_exit_s else "off")
 
     def close(self) -> None:
@@ -273,31 +280,46 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
     call = _caller(handler, executor)
     try:
         listener.sock.setblocking(False)
-        await _reconnect(s)
-        loop = asyncio.get_running_loop()
-        ended, connections = CLOSED, 0
-        while ended == CLOSED:
-            accepted = await _first(loop.sock_accept(listener.sock), stop, listener.idle_exit_s)
-            if isinstance(accepted, str):  # IDLE or STOPPED rather than (socket, address)
-                ended = accepted
-                break
-            connections += 1
-            if connections > 1:
-                # The broker restarted or the link broke: acks written just before may
-                # never have been read, and would hold those messages in flight.
-                await _reconnect(s)
-            reader, writer = await asyncio.open_unix_connection(sock=accepted[0], limit=READ_CHUNK)
-            try:
-                ended = await _serve_connection(reader, writer, call, s, stop, listener.idle_exit_s)
-            finally:
-                writer.close()
-        log.info("%s: %s, exiting", s.name, f"idle for {listener.idle_exit_s:g}s" if ended == IDLE else "stopped")
+        if listener.accepted:
+            ended = await _serve_socket(listener.sock, call, s, stop, listener.idle_exit_s)
+        else:
+            ended = await _serve_listening(listener, call, s, stop)
+        why = f"idle for {listener.idle_exit_s:g}s" if ended == IDLE else "stopped" if ended == STOPPED else "the broker closed the connection"
+        log.info("%s: %s, exiting", s.name, why)
     finally:
         listener.close()
         executor.shutdown(wait=False)
 
 
 CLOSED, IDLE, STOPPED = "closed", "idle", "stopped"  # how serving a connection ended
+
+
+async def _serve_listening(listener: _Listener, call: Callable[[Batch], Awaitable[Result]], s: Settings, stop: asyncio.Event) -> str:
+    """Serve each connection the broker makes, one after another, until IDLE or STOPPED."""
+    await _reconnect(s)
+    loop = asyncio.get_running_loop()
+    ended, connections = CLOSED, 0
+    while ended == CLOSED:
+        accepted = await _first(loop.sock_accept(listener.sock), stop, listener.idle_exit_s)
+        if isinstance(accepted, str):  # IDLE or STOPPED rather than (socket, address)
+            return accepted
+        connections += 1
+        if connections > 1:
+            # The broker restarted or the link broke: acks written just before may
+            # never have been read, and would hold those messages in flight.
+            await _reconnect(s)
+        ended = await _serve_socket(accepted[0], call, s, stop, listener.idle_exit_s)
+    return ended
+
+
+async def _serve_socket(
+    sock: socket.socket, call: Callable[[Batch], Awaitable[Result]], s: Settings, stop: asyncio.Event, idle_exit_s: float | None
+) -> str:
+    reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_CHUNK)
+    try:
+        return await _serve_connection(reader, writer, call, s, stop, idle_exit_s)
+    finally:
+        writer.close()
 
 
 async def _first(awaitable: Awaitable[Any], stop: asyncio.Event, timeout_s: float | None) -> Any:

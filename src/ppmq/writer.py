@@ -32,6 +32,7 @@ from . import protocol as p
 from . import staging
 from .broker import Broker
 from .events import Event
+from .lanes import Lanes
 from .ops import Delivery, Op, Returned, Written, request_of
 from .staging import Answer
 
@@ -48,6 +49,18 @@ class Outlet(Protocol):
     """Where a subscriber's batches go: its delivery task."""
 
     def push(self, delivery: Delivery) -> None: ...
+
+
+class LanedOutlet(Outlet, Protocol):
+    """The outlet of a subscriber with Connections > 1 (lanes.py)."""
+
+    def lanes(self) -> Lanes:
+        """What each lane carries now; None for a lane that cannot take a batch."""
+        ...
+
+    def left(self, topic: str, msgs: list[int]) -> None:
+        """msgs of topic left flight (Step.left)."""
+        ...
 
 
 class Writer:
@@ -68,6 +81,7 @@ class Writer:
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
+        self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
         self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
         self._stopping = False
         self._gathering = False  # run() waits for company for the one-way acks it holds
@@ -89,7 +103,11 @@ class Writer:
 
     async def wanted(self, subscriber: str) -> None:
         """Return once the broker holds something for subscriber."""
-        while not self.broker.has_pending(subscriber):
+        await self.until(lambda: self.broker.has_pending(subscriber))
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Return once predicate, asked at once and after every step, holds."""
+        while not predicate():
             await self._stepped.wait()
 
     def watch_steps(self, watcher: Callable[[], None]) -> None:
@@ -123,11 +141,22 @@ class Writer:
         open subscriber once it is done anyway.
         """
         self._open[subscriber] = outlet
-        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns()):
+        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes()):
             self._wake()
 
     def close(self, subscriber: str) -> None:
         self._open.pop(subscriber, None)
+
+    def track(self, subscriber: str, outlet: LanedOutlet | None) -> None:
+        """subscriber has lanes (None: no longer): each step asks it what they
+        carry and tells it what left flight."""
+        if outlet is None:
+            self._laned.pop(subscriber, None)
+        else:
+            self._laned[subscriber] = outlet
+
+    def _lanes(self) -> dict[str, Lanes]:
+        return {name: outlet.lanes() for name, outlet in self._laned.items() if name in self._open}
 
     def stop(self) -> None:
         """Finish what is queued, then return from run()."""
@@ -154,20 +183,21 @@ class Writer:
                     if self._stopping and not self.broker.staging:  # a large publish is finished first
                         return
                     now_ns = time.time_ns()
-                    if not self.broker.wants_step(set(self._open), now_ns):
+                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes()):
                         await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
                         continue
                 else:
                     await self._gather_acks()
                 batch = self._take_batch()
                 open_subs = set() if self._stopping else set(self._open)
+                lanes = self._lanes()
                 ops = [op for op, _ in batch]
                 started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:
-                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early)
+                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early, lanes)
                     else:
-                        step = self.broker.step(ops, open_subs, time.time_ns())
+                        step = self.broker.step(ops, open_subs, time.time_ns(), lanes=lanes)
                 finally:
                     self._busy_since = None
                 if self._on_step is not None:
@@ -176,6 +206,7 @@ class Writer:
                 self._answer_later(step.finished)
                 if thread is None:
                     self._dispatch(step.deliveries)
+                self._free(step.left)
                 self._stepped.set()
                 self._stepped = asyncio.Event()
                 for watcher in self._watchers:
@@ -263,6 +294,16 @@ class Writer:
                 self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
             else:
                 outlet.push(delivery)
+
+
+    def _free(self, left: dict[str, dict[str, list[int]]]) -> None:
+        """Room again on the lanes that carried what left flight in the step; after
+        the step's batches went out, since those were booked on their lanes then."""
+        for name, topics in left.items():
+            outlet = self._laned.get(name)
+            if outlet is not None:
+                for topic, msgs in topics.items():
+                    outlet.left(topic, msgs)
 
 
 class _StepThread:

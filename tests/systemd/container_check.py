@@ -23,6 +23,8 @@ SERVER_SOCKET = "/run/ppmq/ppmq.sock"
 ARCHIVE = Path("/var/lib/ppmq-archive/messages.jsonl")
 BROKER, SUBSCRIBER = "ppmq.service", "ppmq-subscriber@archive.service"
 FIRST, SECOND, HELD = 500, 50, 20  # messages before and after a stop; messages for a subscriber that never runs
+RENDERS = 12  # one-message batches for the slow subscriber of three connections (examples/parallel)
+RENDERED = Path("/var/lib/ppmq-render/rendered.jsonl")
 WAIT_S = 20.0  # one request or systemctl call
 BUDGET_S = 45.0  # all the waiting together; the host gives the whole boot 90 s
 
@@ -48,10 +50,10 @@ def status() -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def publish(topic: str, payloads: list[Any]) -> str:
+def publish(topic: str, payloads: list[Any], priorities: int = 2) -> str:
     try:
         with Client(SERVER_SOCKET, timeout_s=WAIT_S) as c:
-            c.publish(topic, [{"Payload": p, "Priority": i % 2} for i, p in enumerate(payloads)])
+            c.publish(topic, [{"Payload": p, "Priority": i % priorities} for i, p in enumerate(payloads)])
         return "ok"
     except ClientError as exc:
         return str(exc)
@@ -121,6 +123,34 @@ def main(results: Path) -> None:
     report["idle_after"] = report.wait(lambda: (now := show(SUBSCRIBER, "InvocationID", "ActiveState")) != idle and now)
     time.sleep(1.0)
     report["idle_later"] = show(SUBSCRIBER, "InvocationID", "ActiveState")
+    check_parallel(report)
+
+
+def running_renders() -> list[str]:
+    """The ppmq-render@ instances running now: one per connection (Accept=yes)."""
+    out = subprocess.run(["systemctl", "list-units", "ppmq-render@*", "--state=running", "--no-legend", "--plain"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def check_parallel(report: Report) -> None:
+    """Connections: 3 to a socket unit with Accept=yes, and a slow handler."""
+    report.deadline = time.monotonic() + BUDGET_S / 3
+    report["render_publish"] = publish("renders", [f"render{i}" for i in range(RENDERS)], priorities=1)
+    seen: set[str] = set()
+    most = 0
+
+    def settled() -> dict[str, Any] | None:
+        nonlocal most
+        running = running_renders()
+        seen.update(running)
+        most = max(most, len(running))
+        s = status().get("Topics", {}).get("renders", {}).get("Subscribers", {}).get("render")
+        return s if s and s["Acked"] >= RENDERS and s["InFlight"] == 0 else None
+
+    report["render_settled"] = report.wait(settled)
+    report["render_instances"] = sorted(seen)
+    report["render_most_at_once"] = most
+    report["rendered"] = [json.loads(line) for line in RENDERED.read_text().splitlines()] if RENDERED.exists() else []
 
 
 if __name__ == "__main__":

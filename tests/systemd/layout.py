@@ -9,6 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 EXAMPLE = REPO / "examples" / "subscriber"
+PARALLEL = REPO / "examples" / "parallel"  # a socket unit with Accept=yes
 
 
 def install_units(root: Path) -> Path:

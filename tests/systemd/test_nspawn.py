@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.systemd.container_check import FIRST, HELD, SECOND
-from tests.systemd.layout import EXAMPLE, REPO, UNITS, install_units
+from tests.systemd.container_check import FIRST, HELD, RENDERS, SECOND
+from tests.systemd.layout import EXAMPLE, PARALLEL, REPO, UNITS, install_units
 
 VENV = REPO / "build" / "system-venv"
 SITE_PACKAGES = next(VENV.glob("lib/python3*/site-packages"), VENV)
-BOOT_TIMEOUT_S = 90
+BOOT_TIMEOUT_S = 120
 IDLE_EXIT_S = 2  # the example subscriber's --idle-exit in the container
 
 pytestmark = [
@@ -58,11 +58,15 @@ def install(tree: Path) -> None:
     """Lay out what a package and a site administrator put on the machine."""
     units = install_units(tree / "root")
     (units / "ppmq-e2e.service").write_text(E2E_UNIT)
+    for unit in PARALLEL.glob("*.s*"):
+        shutil.copy(unit, units)
+    (units / "ppmq-render@.service.d").mkdir()
+    (units / "ppmq-render@.service.d/fast.conf").write_text("[Service]\nEnvironment=RENDER_SECONDS=0.5\n")
     (units / "ppmq-subscriber@archive.service.d/idle.conf").write_text(
         f"[Service]\nExecStart=\nExecStart=/etc/ppmq/subscribers/%i --idle-exit {IDLE_EXIT_S}\n"
     )
     subprocess.run(
-        ["systemctl", f"--root={tree / 'root'}", "enable", "ppmq.socket", "ppmq.service", "ppmq-subscriber@archive.socket", "ppmq-e2e.service"],
+        ["systemctl", f"--root={tree / 'root'}", "enable", "ppmq.socket", "ppmq.service", "ppmq-subscriber@archive.socket", "ppmq-render.socket", "ppmq-e2e.service"],
         check=True, capture_output=True, timeout=60,
     )
     etc = tree / "etc-ppmq"
@@ -71,8 +75,12 @@ def install(tree: Path) -> None:
     # a second topic whose subscriber never listens: its messages must outlive a stop
     config["Subscribers"].append({"Name": "absent", "Socket": "/run/ppmq/sub/absent.sock"})
     config["Topics"].append({"Name": "held", "Subscribers": ["absent"], "Priorities": 2})
+    render = yaml.safe_load((PARALLEL / "ppmq.yaml").read_text())
+    config["Subscribers"] += render["Subscribers"]
+    config["Topics"] += render["Topics"]
     (etc / "ppmq.yaml").write_text(yaml.safe_dump(config))
     shutil.copy(EXAMPLE / "archive", etc / "subscribers" / "archive")
+    shutil.copy(PARALLEL / "render", etc / "subscribers" / "render")
     (tree / "bin").mkdir()
     (tree / "bin" / "ppmq").write_text('#!/bin/sh\nexec /opt/ppmq/bin/python3 -m ppmq.cli "$@"\n')
     (tree / "bin" / "ppmq").chmod(0o755)
@@ -171,3 +179,15 @@ def test_an_idle_subscriber_exits_and_systemd_does_not_start_it_again_while_noth
     report, journal = container
     assert report["idle_after"], "the subscriber neither exited nor was restarted"
     assert report["idle_later"]["ActiveState"] == "inactive", explain(journal, "archive")
+
+
+def test_a_subscriber_of_three_connections_runs_three_handler_processes_at_once_and_all_is_acked(container):
+    # Given Connections: 3, a socket unit with Accept=yes and a handler taking 0.5 s a batch
+    report, journal = container
+    assert report["render_publish"] == "ok", explain(journal, "ppmq")
+    # Then every message was handled and acked, by three processes, three at a time
+    assert report["render_settled"], explain(journal, "render")
+    assert {m["Payload"] for m in report["rendered"]} == {f"render{i}" for i in range(RENDERS)}
+    assert len({m["Pid"] for m in report["rendered"]}) == 3, explain(journal, "render")
+    assert report["render_most_at_once"] == 3 and len(report["render_instances"]) == 3, report["render_instances"]
+    assert "Traceback" not in explain(journal, "render[")

@@ -16,9 +16,9 @@ import yaml
 
 from ppmq import subscriber as kit
 from ppmq.config import load_config
-from tests.systemd.layout import EXAMPLE, UNITS, install_units
+from tests.systemd.layout import EXAMPLE, PARALLEL, UNITS, install_units
 
-STUBS = ("usr/bin/ppmq", "bin/kill", "etc/ppmq/subscribers/archive")  # what the units execute
+STUBS = ("usr/bin/ppmq", "bin/kill", "etc/ppmq/subscribers/archive", "etc/ppmq/subscribers/render")  # what the units execute
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("systemd-analyze", "systemd-sysusers", "systemd-tmpfiles")),
@@ -52,6 +52,15 @@ def test_the_broker_units_verify_without_a_word(root):
 
 def test_the_subscriber_template_with_the_example_drop_in_verifies_without_a_word(root):
     assert verify(root, "ppmq-subscriber@archive.socket", "ppmq-subscriber@archive.service") == "exit 0"
+
+
+def test_the_parallel_example_with_accept_verifies_without_a_word(root):
+    for unit in PARALLEL.glob("*.s*"):
+        shutil.copy(unit, root / "etc/systemd/system")
+    assert verify(root, "ppmq-render.socket", "ppmq-render@1.service") == "exit 0"
+    sub = next(s for s in yaml.safe_load((PARALLEL / "ppmq.yaml").read_text())["Subscribers"] if s["Name"] == "render")
+    assert unit_setting(PARALLEL / "ppmq-render.socket", "Socket", "ListenStream") == sub["Socket"]
+    assert int(unit_setting(PARALLEL / "ppmq-render.socket", "Socket", "MaxConnections")) >= sub["Connections"]
 
 
 def test_a_misspelt_key_is_reported_although_verify_exits_0(root):
