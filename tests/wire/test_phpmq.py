@@ -22,7 +22,18 @@ def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, **extra) -
         {"Name": "plain"},
     ]
     subs = [{"Name": "w", "Pull": True, "Socket": None}, {"Name": "d", "Pull": True, "Socket": None}]
-    return broker_factory(topics, subs, start=start, PhpmqSocket=str(short_tmp / "phpmq.sock"), **extra)
+    b = broker_factory(topics, subs, start=start, PhpmqSocket=str(short_tmp / "phpmq.sock"), **extra)
+    if start:  # bound just after ServerSocket, which is what broker_factory waits for
+        wait_for(lambda: _accepting(b.config["PhpmqSocket"]), what="PhpmqSocket")
+    return b
+
+
+def _accepting(path: str) -> bool:
+    try:
+        PhpmqClient(path).close()
+        return True
+    except OSError:
+        return False
 
 
 def phpmq(b: BrokerProcess) -> PhpmqClient:
