@@ -103,7 +103,7 @@ class Daemon:
             config.server_socket, self.writer, config.max_frame_bytes,
             max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
         )
-        self.phpmq = PhpmqServer(config.phpmq_socket, self.writer, config, self.policy) if config.phpmq_socket else None
+        self.phpmq = PhpmqServer(config.phpmq_socket, self.writer, self.takes, config, self.policy) if config.phpmq_socket else None
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once

@@ -5,6 +5,9 @@ ack, re-queue and dead-letter is the topic's `PhpmqSubscriber`'s. Each frame
 becomes the op a ppmq client would send, with the same access check as on
 ServerSocket, and is applied before the next frame is read: so a send (001) is
 committed, and durable with Sync, before the broker looks at anything after it.
+A consume request (002) is the exception: it sets what the connection's
+Consumer (phpmq_consume.py) keeps in flight, and the dispatches (003) come from
+that Consumer's task while the connection's next frames are read.
 
 The protocol has no replies, so whatever ppmq would answer with an error closes
 the connection, logged: a bad frame (counted in `Rejected` as a bad request on
@@ -29,7 +32,9 @@ from . import sockets
 from .access import Peer, Policy
 from .config import Config, TopicConfig
 from .ops import Guarded, Invalid, Op, Requeue
+from .phpmq_consume import Consumer
 from .server import LISTEN_BACKLOG, _read
+from .takes import Takes
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -40,13 +45,15 @@ class Refused(Exception):
 
 
 class PhpmqConnection:
-    """One client on PhpmqSocket: its frames, applied one at a time."""
+    """One client on PhpmqSocket: its frames, applied one at a time, and its
+    consuming (phpmq_consume.py), which runs beside them."""
 
-    def __init__(self, server: PhpmqServer, peer: Peer, where: str) -> None:
+    def __init__(self, server: PhpmqServer, peer: Peer, out: asyncio.StreamWriter, where: str) -> None:
         self.server = server
         self.where = where
         guard = server.policy.guard(peer, where) if server.policy is not None else None
         self.authorize: Callable[[p.Request], None] = guard or (lambda req: None)
+        self.consumer = Consumer(server.takes, out, self.authorize, where)
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
         """Until EOF, a bad frame or a refusal; each frame is applied (and
@@ -76,6 +83,8 @@ class PhpmqConnection:
             self._reject(exc)
         except Refused as exc:
             log.warning("%s: %s; closing the connection", self.where, exc)
+        finally:
+            await self.consumer.close()
 
     def _reject(self, exc: wire.BadFrame) -> None:
         """Count a bad frame in Rejected, as the writer counts every bad request."""
@@ -91,14 +100,17 @@ class PhpmqConnection:
             await self._call(self._guarded(p.Request(topic=topic.name, messages=[_message(topic, frame)])), "send")
             return
         sub = _phpmq_subscriber(topic)
+        if frame.type == wire.CONSUME:
+            assert frame.count is not None, "a 002 has a count (phpmq_codec.PACKETS)"
+            self.consumer.consume(topic.name, sub, frame.count)
+            return
         if frame.type == wire.ACK:
             await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[frame.message_id])), "ack")
         elif frame.type == wire.DEAD_LETTER:
             await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, rejects=[frame.message_id])), "dead letter")
-        elif frame.type == wire.REQUEUE:
-            await self._call(self._requeue(topic.name, sub, frame.message_id, frame.ttl_s), "re-queue")
         else:
-            raise Refused(f"consume request on queue {topic.name!r}: consuming is not available yet")
+            await self._call(self._requeue(topic.name, sub, frame.message_id, frame.ttl_s), "re-queue")
+        self.consumer.settled(topic.name, frame.message_id)
 
     def _queue(self, frame: wire.Frame) -> TopicConfig:
         """The topic a frame's queue names, in the config in force; a queue that
@@ -144,9 +156,10 @@ def _message(topic: TopicConfig, frame: wire.Frame) -> p.Message:
 class PhpmqServer:
     """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
 
-    def __init__(self, path: str, writer: Writer, config: Config, policy: Policy | None = None) -> None:
+    def __init__(self, path: str, writer: Writer, takes: Takes, config: Config, policy: Policy | None = None) -> None:
         self.path = path
         self.writer = writer
+        self.takes = takes  # consuming is TAKE on behalf of each connection (PROTOCOL §9)
         self.config = config
         self.policy = policy
         self._server: asyncio.AbstractServer | None = None
@@ -165,7 +178,7 @@ class PhpmqServer:
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
-            await PhpmqConnection(self, peer, f"phpmq#{self._count} ({peer})").serve(reader)
+            await PhpmqConnection(self, peer, out, f"phpmq#{self._count} ({peer})").serve(reader)
         except (ConnectionError, OSError) as exc:
             log.debug("phpmq#%d: connection error: %s", self._count, exc)
         finally:

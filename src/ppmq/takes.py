@@ -59,6 +59,12 @@ class Takes:
     def new_taker(self) -> int:
         return next(self._ids)
 
+    @property
+    def stopped(self) -> bool:
+        """The broker stops: a TAKE no longer waits, so a taker that keeps
+        taking (PHPMQ's consumers) must stop, or it would spin."""
+        return self._stopped
+
     async def take(
         self, taker: int, request: p.Request, check: Callable[[p.Request], None] | None = None, closed: asyncio.Future[bytes] | None = None
     ) -> p.Reply:

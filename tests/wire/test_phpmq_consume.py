@@ -4,15 +4,15 @@ or dead-lettered (006); what a closed connection held is ready again."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-import pytest
 
 from tests.conftest import wait_for
 from tests.wire import phpmq_client as pm
 from tests.wire.test_phpmq import phpmq, phpmq_broker, peek, sent
-
-pytestmark = pytest.mark.skip(reason="consuming is built on pull subscribers' TAKE, not on this branch yet")
 
 
 def test_every_message_type_consume_dispatch_ack_requeue_and_dead_letter(broker_factory, short_tmp):
@@ -81,3 +81,35 @@ def test_what_a_closed_connection_held_is_dispatched_to_another(broker_factory, 
     with phpmq(b) as other:
         other.write(pm.consume("q", 1))
         assert other.receive().content == b"x"
+
+
+CONSUMER = """
+import sys, time
+from tests.wire import phpmq_client as pm
+c = pm.PhpmqClient(sys.argv[1])
+c.write(pm.consume("q", 3))
+for _ in range(3):
+    print(c.receive().message_id, flush=True)
+time.sleep(60)  # holds them, unacked, until killed
+"""
+
+
+def test_a_consumer_killed_with_kill_9_loses_nothing_another_gets_its_messages_at_once(broker_factory, short_tmp):
+    # Given five messages, three of them dispatched to a consumer process that does not ack
+    b = phpmq_broker(broker_factory, short_tmp)
+    sent(b, *(pm.send("q", str(i), 0) for i in range(5)))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, b.config["PhpmqSocket"]], stdout=subprocess.PIPE, text=True, cwd=root)
+    held = [proc.stdout.readline().strip() for _ in range(3)]
+    # When it is killed with kill -9
+    proc.kill()
+    proc.wait(10)
+    proc.stdout.close()
+    # Then another consumer gets all five, in their order, at once (q has no
+    # AckRetry: without the killed connection's give-back they would never come back)
+    with phpmq(b) as other:
+        other.sock.settimeout(5)
+        other.write(pm.consume("q", 5))
+        got = [other.receive() for _ in range(5)]
+    assert [m.content for m in got] == [b"0", b"1", b"2", b"3", b"4"]
+    assert held == [m.message_id for m in got[:3]]
