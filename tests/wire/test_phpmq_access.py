@@ -1,5 +1,5 @@
 """PHPMQ access by peer credentials (PROTOCOL §9): a topic's `Publishers` for a
-send, the PhpmqSubscriber's `Users` for ack, re-queue and dead letter, with
+send, the PhpmqSubscriber's `Users` for consume, ack, re-queue and dead letter, with
 throwaway users as tests/wire/test_access.py makes them. The protocol has no
 error reply: a refusal closes the connection, is logged, and counts in Forbidden."""
 
@@ -43,8 +43,12 @@ def test_publishers_decide_who_may_send_and_a_refused_send_closes_the_connection
     assert broker.status()["Forbidden"] == 1
 
 
-@pytest.mark.parametrize("frame", [pm.ack("q", "1"), pm.requeue("q", "1", 60), pm.dead_letter("q", "1")], ids=["ack", "requeue", "dead letter"])
-def test_the_subscribers_users_decide_who_may_ack_requeue_and_dead_letter(broker, users, frame):  # noqa: F811
+@pytest.mark.parametrize(
+    "frame",
+    [pm.consume("q", 1), pm.ack("q", "1"), pm.requeue("q", "1", 60), pm.dead_letter("q", "1")],
+    ids=["consume", "ack", "requeue", "dead letter"],
+)
+def test_the_subscribers_users_decide_who_may_consume_ack_requeue_and_dead_letter(broker, users, frame):  # noqa: F811
     assert not closed_after(users.alice, broker, frame)
     assert closed_after(users.bob, broker, frame)
     wait_for(lambda: broker.status()["Forbidden"] == 1, what="Forbidden 1")
