@@ -107,7 +107,8 @@ class Takes:
 
     def complete_status(self, body: dict) -> None:
         """PROTOCOL §9: each Pull subscriber's STATUS entry gains `Takers` (the
-        takers holding its messages or waiting in a TAKE) and `WaitingTakes`.
+        takers holding its messages or waiting in a TAKE) and `WaitingTakes`;
+        it is `Connected` while it has a taker (PROTOCOL §10).
         Runs on the writer thread, in the STATUS step, so the broker's record
         is the step's; what the event loop changes meanwhile is copied first
         (a dict copy is one call that no other thread interrupts)."""
@@ -119,6 +120,7 @@ class Takes:
                     takers = waiting.get((topic, name), [])
                     sub["Takers"] = len(broker.holders(topic, name).union(takers))
                     sub["WaitingTakes"] = len(takers)
+                    sub["Connected"] = sub["Takers"] > 0
 
     async def _wait(self, key: Key, waiter: _Waiter, timeout_s: float, closed: asyncio.Future[bytes] | None) -> bool:
         """Whether the waiter was woken, rather than given up."""

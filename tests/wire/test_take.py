@@ -44,12 +44,12 @@ def test_take_answers_up_to_count_messages_in_flight_as_a_push_batch_carries_the
         assert [(m["Key"], m["Payload"], m["Attempt"]) for m in taken] == [("1", "a", 1), ("2", "b", 1)]
         assert taken[0]["Published"].endswith("Z")
         s = b.sub_status("t", "w")
-        assert (s["Ready"], s["InFlight"], s["Delivered"], s["Takers"], s["WaitingTakes"]) == ([1], 2, 2, 1, 0)
+        assert (s["Ready"], s["InFlight"], s["Delivered"], s["Takers"], s["WaitingTakes"], s["Connected"]) == ([1], 2, 2, 1, 0, True)
         # And Count defaults to 1, and acks work as for any subscriber
         assert [m["Key"] for m in c.take("t", "w")] == ["3"]
         assert c.ack("t", "w", ["1", "2", "3"]) == 3
     s = b.sub_status("t", "w")
-    assert (s["InFlight"], s["Acked"], s["Takers"]) == (0, 3, 0)
+    assert (s["InFlight"], s["Acked"], s["Takers"], s["Connected"]) == (0, 3, 0, False)
 
 
 @pytest.mark.parametrize(
