@@ -65,6 +65,7 @@ production_config() {
     mkdir -p "$(dirname "$out")"
     sed -e '1s|^# ppmq example configuration\..*|# ppmq.service configuration, made from ppmq.example.yaml. Check edits with `ppmq check`.|' \
         -e 's|\./var/ppmq\.sock|/run/ppmq/ppmq.sock|' \
+        -e 's|\./var/phpmq\.sock|/run/ppmq/phpmq.sock|' \
         -e 's|\./var/data|/var/lib/ppmq|' \
         -e 's|\./var/sub/|/run/ppmq/sub/|' \
         "$src/ppmq.example.yaml" >"$out"
