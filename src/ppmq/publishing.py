@@ -10,6 +10,8 @@ message leaves no trace.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import msgspec
 
 from . import events as ev
@@ -21,6 +23,9 @@ from .staging import Staging
 from .store import Txn
 from .validate import Prepared
 from .wiring import Wired
+
+
+_DUE = attrgetter("due_ns")
 
 
 class Publishing(Wired):
@@ -95,7 +100,7 @@ class Publishing(Wired):
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
         new = [Fresh(body.priority, m, body.fragment) for m, body in bodies]  # one tuple shared by every queue
-        due = [msg.due_ns for msg in batch] if any(msg.due_ns for msg in batch) else None
+        due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)

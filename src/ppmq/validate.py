@@ -39,7 +39,8 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
         if len(payload) > max_message_bytes:
             raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
         expires = _expires(m, where, now_ns) or (now_ns + int(topic.max_age * NS) if topic.max_age else 0)
-        out.append(Prepared(_key(topic, m, where), m.priority, expires, payload, _due(m, where, now_ns)))
+        due = _due(m, where, now_ns) if m.delay is not None or m.not_before is not None else 0
+        out.append(Prepared(_key(topic, m, where), m.priority, expires, payload, due))
     return out
 
 
