@@ -243,9 +243,11 @@ def throughput(rolled: DataFrame) -> DataFrame:
     )
 
 
-def hosts(rolled: DataFrame) -> DataFrame:
-    """Per host: what was read, the time it covers, and what the journal itself lost."""
-    return rolled.groupBy("host").agg(
+def hosts(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
+    """Per host: what was read, the time it covers, what the journal itself lost, and
+    the host's key figures (messages, redelivery rate, latencies over all its
+    subscribers), so that 50 hosts compare on one row each."""
+    read = rolled.groupBy("host").agg(
         F.sum("records").alias("records"),
         F.sum("events").alias("events"),
         F.timestamp_seconds(F.min("first_ts") / NS_PER_S).alias("first"),
@@ -253,3 +255,15 @@ def hosts(rolled: DataFrame) -> DataFrame:
         _total("count", "dropped").alias("journal_dropped"),
         F.sum(F.when(F.col("v") != JOURNAL_VERSION, F.col("records")).otherwise(0)).alias("unknown_version_records"),
     )
+    figures = (
+        known(rolled)
+        .groupBy("host")
+        .agg(
+            _total("entries", "publish").alias("published"),
+            (_total("entries", "deliver") - _total("entries", "return")).alias("delivered"),
+            _total("redelivered", "deliver").alias("redelivered"),
+            _total("entries", "ack").alias("acked"),
+        )
+        .withColumn("redelivery_rate", _per_delivered("redelivered"))
+    )
+    return read.join(figures, "host", "left").join(percentiles(histogram, ["host"]), "host", "left")

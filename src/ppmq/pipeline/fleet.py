@@ -1,0 +1,67 @@
+"""The fleet summary: the hosts table's rows folded into one row per figure.
+
+With 50 hosts nobody reads 50 rows first; an operator wants the fleet's totals,
+what a typical host looks like (the median, which one bad host cannot move) and
+which hosts are worst, to open their rows next. Plain Python: the hosts table
+has one row per host, so it is small whatever the journals' size.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+Row = dict[str, Any]
+WORST = 3  # hosts named per figure
+
+
+class Figure(NamedTuple):
+    column: str  # of the hosts table
+    fleet: Callable[[list[Row], str], float | int] | None  # the fleet's value from the hosts'; None for a percentile, which hosts' do not give
+    high_is_bad: bool  # worst hosts are those with the highest value
+
+
+def _sum(hosts: list[Row], column: str) -> int:
+    return sum(r.get(column) or 0 for r in hosts)
+
+
+def _rate(hosts: list[Row], column: str) -> float:
+    """The fleet's redeliveries per delivered message, not a mean of the hosts' rates,
+    so that a quiet host weighs what it delivered."""
+    delivered = _sum(hosts, "delivered")
+    return _sum(hosts, "redelivered") / delivered if delivered else 0.0
+
+
+FIGURES = [
+    Figure("events", _sum, False),
+    Figure("published", _sum, False),
+    Figure("delivered", _sum, False),
+    Figure("acked", _sum, False),
+    Figure("redelivery_rate", _rate, True),
+    Figure("ack_p99_s", None, True),
+    Figure("deliver_p99_s", None, True),
+    Figure("journal_dropped", _sum, True),
+]
+
+
+def summary(hosts: list[Row]) -> list[Row]:
+    """One row per figure: the fleet's value, the median host's, and the worst hosts."""
+    return [_row(hosts, f) for f in FIGURES]
+
+
+def _row(hosts: list[Row], figure: Figure) -> Row:
+    known = [r for r in hosts if r.get(figure.column) is not None]
+    values = [r[figure.column] for r in known]
+    return {
+        "figure": figure.column,
+        "fleet": figure.fleet(hosts, figure.column) if figure.fleet else None,
+        "median_host": median(values) if values else None,
+        "worst_hosts": ", ".join(r["host"] for r in worst(known, figure.column)) if figure.high_is_bad else "",
+    }
+
+
+def worst(hosts: list[Row], column: str, n: int = WORST) -> list[Row]:
+    """The `n` hosts with the highest nonzero value of `column`, highest first; ties by name."""
+    bad = [r for r in hosts if r.get(column)]
+    return sorted(bad, key=lambda r: (-r[column], r["host"]))[:n]
