@@ -75,7 +75,9 @@ def latency(subs: list[Row]) -> bytes:
 
 def losses(subs: list[Row]) -> bytes:
     """Per subscriber: share of deliveries that were redeliveries, and messages lost to expiry or replaced."""
-    rows = sorted(subs, key=_label)[: 2 * MAX_SERIES]
+    # the worst by redelivery, then by losses: with a fleet's subscribers, those are the ones to show
+    worst = sorted(subs, key=lambda r: (-(r["redelivery_rate"] or 0), -(r["expired_before_delivery"] + (r["replaced"] or 0))))
+    rows = sorted(worst[: 2 * MAX_SERIES], key=_label)
     names = [_label(r) for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.2), sharey=True)
     y = list(range(len(rows)))

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from . import charts, tables
-from .page import image, page, table
+from . import charts, fleet, multiples, tables
+from .page import fleet_wide, image, page, table
 from .progress import Progress
 
 Row = dict[str, Any]
@@ -28,6 +28,10 @@ SUBSCRIBER_COLUMNS = [
     "ack_p50_s", "ack_p95_s", "ack_p99_s", "deliver_p50_s", "deliver_p95_s", "deliver_p99_s",
     "expired", "expired_before_delivery", "overflowed", "ack_timeouts", "replaced",
     "nacks", "nack_rate", "delayed_nacks", "rejected", "reject_rate", "touches", "purged", "redriven", "pauses", "resumes",
+]  # fmt: skip
+HOST_COLUMNS = [
+    "host", "events", "published", "delivered", "redelivery_rate", "acked", "ack_p50_s", "ack_p99_s", "deliver_p99_s",
+    "first", "last", "journal_dropped", "unknown_version_records",
 ]  # fmt: skip
 
 
@@ -52,13 +56,14 @@ def report(spark: SparkSession, paths: Sequence[str], out: str, progress: Progre
     recs = spark.read.schema(recs.schema).parquet(f"{base}/records")
     # Per host, topic, subscriber, kind and minute: small next to the records, and read by four tables.
     rolled = tables.rollup(recs).persist(StorageLevel.MEMORY_AND_DISK)
+    histogram = tables.latency_histogram(recs)
     try:
         rows = {}
         for name, frame in (
-            ("hosts", lambda: tables.hosts(rolled)),
+            ("hosts", lambda: tables.hosts(rolled, histogram)),
             ("topics", lambda: tables.topics(rolled)),
             ("throughput", lambda: tables.throughput(rolled)),
-            ("subscribers", lambda: tables.subscribers(rolled, tables.latency_histogram(recs))),
+            ("subscribers", lambda: tables.subscribers(rolled, histogram)),
             ("slowest", lambda: tables.slowest(spark.read.parquet(f"{base}/subscribers"))),
         ):
             with step(name):
@@ -94,20 +99,42 @@ def _write_text(spark: SparkSession, uri: str, text: str) -> None:
 
 
 def render(rows: dict[str, list[Row]]) -> str:
-    """report.html from the tables' rows."""
+    """report.html from the tables' rows: the fleet and its hosts first, then the charts
+    across hosts and the per-subscriber detail."""
     key = lambda r: (r["host"] or "", r["topic"] or "", r.get("subscriber") or "")  # noqa: E731
     subs = sorted(rows["subscribers"], key=key)
     flow = sorted(rows["throughput"], key=lambda r: r["minute"])
     slowest = sorted(rows["slowest"], key=lambda r: -r["ack_p95_s"])
     hosts = sorted(rows["hosts"], key=lambda r: r["host"] or "")
     sections = [
-        ("Hosts", table(hosts, ["host", "events", "records", "first", "last", "journal_dropped", "unknown_version_records"])),
-        ("Published per minute", image(charts.throughput(flow, "publish", "Messages published, per host and topic"), "published per minute")),
-        ("Delivered per minute", image(charts.throughput(flow, "deliver", "First deliveries, per subscriber"), "delivered per minute")),
-        ("Acknowledged per minute", image(charts.throughput(flow, "ack", "Acks, per subscriber"), "acked per minute")),
-        ("Slowest subscribers", image(charts.latency(subs), "latency per subscriber") + table(slowest, list(slowest[0]) if slowest else [])),
-        ("Redeliveries and messages never delivered", image(charts.losses(subs), "redeliveries and losses") if subs else table([], [])),
+        *_fleet_sections(hosts, flow),
+        ("Published per minute", fleet_wide(image(charts.throughput(flow, "publish", "Messages published, busiest hosts and topics"), "published per minute"))),
+        ("Delivered per minute", fleet_wide(image(charts.throughput(flow, "deliver", "First deliveries, busiest subscribers"), "delivered per minute"))),
+        ("Acknowledged per minute", fleet_wide(image(charts.throughput(flow, "ack", "Acks, busiest subscribers"), "acked per minute"))),
+        ("Slowest subscribers", fleet_wide(image(charts.latency(subs), "latency per subscriber")) + table(slowest, list(slowest[0]) if slowest else [])),
+        ("Redeliveries and messages never delivered", fleet_wide(image(charts.losses(subs), "redeliveries and losses")) if subs else table([], [])),
         ("Subscribers", table(subs, SUBSCRIBER_COLUMNS)),
         ("Topics", table(sorted(rows["topics"], key=key), ["host", "topic", "published", "published_bytes", "replaced", "rejected_requests", "rejected_messages"])),
     ]
-    return page("ppmq delivery report", sections, datetime.now(timezone.utc))
+    return page("ppmq delivery report", sections, datetime.now(timezone.utc), [h["host"] for h in hosts if h["host"]])
+
+
+def _fleet_sections(hosts: list[Row], flow: list[Row]) -> list[tuple[str, str]]:
+    """The fleet summary with its worst hosts, one row per host, one small panel per host."""
+    worst = multiples.top(hosts, "ack_p99_s", "Hosts by publish-to-ack p99", "s") + multiples.top(
+        hosts, "redelivery_rate", "Hosts by redelivery rate (redeliveries per delivered message)", ""
+    )
+    series = multiples.per_host(flow)
+    minutes = sorted({r["minute"] for r in flow})
+    panels = "".join(multiples.panel(h["host"] or "", series.get(h["host"] or "", {}), minutes, _caption(h)) for h in hosts)
+    return [
+        ("Fleet", fleet_wide(table(fleet.summary(hosts), ["figure", "fleet", "median_host", "worst_hosts"]) + worst)),
+        ("Hosts", table(hosts, HOST_COLUMNS)),
+        ("Per host: messages per minute", multiples.legend() + panels),
+    ]
+
+
+def _caption(host: Row) -> str:
+    """A panel's figures, so that a filtered page still shows the host's latency and losses."""
+    p99, rate = host.get("ack_p99_s"), host.get("redelivery_rate")
+    return f"ack p99 {'-' if p99 is None else f'{p99:.3g} s'}, redelivered {'-' if rate is None else f'{100 * rate:.2g}%'}"
