@@ -17,6 +17,7 @@ $(BROKER): pyproject.toml
 # Everything the tests use: the test tools, and the spark extra with Java for `ppmq report`.
 $(STAMP): $(BROKER)
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)  # report.html in a headless browser
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
