@@ -23,14 +23,14 @@ def add_commands(command: Command) -> None:
     bridge = command("bridge", None, "move messages between the broker and NATS JetStream, at least once", config=False)
     directions = bridge.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
     to = _direction(directions, "to", _to, "run as a Pull subscriber and publish what it takes to JetStream")
-    to.add_argument("url", metavar="NATS_URL")
+    to.add_argument("url", metavar="NATS_URL", help="the NATS server, e.g. nats://nats1:4222 (nats-py's URL forms)")
     to.add_argument("subscriber", metavar="SUBSCRIBER", help="a subscriber with Pull: true; every topic it is on is bridged")
     to.add_argument("--subject-prefix", default="ppmq.", metavar="PREFIX", help="JetStream subject = PREFIX + topic (default: ppmq.)")
     back = _direction(directions, "from", _from, "publish to TOPIC what a durable JetStream pull consumer fetches")
-    back.add_argument("url", metavar="NATS_URL")
-    back.add_argument("stream", metavar="STREAM")
+    back.add_argument("url", metavar="NATS_URL", help="the NATS server, e.g. nats://nats1:4222")
+    back.add_argument("stream", metavar="STREAM", help="the JetStream stream; the operator creates it")
     back.add_argument("consumer", metavar="CONSUMER", help="the durable pull consumer's name; the operator creates it")
-    back.add_argument("topic", metavar="TOPIC")
+    back.add_argument("topic", metavar="TOPIC", help="the ppmq topic the messages are published to")
 
 
 def _direction(directions: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
