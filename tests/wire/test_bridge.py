@@ -148,6 +148,23 @@ def drained(broker, topic: str) -> bool:
     return sum(s["Ready"]) == 0 and s["InFlight"] == 0
 
 
+def take_until(broker, topic: str, distinct: int) -> list:
+    """Every payload the topic's Pull subscriber gets, duplicates too, acking each
+    batch with the next TAKE, until `distinct` different ones came."""
+    payloads: list = []
+    acks: list[str] = []
+
+    def more() -> bool:
+        batch = c.take(topic, "nb", 10000, 0, acks)
+        acks[:] = [m["Key"] for m in batch]
+        payloads.extend(m["Payload"] for m in batch)
+        return len(set(map(str, payloads))) >= distinct
+
+    with broker.client() as c:
+        wait_for(more, timeout_s=30, what=f"{distinct} distinct payloads in {topic}")
+    return payloads
+
+
 # --- to ----------------------------------------------------------------------------------
 
 
@@ -201,6 +218,13 @@ def test_bridge_to_loses_nothing_when_nats_and_the_bridge_are_killed_mid_stream(
     assert bridge.lines("connection lost")
 
 
+def test_bridge_to_a_subscriber_that_is_not_pull_exits_1_before_connecting(broker_factory, bridges):
+    b = broker_factory([{"Name": "t", "Subscribers": ["push"]}], ["push"], start=False)
+    bridge = bridges("to", "nats://127.0.0.1:1", "push", "-c", str(b.config_path))
+    assert bridge.proc.wait(timeout=15) == 1
+    assert "'push' is not a subscriber with Pull: true" in bridge.log
+
+
 def test_a_bridge_to_an_unreachable_url_retries_says_so_once_and_acks_nothing(broker_factory, nats_server, bridges):
     # Given messages and a bridge to a port where nothing listens yet
     b = broker_factory([{"Name": "t", "Subscribers": ["nb"]}], [PULL])
@@ -245,10 +269,7 @@ def test_bridge_from_publishes_a_consumer_to_a_topic_and_loses_nothing_when_kill
     nats_server.kill()
     nats_server.start()
     # Then every message arrives in the topic, the one that is not JSON as a string
-    got = []
-    with b.client() as c:
-        wait_for(lambda: got.extend(c.take("in", "nb", 10000, 0, [m["Key"] for m in got[-10000:]])) or len({str(p["Payload"]) for p in got}) == n + 1, timeout_s=30, what=f"{n + 1} distinct messages")
-    payloads = [m["Payload"] for m in got]
+    payloads = take_until(b, "in", n + 1)
     assert set(payloads) == set(range(n)) | {"not json"}
     # And the duplicates are only the batches in flight at the kills
     assert len(payloads) - (n + 1) <= 3 * 256
