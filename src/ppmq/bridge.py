@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from . import bridge_from, bridge_to
 from .cli_control import Command, config_options
 from .config import Config, default_config_path, load_config
+
+log = logging.getLogger("ppmq.bridge")
 
 
 def add_commands(command: Command) -> None:
@@ -52,8 +56,11 @@ def _to(args: argparse.Namespace) -> int:
     sub = next((s for s in config.subscribers if s.name == args.subscriber), None)
     if sub is None or not sub.pull:
         return _fail(f"{args.subscriber!r} is not a subscriber with Pull: true in the config")
-    if not bridge_to.subscribed_topics(config, args.subscriber):
+    topics = bridge_to.subscribed_topics(config, args.subscriber)
+    if not topics:
         return _fail(f"{args.subscriber!r} is on no topic")
+    if not sub.metadata and any(t.dedupe for t in topics):
+        log.warning("%s has no Metadata: true, so on Dedupe topics a key's newer version within the duplicate window is dropped by JetStream", sub.name)
     return _run_with_nats(bridge_to.run(config, args.url, args.subscriber, args.subject_prefix))
 
 
@@ -64,7 +71,7 @@ def _from(args: argparse.Namespace) -> int:
     return _run_with_nats(bridge_from.run(config.server_socket, args.url, args.stream, args.consumer, args.topic))
 
 
-def _run_with_nats(bridging) -> int:
+def _run_with_nats(bridging: Coroutine[Any, Any, None]) -> int:
     if importlib.util.find_spec("nats") is None:
         bridging.close()
         return _fail("nats-py is missing: install the bridge extra (pip install 'ppmq[bridge]')")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .client import AsyncClient, ClientError
 
@@ -131,7 +131,7 @@ NATS_PING_S = 2  # a silent server is found dead after about two of these
 class Nats:
     """A NATS connection and its JetStream context, with what a direction binds on it."""
 
-    def __init__(self, nc, js, sub=None) -> None:  # nats-py's types: the bridge extra may be absent at import
+    def __init__(self, nc: Any, js: Any, sub: Any = None) -> None:  # nats-py's types: the bridge extra may be absent at import
         self.nc, self.js, self.sub = nc, js, sub
 
 

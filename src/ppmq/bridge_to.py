@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from .bridge_link import Link, Nats, nats_link, ppmq_link
-from .client import DEFAULT_TIMEOUT_S
+from .client import DEFAULT_TIMEOUT_S, AsyncClient
 from .config import Config, TopicConfig
 
 TAKE_COUNT = 256  # messages per TAKE: one round of PubAcks waited for together
@@ -30,7 +30,7 @@ _encode = msgspec.json.encode
 class TopicBridge:
     """One topic of the subscriber: take, publish, ack with the next take."""
 
-    def __init__(self, topic: TopicConfig, subscriber: str, subject: str, ppmq: Link, nats: Link[Nats]) -> None:
+    def __init__(self, topic: TopicConfig, subscriber: str, subject: str, ppmq: Link[AsyncClient], nats: Link[Nats]) -> None:
         self.topic, self.subscriber, self.subject = topic, subscriber, subject
         self.ppmq, self.nats = ppmq, nats
 
