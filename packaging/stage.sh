@@ -26,12 +26,13 @@ venv=$stage/opt/ppmq
 fail() { echo "stage.sh: $*" >&2; exit 1; }
 
 # Build ppmq's wheel, then install it with its dependencies into a venv at its final
-# path inside STAGE; pip is removed afterwards since nothing installs into it later.
+# path inside STAGE, with the bridge extra so that ppmq-bridge@.service runs; pip is
+# removed afterwards since nothing installs into it later.
 build_venv() {
     local wheels=$stage.wheels
     "$python" -m venv "$venv"
     "$venv/bin/pip" --quiet --disable-pip-version-check wheel --no-deps -w "$wheels" "$src"
-    "$venv/bin/pip" --quiet --disable-pip-version-check install --no-compile "$wheels"/ppmq-*.whl
+    "$venv/bin/pip" --quiet --disable-pip-version-check install --no-compile "$(echo "$wheels"/ppmq-*.whl)[bridge]"
     "$venv/bin/pip" --quiet --disable-pip-version-check uninstall -y pip setuptools
     rm -rf "$wheels" "$venv"/bin/activate* "$venv"/bin/Activate.ps1 "$venv/include"
     # PEP 610 record of the wheel's build-time location: meaningless once installed.

@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from . import cli_control, daemon, sockets
-from .cli_control import align, open_client, seconds
+from . import bridge, cli_control, daemon, sockets
+from .cli_control import align, config_options, open_client, seconds
 from .client import Client, ClientError
 from .config import ConfigError, default_config_path, load_config
 from .framing import Framer
@@ -69,11 +69,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     subparsers: dict[str, argparse.ArgumentParser] = {}
 
     def command(name: str, func, help: str, config: bool = True) -> argparse.ArgumentParser:
+        """`func` None: the command's own subcommands set it (`bridge to`)."""
         sub = commands.add_parser(name, help=help, description=help)
         if config:
-            sub.add_argument("-c", "--config", default=None, help="config file (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
-            sub.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
-        sub.set_defaults(func=func)
+            config_options(sub)
+        if func is not None:
+            sub.set_defaults(func=func)
         subparsers[name] = sub
         return sub
 
@@ -97,6 +98,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rec.add_argument("subscriber")
     rec.add_argument("--topic", "-t")
     cli_control.add_commands(command)
+    bridge.add_commands(command)
     st = command("status", _status, "show the broker's counters")
     st.add_argument("--topic", "-t", help="only this topic")
     st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")

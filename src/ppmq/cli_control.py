@@ -20,9 +20,15 @@ from .config import default_config_path, load_config
 from .protocol import Reply
 
 # cli.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
-Command = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+Command = Callable[..., argparse.ArgumentParser]  # also config=False: no -c/-s; a None handler: its subcommands set one
 PAYLOAD_CHARS = 40  # of a payload's JSON in peek's table; a longer one is cut and ends in "…"
 _PEEK_COLUMNS = ("SUBSCRIBER", "STATE", "KEY", "PRIORITY", "ATTEMPT", "PUBLISHED", "DEADLINE", "PAYLOAD")
+
+
+def config_options(parser: argparse.ArgumentParser) -> None:
+    """-c and -s, which every command that talks to the broker or reads its config takes."""
+    parser.add_argument("-c", "--config", default=None, help="config file (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
+    parser.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
 
 
 def open_client(args: argparse.Namespace) -> Client:

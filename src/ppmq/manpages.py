@@ -18,6 +18,7 @@ import argparse
 import gzip
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
         "talk to a running broker, check a config or a store, or report on delivery journals."
     ))
     lines.append(".SH COMMANDS")
-    for name, sub in subparsers.items():
+    for sub in _leaves(subparsers.values()):
         usage = " ".join(sub.format_usage().removeprefix("usage: ").split())  # argparse wraps it
         lines += [f'.SS "{_roff(usage)}"', _roff(sub.description or ""), ".PP"]
         lines += _options(sub)
@@ -89,6 +90,17 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
         _roff("/usr/share/doc/ppmq/README.md"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _leaves(parsers: Iterable[argparse.ArgumentParser]) -> Iterator[argparse.ArgumentParser]:
+    """Each command, or in its place each of its own subcommands (`bridge to`, `bridge from`),
+    since those are what a reader types and where the arguments are."""
+    for parser in parsers:
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            yield from _leaves(nested[0].choices.values())
+        else:
+            yield parser
 
 
 def _options(sub: argparse.ArgumentParser) -> list[str]:

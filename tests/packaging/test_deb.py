@@ -54,7 +54,7 @@ def test_the_units_find_the_command_the_config_and_the_documentation(installed: 
             assert os.access(words[0], os.X_OK), f"{key}={command}: {words[0]} is not executable"
             if "-c" in words:
                 assert words[words.index("-c") + 1] == str(CONFIG)
-    for unit in ("ppmq.service", "ppmq.socket", "ppmq-subscriber@.socket", "ppmq-subscriber@.service"):
+    for unit in ("ppmq.service", "ppmq.socket", "ppmq-subscriber@.socket", "ppmq-subscriber@.service", "ppmq-bridge@.service"):
         (doc,) = unit_values(unit, "Documentation")
         assert Path(doc.removeprefix("file:")).is_file(), f"{unit}: Documentation={doc} is missing"
     assert Path("/usr/bin/ppmq").resolve() == Path("/opt/ppmq/bin/ppmq")

@@ -18,7 +18,7 @@ from ppmq import subscriber as kit
 from ppmq.config import load_config
 from tests.systemd.layout import EXAMPLE, PARALLEL, UNITS, install_units
 
-STUBS = ("usr/bin/ppmq", "bin/kill", "etc/ppmq/subscribers/archive", "etc/ppmq/subscribers/render")  # what the units execute
+STUBS = ("usr/bin/ppmq", "bin/kill", "etc/ppmq/subscribers/archive", "etc/ppmq/subscribers/render", "etc/ppmq/bridge/orders.conf")  # what the units execute
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("systemd-analyze", "systemd-sysusers", "systemd-tmpfiles")),
@@ -52,6 +52,10 @@ def test_the_broker_units_verify_without_a_word(root):
 
 def test_the_subscriber_template_with_the_example_drop_in_verifies_without_a_word(root):
     assert verify(root, "ppmq-subscriber@archive.socket", "ppmq-subscriber@archive.service") == "exit 0"
+
+
+def test_the_bridge_template_verifies_without_a_word(root):
+    assert verify(root, "ppmq-bridge@orders.service") == "exit 0"
 
 
 def test_the_parallel_example_with_accept_verifies_without_a_word(root):

@@ -27,10 +27,11 @@ def test_make_serve_installs_the_broker_alone_without_java_or_spark() -> None:
     assert "pip install --quiet -e .\n" in commands
     assert "ppmq serve -c ppmq.example.yaml" in commands
     assert "spark" not in commands and "java" not in commands and "openjdk" not in commands
+    assert "bridge" not in commands
 
 
-def test_make_test_installs_the_test_tools_spark_and_java_then_runs_every_test() -> None:
+def test_make_test_installs_the_test_tools_spark_the_bridge_and_java_then_runs_every_test() -> None:
     commands = planned("test")
-    assert "pip install --quiet -e '.[test,spark]'" in commands
+    assert "pip install --quiet -e '.[test,spark,bridge]'" in commands
     assert "openjdk-17-jre-headless" in commands
     assert commands.splitlines()[-1].endswith("-m pytest -q")

@@ -35,6 +35,12 @@ def test_the_command_page_has_every_command_and_option_of_the_parser(pages) -> N
                 assert option.replace("-", "\\-") in page, (name, option)
 
 
+def test_a_command_with_subcommands_shows_each_with_its_own_arguments(pages) -> None:
+    page = pages["ppmq.1.gz"]
+    assert '.SS "ppmq bridge to [\\-h] [\\-c CONFIG] [\\-s SOCKET] [\\-\\-subject\\-prefix PREFIX] NATS_URL SUBSCRIBER"' in page
+    assert '.SS "ppmq bridge from [\\-h] [\\-c CONFIG] [\\-s SOCKET] NATS_URL STREAM CONSUMER TOPIC"' in page
+
+
 def test_the_config_page_documents_every_key_of_every_config_struct(pages) -> None:
     page = pages["ppmq.yaml.5.gz"]
     for _, prefix, struct in SECTIONS:
