@@ -105,6 +105,12 @@ def test_ppmq_check_accepts_the_packaged_config(installed: Machine) -> None:
     assert "ok" in run("/usr/bin/ppmq", "check", "-c", CONFIG)
 
 
+def test_the_packaged_bridge_finds_nats_py(installed: Machine) -> None:
+    """ppmq-bridge@.service ships in the package: what it runs must be there too."""
+    assert "usage" in run("/usr/bin/ppmq", "bridge", "--help").lower()
+    run("/opt/ppmq/bin/python3", "-c", "import nats.js")
+
+
 def test_python_finds_every_module_compiled_and_writes_nothing_under_opt(installed: Machine) -> None:
     """With ProtectSystem=strict /opt is read-only: the package must bring every .pyc."""
     run("/usr/bin/ppmq", "check", "-c", CONFIG)  # as root, so Python could write a missing .pyc
