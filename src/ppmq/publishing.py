@@ -43,9 +43,11 @@ class Publishing(Wired):
             if self._events.journaled and stored:
                 ids, sizes = zip(*stored)
                 self._events.publish(topic.name, ids, [msg.prio for msg in prepared], sizes, [msg.expires_ns for msg in prepared], [False] * len(ids))
+        elif not topic.limited:
+            self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
         else:
             journaled = []  # (id, prio, size, expires_ns, replaced) of each message stored
-            for i, msg in enumerate(prepared):  # one by one: a key may come twice, a limit may drop
+            for i, msg in enumerate(prepared):  # one by one: a limit may drop, and what it drops depends on the last
                 old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
                 if old is not None:
                     m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
@@ -58,6 +60,38 @@ class Publishing(Wired):
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
         self.state.topics[topic.name].published += len(prepared)
+
+    def _publish_deduped(self, txn: Txn, topic: TopicConfig, t: int, prepared: list[Prepared], now_ns: int, subs: list[str]) -> None:
+        """A Dedupe topic's batch (without limits): each message sees the ones
+        before it, as if stored one by one, but the new keys between two
+        replacements are stored together, with one store write for the run. A
+        key already in the run ends it: the run is stored, and the key then
+        replaces its first version."""
+        journaled: list[tuple[int, int, int, int, bool]] = []  # (id, prio, size, expires_ns, replaced)
+        run: list[Prepared] = []
+        keys: set[bytes] = set()
+
+        def store_run() -> None:
+            if run:
+                stored = self._store_new(txn, topic, t, run, now_ns, subs)
+                journaled.extend((m, msg.prio, size, msg.expires_ns, False) for (m, size), msg in zip(stored, run))
+                run.clear()
+                keys.clear()
+
+        for msg in prepared:
+            if msg.key in keys:
+                store_run()
+            old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+            if old is None:
+                run.append(msg)
+                if msg.key is not None:
+                    keys.add(msg.key)
+                continue
+            store_run()
+            journaled.append((old, msg.prio, self._replace(txn, topic, t, old, msg, now_ns), msg.expires_ns, True))
+        store_run()
+        if self._events.journaled and journaled:
+            self._events.publish(topic.name, *zip(*journaled))
 
     def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
         """A publish too large for one step: queued on arrival, then one chunk per

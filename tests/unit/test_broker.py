@@ -272,6 +272,21 @@ def test_a_key_published_twice_in_one_step_to_an_open_subscriber_goes_out_once_w
     store.close()
 
 
+def test_a_key_repeated_within_one_publish_is_stored_once_with_its_last_version(tmp_path):
+    # Given a Dedupe topic whose subscriber is open and caught up
+    broker, store = open_broker(tmp_path, dedupe=True, priorities=2)
+    # When one publish brings a, b, a again and c, the second a of higher priority
+    req = keyed(("a", b"1"), ("b", b"2"))
+    req.messages += keyed(("a", b"3"), ("c", b"4"), priority=1).messages
+    step = broker.step([req], {"s"}, NOW)
+    # Then a is stored once, with the second version, and every key goes out once
+    (delivery,) = step.deliveries
+    sent = sorted((m["Key"], m["Payload"]) for m in msgspec.json.decode(delivery.frame)["Messages"])
+    assert sent == [("a", 3), ("b", 2), ("c", 4)]
+    assert (broker.state.topics["t"].stored, broker.state.topics["t"].replaced) == (3, 1)
+    store.close()
+
+
 def test_drop_oldest_drops_a_message_of_the_same_step_that_has_not_been_pushed_yet(tmp_path):
     # Given a topic of at most 2 messages whose subscriber is open and caught up
     broker, store = open_broker(tmp_path, max_messages=2, overflow_policy="drop-oldest")
