@@ -33,7 +33,8 @@ from .owners import Owners
 from .publishing import Publishing
 from .staging import Answer, Staging, is_large
 from .schema import StoreError, StoreFullError
-from .state import NS, State, refused_changes, restore, snapshot, status_body
+from .ledger import Ledger, load_state
+from .state import NS, refused_changes, status_body
 from .store import Store, Txn
 from .taking import ABANDONED, Taking
 from .validate import delay_ns, prepare
@@ -70,12 +71,14 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self._retry_at_ns = 0  # after a failed commit, no step without requests before this
         self._started_ns = now_ns  # PING's uptime
         with store.write() as txn:
-            raw = txn.get_meta(b"state")
-            self.state = restore(raw) if raw else State()
+            self.state = load_state(txn)
+            self._ledger = Ledger(self.state)  # the counters' records, and their undo
             self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
             self._switch(txn, config)
             self._requeue_unconfirmed(txn, now_ns)
-            self._committed = self._save(txn)  # the counters as the store holds them
+            self._ledger.save(txn, everything=True)
+        self._ledger.take_touched()
+        self._index_backlog()
         self._next_tick_ns = now_ns
 
     @property
@@ -97,7 +100,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         """
         subs = self.state.subs
         for t in self.sub_topics.get(sub, ()):
-            stats = subs.get(t.name, {}).get(sub)
+            stats = subs.peek(t.name, {}).get(sub)
             if stats is not None and (stats.inflight or any(stats.ready)):
                 return True
         return False
@@ -111,7 +114,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
         subs = ((s, self._lanes_of(s, lanes or {})) for s in open_subs)
-        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self.sub_topics.get(s, ()))
+        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self._pending_topics(s))
 
     def step(
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,
@@ -166,6 +169,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         it was before (counters, config, access rules), and the error raised."""
         wiring = self._wiring
         self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
+        self._ledger.step()
         try:
             with self.store.write() as txn:
                 self._watch_flights(txn)
@@ -176,18 +180,20 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 deliveries = self._fill(txn, open_subs, now_ns)
                 self._queue_fresh(txn)
                 self.state.commits += 1
-                saved = self._save(txn)
+                self._ledger.save(txn)
                 next_tick = self._next_tick(txn, now_ns)
                 if early is not None and deliveries:
                     early(deliveries)
         except BaseException:
-            self.state = restore(self._committed)
+            self._ledger.rollback(self.store.committed_meta)
             self._rewire(wiring)
+            self._note_backlog(self._ledger.take_touched())
             self._events.clear()
             self._fresh = {}
             self._owners.undo()
             raise
-        self._committed = saved
+        self._ledger.stepped()
+        self._note_backlog(self._ledger.take_touched())
         self._owners.commit()
         return replies, deliveries, next_tick, finished
 
@@ -255,17 +261,20 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         """apply(), whose writes, counters, config and fresh messages all vanish if
         it raises. The step's fresh lists are kept by value: a STATUS or a reload
         moves them into the queues (and empties the dict) inside it."""
-        before, wiring, owners = snapshot(self.state), self._wiring, self._owners.mark()
+        wiring, owners = self._wiring, self._owners.mark()
         fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
+        self._ledger.begin()
         try:
             with txn.savepoint():
-                return apply()
+                result = apply()
         except BaseException:
             self._owners.undo(owners)
-            self.state = restore(before)
+            self._ledger.undo()
             self._rewire(wiring)
             self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
             raise
+        self._ledger.end()
+        return result
 
     def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
         self._events.reject(topic, reply.status, reply.error, count)
@@ -368,6 +377,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self.state.register(config)
         self._rewire(Wiring.of(config, self.state))
         self._wiring.rules.warn_unknown()
+        self._index_backlog()
 
     def _rewire(self, wiring: Wiring | None) -> None:
         self._wiring = wiring
@@ -395,13 +405,6 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 s = self.state.sub_ids[name]
                 for flight in txn.inflight_of(t, s):
                     self._requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
-
-    def _save(self, txn: Txn) -> bytes:
-        """The counters into the step's transaction; the bytes are what a failed
-        next step puts back, so a step encodes them once."""
-        raw = snapshot(self.state)
-        txn.put_meta(b"state", raw)
-        return raw
 
 
 def _reply_error(exc: StoreError) -> p.RequestError:

@@ -15,6 +15,7 @@ from . import protocol as p
 from .config import TopicConfig
 from .lanes import Lanes, room
 from .laning import Laning
+from .ledger import Ledger
 from .ops import Delivery
 from .queues import Fresh, Queue, space
 from .state import NS
@@ -24,6 +25,33 @@ from .store import Txn
 class Filling(Laning):
     _fresh: dict[tuple[str, str], list[Fresh]]  # (topic, subscriber) -> its fresh messages, oldest first
     _open: set[str]  # the subscribers that can take a batch in this step
+    _ledger: Ledger
+    # subscriber -> the topics where it had messages ready when the last step ended:
+    # with the topics a step touches, where a fill looks, so that a step costs
+    # what its topics cost, not what every topic of an open subscriber does
+    _backlog: dict[str, set[str]]
+
+    def _pending_topics(self, sub: str) -> list[TopicConfig]:
+        """sub's topics that may have a batch for it: those with messages ready
+        as the last step left them, and those touched since; in config order."""
+        names = self._backlog.get(sub, set()) | self._ledger.touched
+        subs, order = self.state.subs, self._topic_order
+        found = [name for name in names if sub in subs.peek(name, ()) and name in order]
+        return [self.topics[name] for name in sorted(found, key=order.__getitem__)]
+
+    def _note_backlog(self, topics: set[str]) -> None:
+        """After a step: whether each subscription of `topics` has messages ready."""
+        for name in topics:
+            for sub, stats in self.state.subs.peek(name, {}).items():
+                if any(stats.ready):
+                    self._backlog.setdefault(sub, set()).add(name)
+                elif sub in self._backlog:
+                    self._backlog[sub].discard(name)
+
+    def _index_backlog(self) -> None:
+        """The backlog index anew, from every topic (at start and after a reload)."""
+        self._backlog = {}
+        self._note_backlog(set(self.state.subs.keys()))
 
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
@@ -35,7 +63,7 @@ class Filling(Laning):
         least loaded lane, and all lanes' Windows cap what is in flight in all."""
         sc = self.sub_configs[sub]
         window = self.config.window(sc)
-        limit = space(self.state.subs[topic.name][sub], sc.batch_size, window * sc.connections)
+        limit = space(self.state.subs.peek(topic.name)[sub], sc.batch_size, window * sc.connections)
         return limit if lanes is None else min(limit, room(lanes, topic.name, window)[1])
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
@@ -46,7 +74,7 @@ class Filling(Laning):
         out = []
         for sub in sorted(open_subs):
             lanes = self._lanes_of(sub, self._lanes)
-            for topic in self.sub_topics.get(sub, ()):
+            for topic in self._pending_topics(sub):
                 while (limit := self._space(sub, topic, lanes)) > 0:
                     delivery = self._pull(txn, sub, topic, limit, now_ns)
                     if delivery is None:

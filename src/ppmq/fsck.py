@@ -26,7 +26,8 @@ from functools import cached_property
 import msgspec
 
 from .config import Config
-from .state import State, restore
+from .ledger import load_state
+from .state import State
 from .reader import (
     BodyRecord,
     Damaged,
@@ -109,11 +110,10 @@ def read_snapshot(data_path: str, *, fragments: bool = False) -> Snapshot:
 
 
 def _decode(txn: ReadTxn, fragments: bool) -> Snapshot:
-    raw_state = txn.get_meta(b"state")
     try:
-        state = restore(raw_state) if raw_state is not None else State()
+        state = load_state(txn)
     except msgspec.DecodeError as exc:
-        raise FsckError(f"the persisted counters (meta 'state') do not decode: {exc}") from None
+        raise FsckError(f"the persisted counters (meta 'state' and 'topic:' records) do not decode: {exc}") from None
     snap = Snapshot(state, txn.staged())
     for db, keep in _KEEP.items():
         for record in txn.records(db):

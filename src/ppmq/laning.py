@@ -28,7 +28,7 @@ class Laning(Wired):
         subs = self.state.subs
         return [
             t.name for t in self.sub_topics.get(sub, ())
-            if (stats := subs.get(t.name, {}).get(sub)) is not None and any(stats.ready) and not stats.paused
+            if (stats := subs.peek(t.name, {}).get(sub)) is not None and any(stats.ready) and not stats.paused
         ]
 
     def _lanes_of(self, sub: str, lanes: dict[str, Lanes]) -> Lanes | None:

@@ -76,6 +76,13 @@ class Rows:
     def put_meta(self, name: bytes, value: bytes) -> None:
         self.txn.put(name, value, db=self._meta)
 
+    def delete_meta(self, name: bytes) -> None:
+        self.txn.delete(name, db=self._meta)
+
+    def meta_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The meta records whose names begin with prefix, by name."""
+        return self._walk(self._meta, prefix, prefix)
+
     # --- the staging record ------------------------------------------------------
     def staged(self) -> Staged | None:
         """The range a publish in progress hides, read once per transaction: the

@@ -2,8 +2,8 @@
 
 `State` is small (topics x subscribers, never proportional to the backlog) and
 is written into the same transaction as the changes it counts, so it is exactly
-as durable as they are; a snapshot of it is how a failed request's counting is
-undone.
+as durable as they are; ledger.py writes it, a record per topic, and puts back
+what a failed request or step counted.
 """
 
 from __future__ import annotations
@@ -54,24 +54,27 @@ class State(msgspec.Struct):
     dropped_seqs: dict[str, int] = {}
 
     def register(self, config: Config) -> None:
-        """Give new topics and subscribers ids and counters; keep those of old ones."""
+        """Give new topics and subscribers ids and counters; keep those of old ones.
+        The dicts of ids and dropped sequences are replaced, never changed in
+        place, so that what the ledger keeps of them to undo stays as it was."""
+        topic_ids, sub_ids, dropped_seqs = dict(self.topic_ids), dict(self.sub_ids), dict(self.dropped_seqs)
         for tc in config.topics:
-            if tc.name not in self.topic_ids:
-                self.topic_ids[tc.name] = max(self.topic_ids.values(), default=0) + 1
+            if tc.name not in topic_ids:
+                topic_ids[tc.name] = max(topic_ids.values(), default=0) + 1
             if tc.name not in self.topics:
-                self.topics[tc.name] = TopicStats(seq=self.dropped_seqs.pop(tc.name, 0))
+                self.topics[tc.name] = TopicStats(seq=dropped_seqs.pop(tc.name, 0))
             subs = self.subs.setdefault(tc.name, {})
             for name in tc.subscribers:
                 stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
                 stats.ready += [0] * (tc.priorities - len(stats.ready))
         for sc in config.subscribers:
-            if sc.name not in self.sub_ids:
-                self.sub_ids[sc.name] = max(self.sub_ids.values(), default=0) + 1
-
+            if sc.name not in sub_ids:
+                sub_ids[sc.name] = max(sub_ids.values(), default=0) + 1
+        self.topic_ids, self.sub_ids, self.dropped_seqs = topic_ids, sub_ids, dropped_seqs
 
     def forget(self, topic: str) -> None:
         """A topic dropped from the config: its counters go, its sequence is kept."""
-        self.dropped_seqs[topic] = self.topics.pop(topic).seq
+        self.dropped_seqs = {**self.dropped_seqs, topic: self.topics.pop(topic).seq}
         del self.subs[topic]
 
 
@@ -97,18 +100,6 @@ def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Co
                     f" {stats.stored} messages (drain it, or drop and re-create it)"
                 )
     return errors
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(State)
-
-
-def snapshot(state: State) -> bytes:
-    return _encoder.encode(state)
-
-
-def restore(raw: bytes) -> State:
-    return _decoder.decode(raw)
 
 
 def status_body(config: Config, state: State, txn: Txn, now_ns: int, topic: str | None = None) -> dict:

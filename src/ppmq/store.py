@@ -103,6 +103,11 @@ class Store:
             self.flight_index.clear()
             raise self.translate(exc) from None
 
+    def committed_meta(self, name: bytes) -> bytes | None:
+        """A meta record as the last commit left it (in a read transaction of its own)."""
+        with self.env.begin(db=self.dbs["meta"]) as txn:
+            return txn.get(name)
+
     def translate(self, exc: lmdb.Error) -> StoreError:
         """The store's error for an LMDB one: every way of running out of room
         (LMDB's map, or the disk under it) is a StoreFullError (status 507)."""

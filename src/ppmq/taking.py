@@ -36,7 +36,7 @@ class Taking(Wired):
         """How many messages a TAKE for sub on topic could get now: ready ones, as
         far as its Window has room (0 while paused). Read from the counters alone,
         so the event loop may ask it between steps."""
-        stats = self.state.subs.get(topic, {}).get(sub)
+        stats = self.state.subs.peek(topic, {}).get(sub)
         sc = self.sub_configs.get(sub)
         if stats is None or sc is None or stats.paused:
             return 0

@@ -3,9 +3,9 @@
 A Broker is put together from mixins: publishing (publishing.py), completion
 (completion.py) and filling subscribers (filling.py), over this base. They are
 parts of one object rather than collaborators because a failed request, step or
-reload puts back the counters and the wiring by replacing them whole (`restore`,
-`_rewire`): a collaborator holding its own reference would go on with the
-discarded value. Here each part reads them through the one broker, and the
+reload puts back the wiring by replacing it whole (`_rewire`), and the counters
+of each topic it touched (ledger.py): a collaborator holding its own reference
+would go on with the discarded value. Here each part reads them through the one broker, and the
 declarations below say what every part may rely on. The parts also call one
 another through it: a limit that drops a message, or an expiry met while
 filling, is completion's; a dead-letter copy is a publish.
@@ -35,6 +35,7 @@ class Wiring(NamedTuple):
     topic_by_id: dict[int, str]
     sub_by_id: dict[int, str]
     rules: Rules | None  # the access rules of config
+    topic_order: dict[str, int]  # topic -> its place in the config: the order subscribers are filled in
 
     @classmethod
     def of(cls, config: Config, state: State) -> Wiring:
@@ -46,6 +47,7 @@ class Wiring(NamedTuple):
             {i: n for n, i in state.topic_ids.items()},
             {i: n for n, i in state.sub_ids.items()},
             Rules(config),
+            {t.name: i for i, t in enumerate(config.topics)},
         )
 
 
@@ -54,7 +56,7 @@ class Wired:
     journal events, and the config in force, read through one Wiring."""
 
     store: Store
-    state: State  # replaced whole when a request or a step is undone
+    state: State  # a topic's counters are replaced when a request or a step that touched them is undone
     _wiring: Wiring | None
     _events: StepEvents
     _owners: Owners  # who took which message of a Pull subscriber (taking.py)
@@ -74,6 +76,10 @@ class Wired:
     @property
     def sub_topics(self) -> dict[str, list[TopicConfig]]:
         return self._wiring.sub_topics
+
+    @property
+    def _topic_order(self) -> dict[str, int]:
+        return self._wiring.topic_order
 
     @property
     def _topic_by_id(self) -> dict[int, str]:

@@ -16,7 +16,8 @@ from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import FsckError, check, read_snapshot
-from ppmq.state import NS, State, restore, snapshot
+from ppmq.ledger import Ledger, load_state
+from ppmq.state import NS, State
 from ppmq.store import Store, Txn
 
 NOW = 1_800_000_000 * NS
@@ -121,9 +122,9 @@ def truncate_first(db: str) -> Callable[[Built], None]:
 
 def with_state(change: Callable[[State], None]) -> Callable[[Built], None]:
     def apply(txn: Txn, _: dict) -> None:
-        state = restore(txn.get_meta(b"state"))
+        state = load_state(txn)
         change(state)
-        txn.put_meta(b"state", snapshot(state))
+        Ledger(state).save(txn, everything=True)
 
     return with_txn(apply)
 

@@ -38,7 +38,7 @@ from pyspark.sql.types import StructType
 from ..client import Client, ClientError
 from ..config import load_config
 from ..protocol import fragment_payload
-from ..state import restore
+from ..ledger import HEAD_KEY, load_state
 from ..reader import BodyRecord, Damaged, ReadTxn, StoreReader
 from ..schema import TM, StoreError
 from . import snapshot
@@ -103,7 +103,7 @@ class SnapshotReader(DataSourceReader):
         store = StoreReader(self.path)
         try:
             with store.snapshot() as txn:
-                if txn.get_meta(b"state") is None:
+                if txn.get_meta(HEAD_KEY) is None:
                     return []  # a store no broker has committed to yet: no messages
             directory = snapshot.copy(store, self.snapshot_dir)
         finally:
@@ -111,7 +111,7 @@ class SnapshotReader(DataSourceReader):
         reader = StoreReader(directory)
         try:
             with reader.snapshot() as txn:
-                state = restore(txn.get_meta(b"state"))
+                state = load_state(txn)
                 return [
                     IdRange(directory, txn.id, t, lo, hi)
                     for name, t in sorted(state.topic_ids.items(), key=lambda item: item[1])
@@ -129,7 +129,7 @@ class SnapshotReader(DataSourceReader):
         try:
             with reader.snapshot() as txn:
                 snapshot.check(partition.directory, partition.txn_id, txn.id)
-                state = restore(txn.get_meta(b"state"))
+                state = load_state(txn)
                 topic = {i: name for name, i in state.topic_ids.items()}[partition.t]
                 subs = {i: name for name, i in state.sub_ids.items()}
                 for record in _messages(txn, partition):
