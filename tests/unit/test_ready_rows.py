@@ -80,6 +80,18 @@ def test_an_entry_back_at_its_place_joins_the_run_that_holds_it(txn):
     assert_invariant(txn)
 
 
+def test_entries_pushed_together_each_join_the_run_that_holds_their_place(txn):
+    # Given two full runs, of odd places from 1 and from 1001
+    odd = list(range(1, 2 * R, 2))
+    txn.push_ready_many(T, S, stored(txn, odd))
+    txn.push_ready_many(T, S, stored(txn, [1000 + pos for pos in odd]))
+    # When entries of places before, inside, between and after them are pushed in one call
+    txn.push_ready_many(T, S, stored(txn, [0, 2, 500, 1002, 5000]))
+    # Then the one before the first run starts its own, and each other joins the run holding its place
+    assert runs(txn) == [(0, 0, [0]), (0, 1, sorted(odd + [2, 500])), (0, 1001, sorted([1000 + pos for pos in odd] + [1002, 5000]))]
+    assert_invariant(txn)
+
+
 def test_a_run_that_grows_past_twice_its_size_splits(txn):
     # Given a full run of even places
     txn.push_ready_many(T, S, stored(txn, range(2, 2 * R + 2, 2)))
