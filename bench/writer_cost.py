@@ -1,11 +1,13 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync] [--window 1000] [--lag 0]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
 the broker's state machine on a real LMDB store, and prints the thread CPU time
-per message of each phase. The writer thread is where the broker serialises, so
+per message of each phase. With `--window 100 --lag 1` the subscribers ack a
+publish behind, so every message waits in the ready queue and leaves it with the
+ack that makes room: the path of fan-out at Window = BatchSize. The writer thread is where the broker serialises, so
 this bounds the broker's throughput; it is far steadier than an end-to-end run
 on a shared machine, which makes it the figure to compare code changes with.
 """
@@ -20,36 +22,41 @@ import msgspec
 
 from ppmq import protocol as p
 from ppmq.broker import Broker
+from ppmq.ops import Delivery
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.store import Store
 
 SUBS = ["a", "b"]
 
 
-def run(n: int, sync: bool) -> dict[str, float]:
+def run(n: int, sync: bool, window: int, lag: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
             server_socket=f"{d}/s.sock", data_path=d, sync=sync,
-            subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=1000) for s in SUBS],
+            subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
             topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3)],
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
         broker = Broker(config, store, time.time_ns())
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
+        pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
         for i in range(0, n, 100):
             messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)]
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
             cost["publish and deliver"] += time.thread_time() - start
+            pending += [(i, d) for d in step.deliveries]
             acks = [
                 p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
-                for d in step.deliveries
+                for at, d in pending if at <= i - 100 * lag
             ]
+            pending = [(at, d) for at, d in pending if at > i - 100 * lag]
             start = time.thread_time()
-            broker.step(acks, set(), time.time_ns())
+            step = broker.step(acks, set(SUBS) if lag else set(), time.time_ns())  # trailing acks make room for the queue
             cost["ack"] += time.thread_time() - start
+            pending += [(i, d) for d in step.deliveries]
         store.close()
     return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
 
@@ -58,8 +65,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
+    ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch")
+    ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
     args = ap.parse_args()
-    us = run(args.messages, args.sync)
+    us = run(args.messages, args.sync, args.window, args.lag)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()) + f"; total {total:.1f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

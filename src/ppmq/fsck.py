@@ -60,6 +60,7 @@ class Snapshot:
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
+    last_ready: ReadyRecord | None = None  # the entry read before, which the next must follow (schema.py: runs)
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
     batches: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, s, f of an inflight row -> deadline_ns
     deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, f
@@ -137,7 +138,19 @@ def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
 
 
 def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:
-    snap.ready[record.t, record.s, record.prio, record.pos] = (record.m, record.attempts)
+    """An entry of a run. The runs' invariant (schema.py) is checked on the way,
+    since entries are read in the order the runs hold them: a run out of order
+    hides entries from the cursor that looks for them, or repeats one."""
+    t, s, prio, pos, m, attempts, run = record
+    before, snap.last_ready = snap.last_ready, record
+    where = f"ready: subscriber {snap.sub(s)} queue entry ({prio}, {pos}) of topic {snap.topic(t)}"
+    if pos < run:
+        snap.problems.append(f"{where} is below the key {run} of its run")
+    elif before is not None and before[:3] == record[:3] and before.run == run and before.pos >= pos:
+        snap.problems.append(f"{where} comes after the entry at {before.pos} in its run")
+    elif before is not None and before[:3] == record[:3] and before.run != run and before.pos >= run:
+        snap.problems.append(f"{where} is in a run keyed {run}, but the run before holds {before.pos}")
+    snap.ready[t, s, prio, pos] = (m, attempts)
 
 
 def _inflight(snap: Snapshot, record: FlightRecord, fragments: bool) -> None:

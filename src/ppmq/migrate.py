@@ -14,15 +14,18 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from itertools import groupby, islice
 
 import lmdb
 
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, SCHEMA_VERSION, TM, TSM, U64, StoreError
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError
 
 log = logging.getLogger(__name__)
 
 _FLIGHT_1 = struct.Struct(">BQQI")  # schema 1: prio, pos, deadline_ns, attempts
 _FLIGHT_2 = struct.Struct(">BQQIQ")  # schema 2: prio, pos, deadline_ns, attempts, publish_ns
+_READY_3 = struct.Struct(">QI")  # schema 3 and before: a ready row per entry, M, attempts
+_READY_CHUNK = 1 << 16  # ready rows converted at a time, so that a backlog is not all in memory at once
 
 
 def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
@@ -63,10 +66,38 @@ def _inflight_by_batch(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) ->
     return sum(map(len, batches.values()))
 
 
+def _ready_as_runs(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """The ready rows of each (T, S, prio) become runs of READY_RUN entries,
+    keyed by their first place (schema.py). Read _READY_CHUNK rows at a time:
+    the runs written replace rows already read, and the next chunk starts past
+    them. Returns the entries rewritten."""
+    db, start, done = dbs["ready"], b"", 0
+    while True:
+        with txn.cursor(db=db) as cur:
+            rows = list(islice(cur.iternext(), _READY_CHUNK)) if cur.set_range(start) else []
+        if not rows:
+            return done
+        for key, _ in rows:
+            txn.delete(key, db=db)
+        for _, queue in groupby(rows, key=lambda row: row[0][:7]):  # the rows of one (T, S, prio)
+            entries = [(key, READY_ENTRY.pack(TSPQ.unpack(key)[3], *_READY_3.unpack(value))) for key, value in queue]
+            for i in range(0, len(entries), READY_RUN):
+                run = entries[i : i + READY_RUN]
+                txn.put(run[0][0], b"".join(entry for _, entry in run), db=db)
+        done += len(rows)
+        start = rows[-1][0] + b"\0"
+
+
+def _3_to_4(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """3 -> 4: a subscriber's ready queue is stored as runs of entries."""
+    return _ready_as_runs(txn, dbs)
+
+
 # STEPS[v] converts a store of schema v to v + 1.
 STEPS: dict[int, Callable[[lmdb.Transaction, dict[str, lmdb._Database]], int]] = {
     1: _inflight_with_publish_ns,
     2: _inflight_by_batch,
+    3: _3_to_4,
 }
 
 

@@ -1,4 +1,5 @@
-"""A subscription's rows: its ready queue and the batches in flight to it.
+"""A subscription's rows: the batches in flight to it, on top of its ready
+queue (ready_rows.py) and delayed entries (delayed_rows.py).
 
 Only a Queue (queues.py) changes them, with the counters that count them; the
 state machine's other parts read them through it, and fsck through reader.py.
@@ -9,126 +10,47 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from .delayed_rows import DelayedRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, READY_VAL, TM, TS, TSM, TSPQ, U64, Flight, ReadyEntry, Taken
+from .ready_rows import DROP, KEEP, TAKE, ReadyRows
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TM, TS, TSM, U64, Flight, Taken
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
-class QueueRows(DelayedRows):
-    """The ready, inflight and deadlines databases of one transaction."""
-
-    # --- ready queues ---------------------------------------------------------------
-    def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
-        self._put_in_order(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, attempts), self._ready)
-
-    def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
-        """(prio, pos, m) entries, first attempts, into s's queue in one call."""
-        items = [(TSPQ.pack(t, s, prio, pos), READY_VAL.pack(m, 0)) for prio, pos, m in entries]
-        self._put_all_in_order(items, self._ready)
-
-    def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
-        return self.txn.delete(TSPQ.pack(t, s, prio, pos), db=self._ready)
-
-    def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
-        """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
-        raw = self.txn.get(TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else READY_VAL.unpack(raw)[1]
-
-    def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
-        """Remove a ready entry; return its attempts so far, or None if there was none."""
-        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self._ready)
-        return None if raw is None else READY_VAL.unpack(raw)[1]
-
-    def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
-        """Walk s's queue on t by priority then position, deleting each entry that
-        `take` accepts, until `limit` are taken; return how many were taken.
-        A staged publish's entries (one run of positions per priority) are jumped over."""
-        prefix = TS.pack(t, s)
-        staged = self.staged()
-        taken = 0
-        with self.txn.cursor(db=self._ready) as cur:
-            positioned = cur.set_range(prefix)
-            while positioned and taken < limit:
-                key = cur.key()
-                if key[:6] != prefix:
-                    break
-                _, _, prio, pos = TSPQ.unpack(key)
-                if staged is not None and staged.hides(t, pos):
-                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
-                    continue
-                m, attempts = READY_VAL.unpack(cur.value())
-                if take(ReadyEntry(prio, pos, m, attempts)):
-                    taken += 1
-                    positioned = cur.delete() and bool(cur.key())
-                else:
-                    positioned = cur.next()
-        return taken
+class QueueRows(ReadyRows):
+    """The inflight and deadlines databases of one transaction, and the walk that
+    moves ready entries into flight."""
 
     def take_ready(self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int) -> tuple[list[Taken], list[int], list[int]]:
         """A batch for s: up to `limit` entries of its queue on t, by priority then
         position, moved into flight with the AckRetry deadline `deadline_ns`.
         Returns what was taken; the ids of messages expired at `expired_at_ns`
         (0: none expire), left where they are; and the priorities of entries
-        whose message is missing (a damaged store), deleted. One cursor walk and
-        one in-flight row: the path of every backlog."""
-        prefix, head_size = TS.pack(t, s), BODY_HEAD.size
-        ready_key, ready_value, body_key, head = TSPQ.unpack, READY_VAL.unpack, TM.pack, BODY_HEAD.unpack_from
-        get, bodies, staged = self.txn.get, self._bodies, self.staged()
+        whose message is missing (a damaged store), deleted. One walk of the
+        ready runs and one in-flight row: the path of every backlog."""
+        head_size, body_key, head = BODY_HEAD.size, TM.pack, BODY_HEAD.unpack_from
+        get, bodies = self.txn.get, self._bodies
         taken: list[Taken] = []
         expired: list[int] = []
         missing: list[int] = []
-        with self.txn.cursor(db=self._ready) as cur:
-            positioned = cur.set_range(prefix)
-            while positioned and len(taken) < limit:
-                key = cur.key()
-                if key[:6] != prefix:
-                    break
-                _, _, prio, pos = ready_key(key)
-                if staged is not None and staged.hides(t, pos):
-                    positioned = cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1))
-                    continue
-                m, attempts = ready_value(cur.value())
-                raw = get(body_key(t, m), db=bodies)
-                if raw is None:
-                    missing.append(prio)
-                else:
-                    _, publish_ns, expires_ns, klen = head(raw)
-                    if 0 < expires_ns <= expired_at_ns:
-                        expired.append(m)
-                        positioned = cur.next()
-                        continue
-                    taken.append(Taken(m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :]))
-                positioned = cur.delete() and bool(cur.key())
+
+        def choose(prio: int, pos: int, m: int, attempts: int) -> int:
+            raw = get(body_key(t, m), db=bodies)
+            if raw is None:
+                missing.append(prio)
+                return DROP
+            _, publish_ns, expires_ns, klen = head(raw)
+            if 0 < expires_ns <= expired_at_ns:
+                expired.append(m)
+                return KEEP
+            taken.append(Taken(m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :]))
+            return TAKE
+
+        self._take_runs(t, s, limit, choose)
         if taken:
             entry = FLIGHT_ENTRY.pack
             self.put_flight(t, s, [entry(*x[:5]) for x in taken], deadline_ns, [x.m for x in taken])
         return taken, expired, missing
-
-    def ready_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[ReadyEntry]:
-        """s's ready entries on t by place, from `start` (prio, pos) on, a staged
-        publish's left out; reading only."""
-        staged = self.staged()
-        for key, raw in self._walk(self._ready, TS.pack(t, s), TSPQ.pack(t, s, *start)):
-            _, _, prio, pos = TSPQ.unpack(key)
-            if staged is None or not staged.hides(t, pos):
-                yield ReadyEntry(prio, pos, *READY_VAL.unpack(raw))
-
-    def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
-        """The head of s's queue of priority prio, a staged publish's entries left out."""
-        prefix = TSPQ.pack(t, s, prio, 0)[:7]
-        staged = self.staged()
-        with self.txn.cursor(db=self._ready) as cur:
-            if not cur.set_range(prefix) or cur.key()[:7] != prefix:
-                return None
-            _, _, p, pos = TSPQ.unpack(cur.key())
-            if staged is not None and staged.hides(t, pos):
-                if not cur.set_range(TSPQ.pack(t, s, prio, staged.last + 1)) or cur.key()[:7] != prefix:
-                    return None
-                _, _, p, pos = TSPQ.unpack(cur.key())
-            m, attempts = READY_VAL.unpack(cur.value())
-            return ReadyEntry(p, pos, m, attempts)
 
     # --- in flight --------------------------------------------------------------------
     def watch_flights(self, watch: FlightWatch) -> None:

@@ -26,7 +26,7 @@ from .schema import (
     FLIGHT_ENTRY,
     Flight,
     HOLDER,
-    READY_VAL,
+    READY_ENTRY,
     SCHEMA_VERSION,
     StoreError,
     TM,
@@ -113,7 +113,8 @@ class HoldersRecord(NamedTuple):
 
 
 class ReadyRecord(NamedTuple):
-    """ready: message m queued for subscriber s of topic t at (prio, pos)."""
+    """ready: message m queued for subscriber s of topic t at (prio, pos), an
+    entry of the run whose key is `run` (one record per entry)."""
 
     t: int
     s: int
@@ -121,6 +122,7 @@ class ReadyRecord(NamedTuple):
     pos: int
     m: int
     attempts: int
+    run: int  # the first place the run's key names (schema.py: at most pos)
 
 
 class FlightRecord(NamedTuple):
@@ -209,8 +211,12 @@ def _holders_record(key: bytes, value: bytes) -> HoldersRecord:
     return HoldersRecord(*TM.unpack(key), {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value)})
 
 
-def _ready_record(key: bytes, value: bytes) -> ReadyRecord:
-    return ReadyRecord(*TSPQ.unpack(key), *READY_VAL.unpack(value))
+def _ready_records(key: bytes, value: bytes) -> list[ReadyRecord]:
+    """A run, as a record per entry: a run decodes whole, or not at all."""
+    if not value or len(value) % READY_ENTRY.size:
+        raise ValueError(f"{len(value)} bytes is not a run of whole entries")
+    t, s, prio, run = TSPQ.unpack(key)
+    return [ReadyRecord(t, s, prio, pos, m, attempts, run) for pos, m, attempts in READY_ENTRY.iter_unpack(value)]
 
 
 def _flight_record(key: bytes, value: bytes) -> FlightRecord:
@@ -226,10 +232,10 @@ def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
     return DedupeRecord(int.from_bytes(key[:4], "big"), key[4:], U64.unpack(value)[0])
 
 
-_RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
+_RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
     "bodies": _body_record,
     "holders": _holders_record,
-    "ready": _ready_record,
+    "ready": _ready_records,  # a row per run: a record per entry
     "inflight": _flight_record,
     "deadlines": lambda key, value: DeadlineRecord._make(DTSM.unpack(key)),
     "delayed": lambda key, value: DelayedRecord(*TSPQ.unpack(key), *DELAYED_VAL.unpack(value)),
@@ -246,7 +252,8 @@ class ReadTxn(Txn):
         """Every row of database db (a name in the schema above, but meta) with a
         key from `start` up to `stop` (excluded; None: to the end), in key order,
         staged rows included: Staged.hides tells them apart. A key range is how
-        a reader in parallel parts (the Spark data source) splits a database."""
+        a reader in parallel parts (the Spark data source) splits a database.
+        A ready run is a record per entry, in the order it holds them."""
         decode = _RECORDS[db]
         with self.txn.cursor(db=self.store.dbs[db]) as cur:
             if not cur.set_range(start):
@@ -255,10 +262,14 @@ class ReadTxn(Txn):
                 if stop is not None and key >= stop:
                     return
                 try:
-                    record: Record | Damaged = decode(key, value)
+                    decoded = decode(key, value)
                 except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
-                    record = Damaged(db, key, str(exc))
-                yield record
+                    yield Damaged(db, key, str(exc))
+                    continue
+                if isinstance(decoded, list):
+                    yield from decoded
+                else:
+                    yield decoded
 
     def message_ids(self, t: int) -> tuple[int, int] | None:
         """The lowest and highest message id of topic t in bodies (staged ones

@@ -7,7 +7,7 @@ big-endian integers, so a cursor walks them in the order the broker needs:
 
     bodies    T M             -> Body header, key, message JSON   (stored once per topic)
     holders   T M             -> (S, prio, pos) for every subscriber not done with M
-    ready     T S prio pos    -> M, attempts                      (a subscriber's queue)
+    ready     T S prio pos0   -> entries (pos, M, attempts) ...   (a run of a subscriber's queue)
     inflight  T S F           -> deadline_ns, then per message: M, prio, pos, attempts, publish_ns
                                                                    (a pushed batch's messages not acked yet)
     deadlines deadline_ns T S F -> ""                              (AckRetry, by time)
@@ -25,6 +25,15 @@ that neither a push nor an ack costs a row per message; which batch holds a
 message is looked up in memory (queue_rows.FlightIndex). `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
 it back there (PROTOCOL §3), and dedupe may move it.
 
+A subscriber's ready queue is stored as runs, for the same reason: a row holds
+the entries of up to READY_RUN places of one priority (2 x READY_RUN after
+entries came back into it), so that a publish writes, and a batch takes, a row
+per run rather than per message (ready_rows.py). The runs of one (T, S, prio)
+obey, and fsck checks, one invariant: a run's entries are unique and in
+ascending pos, none below its key pos0, and all below the key of the next run.
+So the run that holds, or would hold, a place is the one with the largest key
+at or below it, and a run that loses its first entries keeps its key.
+
 A publish too large for one transaction is stored over several (staging.py):
 while meta `staging` names its topic and id range, the rows in that range are
 hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
@@ -37,7 +46,7 @@ import struct
 from typing import NamedTuple
 
 # Bump when a key or value layout changes, and add the conversion to migrate.py.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
 TM = struct.Struct(">IQ")
@@ -49,7 +58,8 @@ DTSM = struct.Struct(">QIHQ")
 DUE = struct.Struct(">QIHBQ")  # due_ns, T, S, prio, pos
 DELAYED_VAL = struct.Struct(">QIQ")  # M, attempts, due_ns
 U64 = struct.Struct(">Q")
-READY_VAL = struct.Struct(">QI")  # M, attempts
+READY_ENTRY = struct.Struct(">QQI")  # pos, M, attempts: one entry of a ready run
+READY_RUN = 64  # entries a run is built with (see ready_rows.py for why this many)
 FLIGHT_ENTRY = struct.Struct(">QBQIQ")  # M, prio, pos, attempts, publish_ns: one message of an inflight row
 HOLDER = struct.Struct(">HBQ")  # S, prio, pos
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length

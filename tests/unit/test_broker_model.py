@@ -15,7 +15,10 @@ DeadLettered included. Only the clock is fake.
 CHUNK_MESSAGES is made small, so that publishes larger than it are staged over
 several steps (staging.py) on the topic `bulk`, interleaved with everything
 else, crashed by restarts and cut short by a bad message; on the other topics
-they are refused.
+they are refused. READY_RUN is made small too, so that queues of a few messages
+are stored over several ready runs, which split and empty as entries come and go.
+
+`PPMQ_MODEL_EXAMPLES` sets hypothesis' examples (default 200).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+import os
 import shutil
 import tempfile
 
@@ -38,7 +42,7 @@ from hypothesis.stateful import (
 )
 
 from ppmq import protocol as p
-from ppmq import staging
+from ppmq import ready_rows, staging
 from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig
 from ppmq.fsck import check, read_snapshot
@@ -48,6 +52,7 @@ from ppmq.store import Store
 from tests.unit.broker_model import SUBS, TOPICS, Given, Job, Msg, TopicModel
 
 CHUNK = 3  # staging.CHUNK_MESSAGES while the machine runs
+RUN = 2  # ready_rows.READY_RUN while the machine runs
 KEYS = ["a", "b", "c"]
 START_NS = 1_800_000_000 * NS
 WAITS = [("Delay", 0), ("Delay", 1.5), ("Delay", 4), ("Unix", -1), ("Unix", 2), ("RFC3339", 0), ("RFC3339", 2.5)]
@@ -71,6 +76,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.jobs: list[Job] = []  # large publishes: the head is being staged, the others wait
         self.orphan: int | None = None  # rows of an ended staging still to delete
         self.chunk_was, staging.CHUNK_MESSAGES = staging.CHUNK_MESSAGES, CHUNK
+        self.run_was, ready_rows.READY_RUN = ready_rows.READY_RUN, RUN
         self._open()
 
     def _open(self) -> None:
@@ -81,6 +87,7 @@ class BrokerMachine(RuleBasedStateMachine):
         """Whatever the run did, fsck finds the store's rows, indexes and counters
         in agreement (in-flight publish times, staged rows and drops included)."""
         staging.CHUNK_MESSAGES = self.chunk_was
+        ready_rows.READY_RUN = self.run_was
         self.store.close()
         try:
             assert check(read_snapshot(self.dir), self.config) == []
@@ -529,5 +536,5 @@ class BrokerMachine(RuleBasedStateMachine):
                 assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored, c.dead_lettered), (name, s)
 
 
-BrokerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
+BrokerMachine.TestCase.settings = settings(max_examples=int(os.environ.get("PPMQ_MODEL_EXAMPLES", "200")), stateful_step_count=60, deadline=None)
 test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase

@@ -151,6 +151,26 @@ def empty_first_flight(txn: Txn, _: dict) -> None:
     txn.txn.put(key, value[:8], db=txn.store.dbs["inflight"])
 
 
+def rerun_first_ready(change: Callable[[bytes, bytes], tuple[bytes, bytes]], keep: bool) -> Callable[[Built], None]:
+    """The first ready run put again as `change` makes it (key, value), the original kept or not."""
+    def apply(txn: Txn, _: dict) -> None:
+        key, value = first_entry(txn, "ready")
+        if not keep:
+            txn.txn.delete(key, db=txn.store.dbs["ready"])
+        txn.txn.put(*change(key, value), db=txn.store.dbs["ready"])
+
+    return with_txn(apply)
+
+
+def shift_key(key: bytes, by: int) -> bytes:
+    return key[:-8] + (int.from_bytes(key[-8:], "big") + by).to_bytes(8, "big")
+
+
+def past_first_entry(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The run keyed one place above its first entry's."""
+    return key[:-8] + (int.from_bytes(value[:8], "big") + 1).to_bytes(8, "big"), value
+
+
 DAMAGES = {
     "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
     "a ready entry deleted": (drop_first("ready"), "neither queued at"),
@@ -179,6 +199,10 @@ DAMAGES = {
     "a truncated body": (truncate_first("bodies"), "bodies: entry"),
     "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
     "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),
+    "a ready run cut mid-entry": (truncate_first("ready"), "not a run of whole entries"),
+    "a ready run keyed above its first entry": (rerun_first_ready(past_first_entry, keep=False), "is below the key"),
+    "a ready run out of order": (rerun_first_ready(lambda k, v: (k, v + v[:20]), keep=True), "comes after the entry at"),
+    "ready runs that overlap": (rerun_first_ready(lambda k, v: (shift_key(k, -1), v), keep=True), "but the run before holds"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),

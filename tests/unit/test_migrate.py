@@ -1,5 +1,5 @@
 """A store an older ppmq wrote is converted when it is opened (migrate.py), with
-nothing lost: tested on stores that ppmq itself wrote with schemas 1 and 2
+nothing lost: tested on stores that ppmq itself wrote with schemas 1, 2 and 3
 (tests/data/make_old_store.py says how they were made)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DATA = Path(__file__).parent.parent / "data"
 PUBLISHED_NS = NOW  # every message of the fixtures was published in their first step
 
 
-@pytest.fixture(params=[1, 2], ids=["schema1", "schema2"])
+@pytest.fixture(params=[1, 2, 3], ids=["schema1", "schema2", "schema3"])
 def old_store(request, tmp_path) -> str:
     """A store an older ppmq wrote (the same operations for each schema)."""
     with tarfile.open(DATA / f"schema{request.param}-store.tar.gz") as tar:
