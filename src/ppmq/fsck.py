@@ -58,6 +58,7 @@ class Snapshot:
     staged: Staged | None = None  # the range of a publish being staged, from meta `staging`
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
+    holder_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # t, row key id -> its ids, in row order
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
     batches: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, s, f of an inflight row -> deadline_ns
@@ -134,6 +135,7 @@ def _body(snap: Snapshot, record: BodyRecord, fragments: bool) -> None:
 
 def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
     snap.holders[record.t, record.m] = record.holders
+    snap.holder_rows.setdefault((record.t, record.row), []).append(record.m)
 
 
 def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:

@@ -34,6 +34,7 @@ from .schema import (
     TSPQ,
     U64,
     decode_body,
+    holders_columns,
 )
 from .queue_rows import FlightIndex
 from .store import Txn
@@ -105,11 +106,13 @@ class BodyRecord(NamedTuple):
 
 
 class HoldersRecord(NamedTuple):
-    """holders: the subscribers not done with message m of topic t, each with its queue place."""
+    """holders: the subscribers not done with message m of topic t, each with its
+    queue place; one per message of a holders row."""
 
     t: int
     m: int
     holders: dict[int, tuple[int, int]]  # S -> (prio, pos)
+    row: int  # the key id of the row it is in (schema.py: rows tile a topic's ids)
 
 
 class ReadyRecord(NamedTuple):
@@ -203,10 +206,21 @@ def _body_record(key: bytes, value: bytes) -> BodyRecord:
     return BodyRecord(*TM.unpack(key), body)
 
 
-def _holders_record(key: bytes, value: bytes) -> HoldersRecord:
-    if len(value) % HOLDER.size:
-        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
-    return HoldersRecord(*TM.unpack(key), {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value)})
+def _holders_records(key: bytes, value: bytes) -> list[HoldersRecord]:
+    """A row's messages, decoded whole before any is yielded: a row whose
+    columns and entries disagree is one Damaged, not some records and then one."""
+    t, row = TM.unpack(key)
+    ids, counts, start = holders_columns(value)
+    if not ids:
+        raise ValueError("a row of no message")
+    if len(value) != start + HOLDER.size * sum(counts):
+        raise ValueError(f"{len(value) - start} bytes of entries where its counts say {sum(counts)} holders")
+    records = []
+    for m, n in zip(ids, counts):
+        end = start + HOLDER.size * n
+        records.append(HoldersRecord(t, m, {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value[start:end])}, row))
+        start = end
+    return records
 
 
 def _ready_record(key: bytes, value: bytes) -> ReadyRecord:
@@ -226,9 +240,9 @@ def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
     return DedupeRecord(int.from_bytes(key[:4], "big"), key[4:], U64.unpack(value)[0])
 
 
-_RECORDS: dict[str, Callable[[bytes, bytes], Record]] = {
+_RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
     "bodies": _body_record,
-    "holders": _holders_record,
+    "holders": _holders_records,
     "ready": _ready_record,
     "inflight": _flight_record,
     "deadlines": lambda key, value: DeadlineRecord._make(DTSM.unpack(key)),
@@ -243,8 +257,9 @@ class ReadTxn(Txn):
     """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
 
     def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
-        """Every row of database db (a name in the schema above, but meta) with a
-        key from `start` up to `stop` (excluded; None: to the end), in key order,
+        """The records of every row of database db (a name in the schema above,
+        but meta; one record a row, a holders row's one a message) with a key
+        from `start` up to `stop` (excluded; None: to the end), in key order,
         staged rows included: Staged.hides tells them apart. A key range is how
         a reader in parallel parts (the Spark data source) splits a database."""
         decode = _RECORDS[db]
@@ -255,10 +270,14 @@ class ReadTxn(Txn):
                 if stop is not None and key >= stop:
                     return
                 try:
-                    record: Record | Damaged = decode(key, value)
+                    decoded = decode(key, value)
                 except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
-                    record = Damaged(db, key, str(exc))
-                yield record
+                    yield Damaged(db, key, str(exc))
+                    continue
+                if isinstance(decoded, list):  # a row of several messages (holders)
+                    yield from decoded
+                else:
+                    yield decoded
 
     def message_ids(self, t: int) -> tuple[int, int] | None:
         """The lowest and highest message id of topic t in bodies (staged ones

@@ -177,7 +177,7 @@ DAMAGES = {
     "an in-flight entry with another publish time": (with_txn(shift_first_flight_publish_ns), "its message at"),
     "a truncated body": (truncate_first("bodies"), "bodies: entry"),
     "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
-    "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),
+    "a holders row cut short": (truncate_first("holders"), "holders: entry"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),
