@@ -29,8 +29,9 @@ it back there (PROTOCOL §3), and dedupe may move it.
 A holders row is a group: the messages of one publish (up to GROUP_MESSAGES of
 them a row) share it, so that a publish writes a row per group and an ack reads
 and writes the row of its run of messages once, not a row per message
-(holder_rows.py). The ids, then the counts, come first as fixed-width columns,
-so that finding one message is a search of the ids, not a walk of the entries.
+(holder_rows.py). The ids, then the counts (n and each count a u16), come first
+as fixed-width columns, so that finding one message is a search of the ids, not
+a walk of the entries.
 The rows of a topic tile its ids: a row's key M0 is at most each of its ids, and
 each of its ids is below the key of the topic's next row; so a message is in at
 most one row, the one with the largest key at or below its id. A message whose
