@@ -59,6 +59,7 @@ class Snapshot:
     staged: Staged | None = None  # the range of a publish being staged, from meta `staging`
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
+    holder_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # t, row key id -> its ids, in row order
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
     last_ready: ReadyRecord | None = None  # the entry read before, which the next must follow (schema.py: runs)
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
@@ -135,6 +136,7 @@ def _body(snap: Snapshot, record: BodyRecord, fragments: bool) -> None:
 
 def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
     snap.holders[record.t, record.m] = record.holders
+    snap.holder_rows.setdefault((record.t, record.row), []).append(record.m)
 
 
 def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:
@@ -205,7 +207,7 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
 def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
-    for find in (_staging_record_fits, _bodies_referenced, _holders_point_at_places, _ready_points_at_messages,
+    for find in (_staging_record_fits, _bodies_referenced, _holder_rows_tile_ids, _holders_point_at_places, _ready_points_at_messages,
                  _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
                  _due_points_at_delayed, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
         problems += find(snap, config)
@@ -246,6 +248,27 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
             out.append(f"dedupe: {where} (key {body.key!r}) is missing from the dedupe index")
         if tc is not None and tc.expire and body.expires_ns and (body.expires_ns, t, m) not in snap.expiry:
             out.append(f"expiry: {where} expires but is missing from the expiry index")
+    return out
+
+
+def _holder_rows_tile_ids(snap: Snapshot, config: Config) -> list[str]:
+    """The rows of a topic tile its ids (schema.py): ascending in a row, none
+    below the row's key or at or above the next row's, so the writer, which
+    looks for a message in the row with the largest key at or below its id,
+    finds it there and nowhere else. A message whose holders are gone has left
+    its row."""
+    out = []
+    rows = sorted(snap.holder_rows.items())
+    for i, ((t, row), ids) in enumerate(rows):
+        where = f"holders: row {row} of topic {snap.topic(t)}"
+        upper = rows[i + 1][0][1] if i + 1 < len(rows) and rows[i + 1][0][0] == t else None
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            out.append(f"{where} holds ids {ids}, not ascending")
+        if min(ids) < row:
+            out.append(f"{where} holds message {min(ids)}, below its key")
+        if upper is not None and max(ids) >= upper:
+            out.append(f"{where} holds message {max(ids)}, not below the next row's key {upper}")
+        out += [f"holders: {snap.msg(t, m)} is in row {row} but held by no subscriber" for m in ids if not snap.holders[t, m]]
     return out
 
 

@@ -18,7 +18,7 @@ from itertools import groupby, islice
 
 import lmdb
 
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, GROUP_MESSAGES, HOLDER, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError, encode_holders_row
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ _FLIGHT_1 = struct.Struct(">BQQI")  # schema 1: prio, pos, deadline_ns, attempts
 _FLIGHT_2 = struct.Struct(">BQQIQ")  # schema 2: prio, pos, deadline_ns, attempts, publish_ns
 _READY_3 = struct.Struct(">QI")  # schema 3 and before: a ready row per entry, M, attempts
 _READY_CHUNK = 1 << 16  # ready rows converted at a time, so that a backlog is not all in memory at once
+# schema 3 and older: holders T M -> HOLDER entries, a row per message
+_CONVERT_ROWS = 1 << 16  # old holders rows read at a time: a backlog converts in bounded memory
 
 
 def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
@@ -88,9 +90,47 @@ def _ready_as_runs(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int
         start = rows[-1][0] + b"\0"
 
 
+def _holders_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """The holders rows of a run of consecutive ids of a topic (up to
+    GROUP_MESSAGES of them) become one row, keyed by the run's first id and
+    written over that id's old row. Returns the messages rewritten."""
+    db, start, rewritten = dbs["holders"], b"", 0
+    while start is not None:
+        runs, start = _old_holder_runs(txn, db, start)
+        for run in runs:
+            ids = [TM.unpack(key)[1] for key, _ in run]
+            counts = [len(value) // HOLDER.size for _, value in run]
+            txn.put(run[0][0], encode_holders_row(ids, counts, b"".join(value for _, value in run)), db=db)
+            for key, _ in run[1:]:
+                txn.delete(key, db=db)
+            rewritten += len(run)
+    return rewritten
+
+
+def _old_holder_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) -> tuple[list[list[tuple[bytes, bytes]]], bytes | None]:
+    """Runs of consecutive ids of one topic, at most GROUP_MESSAGES long, of the
+    old rows from key `start` on, about _CONVERT_ROWS of them; and the key to
+    read on from (None: the end was reached). A read cut short leaves its last
+    run, which may go on, to the next, and ends one run or more."""
+    runs: list[list[tuple[bytes, bytes]]] = []
+    with txn.cursor(db=db) as cur:
+        if not cur.set_range(start):
+            return runs, None
+        for read, (key, value) in enumerate(cur):
+            if read >= _CONVERT_ROWS and len(runs) > 1:
+                return runs[:-1], runs[-1][0][0]
+            last = runs[-1][-1][0] if runs else b""
+            if last[:4] == key[:4] and TM.unpack(last)[1] + 1 == TM.unpack(key)[1] and len(runs[-1]) < GROUP_MESSAGES:
+                runs[-1].append((key, value))
+            else:
+                runs.append([(key, value)])
+    return runs, None
+
+
 def _3_to_4(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
-    """3 -> 4: a subscriber's ready queue is stored as runs of entries."""
-    return _ready_as_runs(txn, dbs)
+    """3 -> 4: a subscriber's ready queue is stored as runs of entries, and the
+    holders of a run of messages share a row. Returns the entries rewritten."""
+    return _ready_as_runs(txn, dbs) + _holders_as_groups(txn, dbs)
 
 
 # STEPS[v] converts a store of schema v to v + 1.

@@ -34,6 +34,7 @@ from .schema import (
     TSPQ,
     U64,
     decode_body,
+    holders_columns,
 )
 from .queue_rows import FlightIndex
 from .store import Txn
@@ -105,11 +106,13 @@ class BodyRecord(NamedTuple):
 
 
 class HoldersRecord(NamedTuple):
-    """holders: the subscribers not done with message m of topic t, each with its queue place."""
+    """holders: the subscribers not done with message m of topic t, each with its
+    queue place; one per message of a holders row."""
 
     t: int
     m: int
     holders: dict[int, tuple[int, int]]  # S -> (prio, pos)
+    row: int  # the key id of the row it is in (schema.py: rows tile a topic's ids)
 
 
 class ReadyRecord(NamedTuple):
@@ -205,10 +208,21 @@ def _body_record(key: bytes, value: bytes) -> BodyRecord:
     return BodyRecord(*TM.unpack(key), body)
 
 
-def _holders_record(key: bytes, value: bytes) -> HoldersRecord:
-    if len(value) % HOLDER.size:
-        raise ValueError(f"{len(value)} bytes is not a whole number of holders")
-    return HoldersRecord(*TM.unpack(key), {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value)})
+def _holders_records(key: bytes, value: bytes) -> list[HoldersRecord]:
+    """A row's messages, decoded whole before any is yielded: a row whose
+    columns and entries disagree is one Damaged, not some records and then one."""
+    t, row = TM.unpack(key)
+    ids, counts, start = holders_columns(value)
+    if not ids:
+        raise ValueError("a row of no message")
+    if len(value) != start + HOLDER.size * sum(counts):
+        raise ValueError(f"{len(value) - start} bytes of entries where its counts say {sum(counts)} holders")
+    records = []
+    for m, n in zip(ids, counts):
+        end = start + HOLDER.size * n
+        records.append(HoldersRecord(t, m, {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(value[start:end])}, row))
+        start = end
+    return records
 
 
 def _ready_records(key: bytes, value: bytes) -> list[ReadyRecord]:
@@ -234,7 +248,7 @@ def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
 
 _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
     "bodies": _body_record,
-    "holders": _holders_record,
+    "holders": _holders_records,  # a row per group of messages: a record per message
     "ready": _ready_records,  # a row per run: a record per entry
     "inflight": _flight_record,
     "deadlines": lambda key, value: DeadlineRecord._make(DTSM.unpack(key)),
@@ -249,8 +263,9 @@ class ReadTxn(Txn):
     """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
 
     def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
-        """Every row of database db (a name in the schema above, but meta) with a
-        key from `start` up to `stop` (excluded; None: to the end), in key order,
+        """The records of every row of database db (a name in the schema above,
+        but meta; one record a row, a holders row's one a message) with a key
+        from `start` up to `stop` (excluded; None: to the end), in key order,
         staged rows included: Staged.hides tells them apart. A key range is how
         a reader in parallel parts (the Spark data source) splits a database.
         A ready run is a record per entry, in the order it holds them."""
@@ -266,7 +281,7 @@ class ReadTxn(Txn):
                 except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
                     yield Damaged(db, key, str(exc))
                     continue
-                if isinstance(decoded, list):
+                if isinstance(decoded, list):  # a row of several messages (holders) or entries (a ready run)
                     yield from decoded
                 else:
                     yield decoded

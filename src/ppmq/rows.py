@@ -2,7 +2,8 @@
 are put in key order, and the meta records (the staging record among them).
 
 Txn (store.py) is built on it in layers: QueueRows (queue_rows.py) for a
-subscription's ready and in-flight rows, then the messages and their indexes.
+subscription's ready and in-flight rows, HolderRows (holder_rows.py) for who
+holds each message, then the messages and their indexes.
 """
 
 from __future__ import annotations

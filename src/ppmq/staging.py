@@ -177,13 +177,10 @@ class Staging:
     def _delete_chunk(txn: Txn, orphan: Staged) -> None:
         """Delete up to CHUNK_MESSAGES rows of an ended job; the record goes with the last."""
         ids = txn.staged_ids(orphan, CHUNK_MESSAGES)
-        for m in ids:
-            for s, (prio, pos) in txn.get_holders(orphan.t, m).items():
+        for holders in txn.pop_holders(orphan.t, ids).values():
+            for s, (prio, pos) in holders.items():
                 txn.remove_ready(orphan.t, s, prio, pos)
-            txn.put_holders(orphan.t, m, {})
-            gone = txn.delete_body(orphan.t, m)
-            if gone is not None and gone.expires_ns:
-                txn.remove_expiry(gone.expires_ns, orphan.t, m)
+        txn.delete_messages(orphan.t, ids, dedupe=False)  # a Dedupe topic never stages
         if len(ids) < CHUNK_MESSAGES:
             txn.put_staged(None)
 

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 import lmdb
 
 from .migrate import upgrade
-from .queue_rows import FlightIndex, QueueRows
+from .holder_rows import HolderRows
+from .queue_rows import FlightIndex
 from .schema import (
     BODY_HEAD,
     Body,
     DBS,
     ETM,
     Gone,
-    HOLDER,
     SCHEMA_VERSION,
     StoreError,
     StoreFullError,
@@ -139,7 +139,7 @@ class Store:
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
 
-class Txn(QueueRows):
+class Txn(HolderRows):
     """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
 
     @contextmanager
@@ -208,28 +208,27 @@ class Txn(QueueRows):
         return old
 
     def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> list[Gone]:
-        """`delete_message` for each of ms; what was deleted."""
-        return [gone for m in ms if (gone := self.delete_message(t, m, dedupe=dedupe)) is not None]
-
-    def delete_message(self, t: int, m: int, *, dedupe: bool) -> Gone | None:
-        """Delete m with its index entries; what was deleted, or None if m was not stored."""
-        gone = self.delete_body(t, m)
-        if gone is not None:
-            if gone.expires_ns:
-                self.remove_expiry(gone.expires_ns, t, m)
-            if dedupe:
-                self.delete_dedupe(t, gone.key)
-        return gone
+        """Delete each of ms with its index entries; what was deleted (nothing for
+        one not stored). The path of every last ack: one cursor pops them all,
+        rather than a cursor made per message."""
+        out = []
+        with self.txn.cursor(db=self._bodies) as cur:
+            for m in ms:
+                raw = cur.pop(TM.pack(t, m))
+                if raw is None:
+                    continue
+                gone = _gone(raw)
+                out.append(gone)
+                if gone.expires_ns:
+                    self.remove_expiry(gone.expires_ns, t, m)
+                if dedupe:
+                    self.delete_dedupe(t, gone.key)
+        return out
 
     def delete_body(self, t: int, m: int) -> Gone | None:
-        """Delete m; return what its indexes and counters need, or None if it was
-        not stored. On the path of every last ack, so the body is not copied."""
+        """Delete m; return what its indexes and counters need, or None if it was not stored."""
         raw = self.txn.pop(TM.pack(t, m), db=self._bodies)
-        if raw is None:
-            return None
-        _, _, expires_ns, klen = BODY_HEAD.unpack_from(raw)
-        start = BODY_HEAD.size
-        return Gone(expires_ns, raw[start : start + klen], len(raw) - start - klen)
+        return None if raw is None else _gone(raw)
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id; none of a publish being staged."""
@@ -243,49 +242,6 @@ class Txn(QueueRows):
                     m = TM.unpack(key)[1]
                     if staged is None or not staged.hides(t, m):
                         yield m, decode_body(raw)
-
-    # --- holders: which subscribers still have a message, and at which place -------
-    def get_holders(self, t: int, m: int) -> dict[int, tuple[int, int]]:
-        raw = self.txn.get(TM.pack(t, m), db=self._holders)
-        if raw is None:
-            return {}
-        return {s: (p, pos) for s, p, pos in HOLDER.iter_unpack(raw)}
-
-    def put_holders(self, t: int, m: int, holders: dict[int, tuple[int, int]]) -> None:
-        key = TM.pack(t, m)
-        if holders:
-            raw = b"".join(HOLDER.pack(s, p, pos) for s, (p, pos) in holders.items())
-            self.txn.put(key, raw, db=self._holders)
-        else:
-            self.txn.delete(key, db=self._holders)
-
-    def put_new_holders(self, t: int, subs: list[int], msgs: list[tuple[int, int]]) -> None:
-        """Every subscriber in subs holds each new (m, prio) at position m."""
-        items = [(TM.pack(t, m), b"".join([HOLDER.pack(s, prio, m) for s in subs])) for m, prio in msgs]
-        self._put_all_in_order(items, self._holders)
-
-    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
-        """Remove s from the holders of each of ms; return those nobody holds any more.
-
-        The path of every ack, so it splices bytes instead of decoding them.
-        """
-        get, put, delete, db, key_of = self.txn.get, self.txn.put, self.txn.delete, self._holders, TM.pack
-        sub, size = s.to_bytes(2, "big"), HOLDER.size
-        done = []
-        for m in ms:
-            key = key_of(t, m)
-            raw = get(key, db=db)
-            if raw is not None:
-                for i in range(0, len(raw), size):
-                    if raw[i : i + 2] == sub:
-                        raw = raw[:i] + raw[i + size :]
-                        break
-                if raw:
-                    put(key, raw, db=db)
-                    continue
-                delete(key, db=db)
-            done.append(m)
-        return done
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
@@ -327,3 +283,11 @@ class Txn(QueueRows):
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
         self.txn.delete(u32(t) + key, db=self._dedupe)
+
+
+def _gone(raw: bytes) -> Gone:
+    """What a deleted body's indexes and counters need, read from its header
+    without decoding the rest."""
+    _, _, expires_ns, klen = BODY_HEAD.unpack_from(raw)
+    start = BODY_HEAD.size
+    return Gone(expires_ns, raw[start : start + klen], len(raw) - start - klen)

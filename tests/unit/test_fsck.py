@@ -17,6 +17,7 @@ from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import FsckError, check, read_snapshot
 from ppmq.ledger import Ledger, load_state
+from ppmq.schema import HOLDER, TM, encode_holders_row, holders_columns
 from ppmq.state import NS, State
 from ppmq.store import Store, Txn
 
@@ -171,6 +172,29 @@ def past_first_entry(key: bytes, value: bytes) -> tuple[bytes, bytes]:
     return key[:-8] + (int.from_bytes(value[:8], "big") + 1).to_bytes(8, "big"), value
 
 
+def holders_row(txn: Txn, t: int, m0: int) -> tuple[bytes, bytes]:
+    key = TM.pack(t, m0)
+    return key, txn.txn.get(key, db=txn.store.dbs["holders"])
+
+
+def copy_holders_row(m0: int, to: int, *, move: bool = False) -> Callable[[Txn, dict[str, int]], None]:
+    """Topic g's holders row keyed m0, put under the key `to` (and gone from m0, `move`)."""
+    def put(txn: Txn, ids: dict[str, int]) -> None:
+        key, raw = holders_row(txn, ids["g"], m0)
+        if move:
+            txn.txn.delete(key, db=txn.store.dbs["holders"])
+        txn.txn.put(TM.pack(ids["g"], to), raw, db=txn.store.dbs["holders"])
+
+    return put
+
+
+def unhold_first_of_holders_row(txn: Txn, ids: dict[str, int]) -> None:
+    """The first message of topic g's first row (message 2: 1 was acked) keeps its place but loses its holders."""
+    key, raw = holders_row(txn, ids["g"], 1)
+    ms, counts, start = holders_columns(raw)
+    txn.txn.put(key, encode_holders_row(ms, (0, *counts[1:]), raw[start + HOLDER.size * counts[0] :]), db=txn.store.dbs["holders"])
+
+
 DAMAGES = {
     "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
     "a ready entry deleted": (drop_first("ready"), "neither queued at"),
@@ -198,11 +222,14 @@ DAMAGES = {
     "an in-flight entry with another publish time": (with_txn(shift_first_flight_publish_ns), "its message at"),
     "a truncated body": (truncate_first("bodies"), "bodies: entry"),
     "a truncated in-flight entry": (truncate_first("inflight"), "inflight: entry"),
-    "a holders value cut mid-entry": (truncate_first("holders"), "not a whole number of holders"),
     "a ready run cut mid-entry": (truncate_first("ready"), "not a run of whole entries"),
     "a ready run keyed above its first entry": (rerun_first_ready(past_first_entry, keep=False), "is below the key"),
     "a ready run out of order": (rerun_first_ready(lambda k, v: (k, v + v[:20]), keep=True), "comes after the entry at"),
     "ready runs that overlap": (rerun_first_ready(lambda k, v: (shift_key(k, -1), v), keep=True), "but the run before holds"),
+    "a holders row cut short": (truncate_first("holders"), "holders: entry"),
+    "a holders row keyed above its first message": (with_txn(copy_holders_row(1, 3, move=True)), "holds message 2, below its key"),
+    "a message in two holders rows": (with_txn(copy_holders_row(5, 4)), "holds message 5, not below the next row's key 5"),
+    "a message left in its holders row without a holder": (with_txn(unhold_first_of_holders_row), "message 2 is in row 1 but held by no subscriber"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),

@@ -10,12 +10,12 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from ppmq import cli
+from ppmq import cli, migrate
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.fsck import check, read_snapshot
 from ppmq.reader import StoreReader
-from ppmq.schema import SCHEMA_VERSION, StoreError
+from ppmq.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, StoreError, holders_columns
 from ppmq.store import Store
 from tests.data.make_old_store import NOW, fixture_config
 
@@ -53,6 +53,8 @@ def test_an_old_store_is_converted_on_open_and_every_message_queue_and_counter_i
     batches = sorted((t, len([k for k in snap.inflight if k[:2] == (t, s)]), bool(d)) for (t, s, _), d in snap.batches.items())
     assert batches == sorted([(ids["jobs"], 3, True), (ids["jobs"], 1, True), (ids["latest"], 2, False)])
     assert len(snap.deadlines) == 2
+    # and the holders of each topic's run of messages share one row, keyed by its first id
+    assert snap.holder_rows == {(ids["jobs"], 1): list(range(1, 10)), (ids["latest"], 1): [1, 2]}
 
 
 def test_the_broker_goes_on_where_the_old_one_stopped(old_store):
@@ -108,3 +110,27 @@ def test_ppmq_migrate_converts_once_and_then_says_there_is_nothing_to_do(old_sto
     assert cli.main(["migrate", "-c", str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [f"{old_store}: converted to schema {SCHEMA_VERSION}", f"{old_store}: already has schema {SCHEMA_VERSION}"]
+
+
+@pytest.mark.parametrize("convert_rows", [200, 7])
+def test_holders_rows_become_one_row_per_run_of_consecutive_ids_however_the_reads_are_cut(tmp_path, monkeypatch, convert_rows):
+    # Given schema 3 holders rows, a row per message: topic 1's ids 1..300 but 50, topic 2's 5 and 6
+    old = {(1, m): HOLDER.pack(1, m % 3, m) + HOLDER.pack(2, m % 3, m) for m in range(1, 301) if m != 50}
+    old.update({(2, m): HOLDER.pack(4, 0, m) for m in (5, 6)})
+    env = lmdb.open(str(tmp_path), max_dbs=1)
+    dbs = {"holders": env.open_db(b"holders")}
+    with env.begin(write=True) as txn:
+        for (t, m), value in old.items():
+            txn.put(TM.pack(t, m), value, db=dbs["holders"])
+        # When they are converted, read 200 rows at a time (a read cuts a run), or 7 (shorter than a run)
+        monkeypatch.setattr(migrate, "_CONVERT_ROWS", convert_rows)
+        assert migrate._holders_as_groups(txn, dbs) == len(old)
+        rows = {TM.unpack(key): holders_columns(value) + (value,) for key, value in txn.cursor(db=dbs["holders"])}
+    env.close()
+    # Then each run of consecutive ids of a topic, up to GROUP_MESSAGES long, is one row keyed by its first id
+    runs = [(1, list(range(1, 50))), (1, list(range(51, 51 + GROUP_MESSAGES))), (1, list(range(51 + GROUP_MESSAGES, 301))), (2, [5, 6])]
+    assert [(t, list(ids)) for (t, _), (ids, _, _, _) in rows.items()] == runs
+    assert [m0 for _, m0 in rows] == [ids[0] for _, ids in runs]
+    # with every message's holders as they were
+    for (t, _), (ids, counts, start, value) in rows.items():
+        assert value[start:] == b"".join(old[t, m] for m in ids) and set(counts) == {len(old[t, ids[0]]) // HOLDER.size}

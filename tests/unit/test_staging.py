@@ -19,7 +19,7 @@ from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
 from ppmq.ops import Reconfigure
 from ppmq.state import NS
-from ppmq.schema import StoreFullError
+from ppmq.schema import TM, StoreFullError, holders_columns
 from ppmq.store import Store, Txn
 from ppmq.writer import Writer
 
@@ -108,6 +108,19 @@ def test_a_large_publish_is_answered_once_in_the_step_that_makes_it_whole_and_un
     assert keys(last.deliveries) == [str(m) for m in range(1, 11)]
     assert not h.broker.staging
     assert h.status()["bulk"]["Stored"] == 12 and h.status()["bulk"]["Published"] == 12
+    assert h.fsck() == []
+
+
+def test_each_chunk_of_a_staged_publish_has_holders_rows_of_its_own_beside_a_publish_stored_meanwhile(h):
+    # Given a publish of 10 in chunks of 4, and one of 2 stored after its first chunk (ids 11, 12)
+    h.broker.step([publish("bulk", 10)], set(), NOW)
+    h.broker.step([publish("bulk", 2, rid=2)], set(), NOW)
+    run_until_answered(h, [])
+    # Then the holders rows tile the ids in the order of ids, not of writing
+    t = h.broker.state.topic_ids["bulk"]
+    with h.store.write() as txn, txn.txn.cursor(db=h.store.dbs["holders"]) as cur:
+        rows = [(TM.unpack(key)[1], list(holders_columns(raw)[0])) for key, raw in cur if TM.unpack(key)[0] == t]
+    assert rows == [(1, [1, 2, 3, 4]), (5, [5, 6, 7, 8]), (9, [9, 10]), (11, [11, 12])]
     assert h.fsck() == []
 
 

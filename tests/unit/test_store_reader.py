@@ -61,7 +61,7 @@ def test_the_records_of_a_message_ready_for_one_subscriber_and_in_flight_for_ano
     [body] = read(data_path, "bodies")
     assert isinstance(body, BodyRecord) and (body.t, body.m, body.body.key) == (t, m, b"k")
     assert p.fragment_payload(body.body.fragment) == b'{"n":1}'
-    assert read(data_path, "holders") == [HoldersRecord(t, m, {a: (0, m), b: (0, m)})]
+    assert read(data_path, "holders") == [HoldersRecord(t, m, {a: (0, m), b: (0, m)}, row=m)]
     assert read(data_path, "ready") == [ReadyRecord(t, b, 0, m, m, 0, m)]  # a run of one, keyed by its place
     batch = 1  # the subscription's first batch in flight
     assert read(data_path, "inflight") == [FlightRecord(t, a, batch, deadline_ns, [Flight(m, 0, m, 1, NOW)])]

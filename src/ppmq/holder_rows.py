@@ -1,0 +1,243 @@
+"""Which subscribers still hold a message, and at which place in their queue:
+the holders database, a row per group of messages (schema.py).
+
+A publish's messages are held by the same subscribers, and an ack lets go of a
+run of them; with a row per message, both cost a row operation per message and
+subscriber. Here a publish writes a row per GROUP_MESSAGES of its messages, and
+an ack reads, decodes and writes each row its messages are in once. Rows tile a
+topic's ids, so the row of message m is the one with the largest key at or
+below m: one cursor move finds it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from functools import cache
+from itertools import accumulate, chain, islice
+from struct import Struct
+
+import lmdb
+
+from .queue_rows import QueueRows
+from .schema import GROUP_MESSAGES, HOLDER, TM, encode_holders_row, holders_columns
+
+SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
+END = 1 << 64  # above every message id: the bound of a topic's last row
+
+Holders = dict[int, tuple[int, int]]  # S -> (prio, pos)
+# Changes a row (raw) for the wanted ids in its range (ascending): the new row,
+# b"" when it empties, and the wanted ids that leave it or that it does not hold.
+Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
+
+
+class HolderRows(QueueRows):
+    """The holders database of one transaction."""
+
+    def get_holders(self, t: int, m: int) -> Holders:
+        with self.txn.cursor(db=self._holders) as cur:
+            if not _at_row(cur, t, m):
+                return {}
+            raw = cur.value()
+        ids, counts, base = holders_columns(raw)
+        i = bisect_left(ids, m)
+        if i == len(ids) or ids[i] != m:
+            return {}
+        start = base + SIZE * sum(counts[:i])
+        return _decode(raw[start : start + SIZE * counts[i]])
+
+    def put_holders(self, t: int, m: int, holders: Holders) -> None:
+        """m's holders become `holders` (none: m leaves its row). A message no
+        row holds joins the row whose range it is in, or starts one below them."""
+        with self.txn.cursor(db=self._holders) as cur:
+            key, raw = cur.item() if _at_row(cur, t, m) else (TM.pack(t, m), None)
+        if raw is None:
+            ids, counts, entries = [], [], b""
+        else:
+            columns = holders_columns(raw)
+            ids, counts, entries = list(columns[0]), list(columns[1]), raw[columns[2] :]
+        i = bisect_left(ids, m)
+        present = int(i < len(ids) and ids[i] == m)
+        start = SIZE * sum(counts[:i])
+        end = start + SIZE * counts[i] if present else start
+        ids[i : i + present] = [m] if holders else []
+        counts[i : i + present] = [len(holders)] if holders else []
+        self._write_row(key, ids, counts, entries[:start] + _encode(holders) + entries[end:])
+
+    def _write_row(self, key: bytes, ids: list[int], counts: list[int], entries: bytes) -> None:
+        """Put a row, or delete it when empty; one that an insert took past
+        GROUP_MESSAGES is split in two, its upper half keyed by its first id."""
+        if not ids:
+            self.txn.delete(key, db=self._holders)
+            return
+        if len(ids) > GROUP_MESSAGES:
+            half = len(ids) // 2
+            cut = SIZE * sum(counts[:half])
+            self._write_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], counts[half:], entries[cut:])
+            ids, counts, entries = ids[:half], counts[:half], entries[:cut]
+        self.txn.put(key, encode_holders_row(ids, counts, entries), db=self._holders)
+
+    def put_new_holders(self, t: int, subs: list[int], msgs: list[tuple[int, int]]) -> None:
+        """Every subscriber in subs holds each new (m, prio) at position m. The ids
+        are new, ascending and above those of t's rows: they start rows of their
+        own, GROUP_MESSAGES messages a row at most."""
+        if not subs:
+            return
+        rows = []
+        for i in range(0, len(msgs), GROUP_MESSAGES):
+            group = msgs[i : i + GROUP_MESSAGES]
+            ids = [m for m, _ in group]
+            entries = b"".join([HOLDER.pack(s, prio, m) for m, prio in group for s in subs])
+            rows.append((TM.pack(t, ids[0]), encode_holders_row(ids, [len(subs)] * len(ids), entries)))
+        self._put_all_in_order(rows, self._holders)
+
+    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """Remove s from the holders of each of ms; return, ascending, those nobody
+        holds any more (and any no row holds). The path of every ack: each row
+        is read, decoded and written once, however many of ms it holds."""
+        sub = s.to_bytes(2, "big")
+        return self._change_rows(t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+
+    def pop_holders(self, t: int, ms: list[int]) -> dict[int, Holders]:
+        """Remove ms from their rows; return the holders each had (none for one no row holds)."""
+        popped: dict[int, Holders] = {}
+
+        def take(raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+            ids, counts, base = holders_columns(raw)
+            want, kept, kept_counts, entries = set(wanted), [], [], []
+            for m, n, start, end in zip(ids, counts, *_bounds(counts, base)):
+                if m in want:
+                    popped[m] = _decode(raw[start:end])
+                else:
+                    kept.append(m)
+                    kept_counts.append(n)
+                    entries.append(raw[start:end])
+            return _row(kept, kept_counts, b"".join(entries)), wanted
+
+        self._change_rows(t, sorted(set(ms)), take)
+        return popped
+
+    def _change_rows(self, t: int, ms: list[int], change: Change) -> list[int]:
+        """Apply `change` to each row of t that ms (ascending) fall in, with the
+        ms in its range; return the ids it lets go, and those in no row's range."""
+        out: list[int] = []
+        i = 0
+        with self.txn.cursor(db=self._holders) as cur:
+            while i < len(ms):
+                if _at_row(cur, t, ms[i]):
+                    key, raw = cur.item()
+                    j = bisect_left(ms, _next_row(cur, t), i)
+                    new, gone = change(raw, ms[i:j])
+                    if new:
+                        self.txn.put(key, new, db=self._holders)
+                    else:
+                        self.txn.delete(key, db=self._holders)
+                    out += gone
+                else:  # below t's first row: no row holds these
+                    j = bisect_left(ms, _first_row(cur, t), i)
+                    out += ms[i:j]
+                i = j
+        return out
+
+
+def _at_row(cur: lmdb.Cursor, t: int, m: int) -> bool:
+    """Put cur on the row of t whose range holds m (the largest key at or below
+    (t, m)); False if t has none."""
+    key = TM.pack(t, m)
+    if cur.set_range(key):
+        if cur.key() == key:
+            return True
+        found = cur.prev()
+    else:
+        found = cur.last()
+    return found and cur.key()[:4] == key[:4]
+
+
+def _next_row(cur: lmdb.Cursor, t: int) -> int:
+    """The first id of the row after cur's (END if it is t's last): where cur's range ends."""
+    return TM.unpack(cur.key())[1] if cur.next() and TM.unpack(cur.key())[0] == t else END
+
+
+def _first_row(cur: lmdb.Cursor, t: int) -> int:
+    """The key id of t's first row (END if t has none)."""
+    return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
+
+
+def _bounds(counts: tuple[int, ...], base: int) -> tuple[list[int], islice]:
+    """Where each message's entries begin, and where they end."""
+    starts = list(accumulate(map(SIZE.__mul__, counts), initial=base))
+    return starts, islice(starts, 1, None)
+
+
+def _decode(entries: bytes) -> Holders:
+    return {s: (prio, pos) for s, prio, pos in HOLDER.iter_unpack(entries)}
+
+
+def _encode(holders: Holders) -> bytes:
+    return b"".join([HOLDER.pack(s, prio, pos) for s, (prio, pos) in holders.items()])
+
+
+def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
+    """A holders row; b"" for one of no message, which is deleted."""
+    return encode_holders_row(ids, counts, entries) if ids else b""
+
+
+def _release(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+    """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
+    those of wanted that nobody holds any more, or that the row does not hold."""
+    ids, counts, base = holders_columns(raw)
+    run = _release_run(raw, sub, wanted, ids, counts, base)
+    if run is not None:
+        return run
+    want, kept, kept_counts, entries, done = set(wanted), [], [], [], []
+    for m, start, end in zip(ids, *_bounds(counts, base)):
+        held = raw[start:end]
+        if m in want:
+            held = held[SIZE:] if held[:2] == sub else _without(held, sub)
+            if not held:
+                done.append(m)
+                continue
+        kept.append(m)
+        kept_counts.append(len(held) // SIZE)
+        entries.append(held)
+    missing = want.difference(ids)
+    if missing:
+        done = sorted(done + list(missing))
+    return _row(kept, kept_counts, b"".join(entries)), done
+
+
+def _release_run(raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...], counts: tuple[int, ...], base: int) -> tuple[bytes, list[int]] | None:
+    """`_release` without a step per message, for what an ack most often is: a
+    run of the row's messages with as many holders each, `sub` at the same
+    place among them. None if `wanted` is not such a run."""
+    lo = bisect_left(ids, wanted[0])
+    hi = lo + len(wanted)
+    if ids[lo:hi] != tuple(wanted):
+        return None
+    n, each = counts[lo], SIZE * counts[lo]
+    if counts[lo:hi].count(n) != hi - lo:
+        return None
+    start = base + SIZE * sum(counts[:lo])
+    end = start + each * (hi - lo)
+    place = next((i for i in range(start, start + each, SIZE) if raw[i : i + 2] == sub), None)
+    if place is None or raw[place:end:each] != sub[:1] * (hi - lo) or raw[place + 1 : end : each] != sub[1:] * (hi - lo):
+        return None
+    if n == 1:  # the run's last holder: it leaves the row
+        return _row(ids[:lo] + ids[hi:], counts[:lo] + counts[hi:], raw[base:start] + raw[end:]), wanted
+    cut = _cutter(each, place - start)
+    kept = b"".join(chain.from_iterable(cut.iter_unpack(raw[start:end])))
+    return encode_holders_row(ids, counts[:lo] + (n - 1,) * (hi - lo) + counts[hi:], raw[base:start] + kept + raw[end:]), []
+
+
+@cache
+def _cutter(each: int, at: int) -> Struct:
+    """Splits `each` bytes of entries around the one at offset `at`, dropping it."""
+    return Struct(f">{at}s{SIZE}x{each - at - SIZE}s")
+
+
+def _without(held: bytes, sub: bytes) -> bytes:
+    """A message's entries without subscriber sub's (unchanged if it has none)."""
+    for i in range(0, len(held), SIZE):
+        if held[i : i + 2] == sub:
+            return held[:i] + held[i + SIZE :]
+    return held
