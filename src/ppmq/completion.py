@@ -49,10 +49,10 @@ class Completion(Wired):
         acked = queue.ack(msgs)
         if not acked:
             return 0
-        ids, attempts, pub_ns = zip(*acked)
+        ids, _, _ = zip(*acked)
         self._owners.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
-            self._events.ack(topic, sub, reason, ids, pub_ns, attempts)
+            self._events.ack(topic, sub, reason, ids)
         self._release(txn, topic, queue.t, queue.s, list(ids))
         return len(ids)
 

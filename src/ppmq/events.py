@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 PUBLISH = "publish"  # stored by a publish: Ids, Prio, Bytes, ExpiresNs, Replaced
 DELIVER = "deliver"  # pushed to a subscriber: Ids, PubNs, Attempts, Bytes
-ACK = "ack"  # acknowledged (or written, with Reason "AutoAck"): Ids, PubNs, Attempts
+ACK = "ack"  # acknowledged (or written, with Reason "AutoAck"): Ids; the report finds each one's publish
 REQUEUE = "requeue"  # back to ready after delivery: Ids; Reason AckRetry, Reconnect, Unconfirmed, Abandoned, Requeue, or MaxAttempts (given up)
 RETURN = "return"  # a batch that never reached the subscriber: Ids; it is not counted as delivered
 EXPIRE = "expire"  # expired for a subscriber: Ids, PubNs, Delivered
@@ -98,19 +98,17 @@ class StepEvents:
 
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int], size: Sequence[int]) -> None:
         """A batch pushed to sub, column by column."""
-        self._delivered(self.batch(DELIVER, topic, sub), ids, pub_ns, attempts).bytes += size
-
-    def ack(self, topic: str, sub: str, reason: str | None, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int]) -> None:
-        """Messages sub is done with (acked, or written with Reason AutoAck), column by column."""
-        self._delivered(self.batch(ACK, topic, sub, reason), ids, pub_ns, attempts)
-
-    @staticmethod
-    def _delivered(event: Event, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int]) -> Event:
-        """The columns deliveries and acks share."""
+        event = self.batch(DELIVER, topic, sub)
         event.ids += ids
         event.pub_ns += pub_ns
         event.attempts += attempts
-        return event
+        event.bytes += size
+
+    def ack(self, topic: str, sub: str, reason: str | None, ids: Sequence[int]) -> None:
+        """Messages sub is done with (acked, or written with Reason AutoAck): their ids
+        only, which is all an ack costs nothing to tell; the version acked is the
+        one last published before it (docs/journal.md)."""
+        self.batch(ACK, topic, sub, reason).ids += ids
 
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
         if self.journaled:

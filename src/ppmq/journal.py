@@ -1,11 +1,13 @@
 """The delivery journal: the broker's events as JSON lines under DataPath/journal/.
 
-The writer thread hands each step's events to `Journal.put`, which never waits:
-a bounded queue feeds one journal thread that encodes, appends, rotates and
-gzips, so a slow or full disk costs journal records (counted, and reported by a
-`dropped` record once writing works again), never broker latency or memory.
-The journal is an operator's record, not a durability promise: it is flushed
-after every batch of steps but never fsynced. docs/journal.md is the format.
+The writer hands each step's events to `Journal.put`, which encodes them
+(journal_lines.py) and never waits: a bounded queue feeds one journal thread
+that appends, rotates and gzips, so a slow or full disk costs journal records
+(counted, and reported by a `dropped` record once writing works again), never
+broker latency or memory. The journal thread holds the interpreter lock only
+briefly: writing and gzipping release it. The journal is an operator's record,
+not a durability promise: it is flushed after every batch of steps but never
+fsynced. docs/journal.md is the format.
 """
 
 from __future__ import annotations
@@ -13,22 +15,20 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import queue
 import shutil
 import socket
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-import msgspec
-
 from . import events as ev
 from .events import Event
+from .journal_lines import Lines
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # the V field of every record; bump when a field changes meaning or type
 QUEUE_STEPS = 4096  # steps waiting for the journal thread; past it their events are dropped
 GATHER_S = 0.05  # after waking, the thread lets steps pile up this long: fewer wake-ups, bigger writes
 # gzip level of closed segments: on a fan-out journal (145 bytes a message sent to
@@ -38,7 +38,6 @@ GATHER_S = 0.05  # after waking, the thread lets steps pile up this long: fewer 
 GZIP_LEVEL = 1
 ACTIVE_SUFFIX = ".jsonl"  # the segment being written
 CLOSED_SUFFIX = ".jsonl.gz"
-_STOP = None
 
 
 class Journal:
@@ -48,11 +47,13 @@ class Journal:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
-        host = host or socket.gethostname()
-        # Every record starts with these fields; the event's own JSON follows.
-        self._prefix = b'{"V":%d,"Host":%s,' % (VERSION, msgspec.json.encode(host))
-        self._encoder = msgspec.json.Encoder()
-        self._queue: queue.Queue[list[Event] | None] = queue.Queue(QUEUE_STEPS)
+        self._lines = Lines(host or socket.gethostname())
+        # Each step's lines, appended by the putter and taken off by the journal thread:
+        # a deque's append and popleft are single C calls, where a queue.Queue costs a
+        # few microseconds of Python locking per step on each side.
+        self._pending: deque[bytes] = deque()
+        self._wake = threading.Event()  # set when there is something to write, or to stop
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)
         self._file: BinaryIO | None = None
         self._size = 0
@@ -71,51 +72,59 @@ class Journal:
         return self
 
     def put(self, events: list[Event]) -> None:
-        """Queue one step's events; drop them (counted) rather than wait."""
-        try:
-            self._queue.put_nowait(events)
-        except queue.Full:
+        """Encode one step's events and queue them; drop them (counted) rather than wait.
+        Called from one thread at a time (the broker's event loop)."""
+        if len(self._pending) >= QUEUE_STEPS:
             self.dropped_queue += len(events)
+            return
+        self._pending.append(self._lines.encode(events))
+        if not self._wake.is_set():
+            self._wake.set()
 
     def close(self) -> None:
         """Write what is queued, close and gzip the current segment."""
-        self._queue.put(_STOP)
+        self._stopping = True
+        self._wake.set()
         self._thread.join()
 
     # --- the journal thread ---------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            if batch[-1] is not _STOP:
+            self._wake.wait()
+            if not self._stopping:
                 time.sleep(GATHER_S)
-            while batch[-1] is not _STOP and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            steps = [events for events in batch if events is not _STOP]
-            self._write(steps)
-            if batch[-1] is _STOP:
+            stopping = self._stopping
+            # Cleared before taking: a step put after this sets it again.
+            self._wake.clear()
+            self._write(b"".join([self._pending.popleft() for _ in range(len(self._pending))]))
+            if stopping:
                 self._rotate()
                 return
 
-    def _write(self, steps: list[list[Event]]) -> None:
-        """Append the records, closing a segment as soon as it reaches segment_bytes."""
-        lines = [self._line(e) for events in steps for e in events]
+    def _write(self, data: bytes) -> None:
+        """Append the lines, closing a segment as soon as it reaches segment_bytes."""
         lost = self.dropped_queue + self.dropped_io - self._reported
         if lost:
-            lines.append(self._line(Event(event=ev.DROPPED, ts=time.time_ns(), count=lost)))
+            data += self._lines.encode([Event(event=ev.DROPPED, ts=time.time_ns(), count=lost)])
         start = 0
-        while start < len(lines):
-            end, size = start, self._size
-            while end < len(lines) and size < self.segment_bytes:
-                size += len(lines[end])
-                end += 1
-            if not self._append(b"".join(lines[start:end])):
-                self.dropped_io += len(lines) - start - (1 if lost else 0)
+        while start < len(data):
+            end = self._segment_end(data, start)
+            if not self._append(data[start:end]):
+                self.dropped_io += data.count(b"\n", start) - (1 if lost else 0)
                 return
             start = end
             if self._size >= self.segment_bytes:
                 self._rotate()
         self._reported += lost
+
+    def _segment_end(self, data: bytes, start: int) -> int:
+        """Where the part of data[start:] that goes to the current segment ends: at
+        the end of the line that fills it to segment_bytes, or of data."""
+        room = max(self.segment_bytes - self._size, 1)
+        if len(data) - start <= room:
+            return len(data)
+        return data.index(b"\n", start + room - 1) + 1
 
     def _append(self, data: bytes) -> bool:
         """Write to the current segment, opening one if needed; False if the disk refused."""
@@ -131,9 +140,6 @@ class Journal:
             return False
         self._size += len(data)
         return True
-
-    def _line(self, event: Event) -> bytes:
-        return self._prefix + self._encoder.encode(event)[1:] + b"\n"
 
     def _open_first(self) -> None:
         """Open a segment before the broker says READY rather than at its first

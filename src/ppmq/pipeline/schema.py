@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pyspark.sql.types import ArrayType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-JOURNAL_VERSION = 1  # the record version this reader understands
+JOURNAL_VERSIONS = (1, 2)  # the record versions this reader understands
+NS_PER_S = 1e9  # Ts and the other times of a record are ns since the Unix epoch
 
 
 def _longs() -> ArrayType:

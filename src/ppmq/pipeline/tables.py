@@ -2,12 +2,14 @@
 
 The JSON is parsed once: `records` turns each journal record into one row of
 per-record figures (its array sizes and sums, taken with Spark's higher-order
-functions on the record itself) plus the latencies it carries, and the report
-writes that as Parquet partitioned by host and date. Everything else reads that
-columnar copy, which is cheap to scan twice and prunable by host and date:
-`rollup` sums the figures per host, topic, subscriber, kind and minute (every
-count of every table comes from it), and `latency_histogram` counts latencies in
-buckets a fixed ratio wide, per subscriber.
+functions on the record itself) plus the latencies it carries, and the ids of
+publishes and version-2 acks, and the report writes that as Parquet partitioned
+by host and date. Everything else reads that columnar copy, which is cheap to
+scan twice and prunable by host and date: `rollup` sums the figures per host,
+topic, subscriber, kind and minute (every count of every table comes from it),
+and `latency_histogram` counts latencies in buckets a fixed ratio wide, per
+subscriber: those records carry, and those of version-2 acks, whose ids are
+joined to their publishes (ack_latency.py).
 
 Percentiles come from those histograms, not from percentile_approx: its
 per-group buffers (tens of thousands of boxed doubles each, per task) ran the
@@ -25,9 +27,9 @@ from collections.abc import Iterable
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .schema import JOURNAL_SCHEMA, JOURNAL_VERSION
+from .ack_latency import ack_latencies, entries_to_join
+from .schema import JOURNAL_SCHEMA, JOURNAL_VERSIONS, NS_PER_S
 
-NS_PER_S = 1e9
 QUANTILES = [0.5, 0.95, 0.99]
 RELATIVE_ERROR = 0.01  # of a percentile, from the histogram's bucket width
 GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)  # ratio of a bucket's upper to lower bound
@@ -63,9 +65,17 @@ def _sum(array: Column) -> Column:
     return F.aggregate(array, F.lit(0).cast("long"), lambda a, b: a + F.coalesce(b, F.lit(0)))
 
 
+def _column(name: str) -> Column:
+    """A per-message column with one entry per id: version 2 writes a column whose
+    entries are all equal once, which this repeats (version 1 never does, and a
+    record of one message is the same either way)."""
+    column = F.col(name)
+    return F.when(F.size(column) == 1, F.array_repeat(F.element_at(column, 1), F.size("Ids"))).otherwise(column)
+
+
 def _first(array: str) -> Column:
     """Entries of `array` for first deliveries (Attempts 1), others null."""
-    return F.zip_with("Attempts", array, lambda a, x: F.when(a == 1, x))
+    return F.zip_with(_column("Attempts"), _column(array), lambda a, x: F.when(a == 1, x))
 
 
 def _is(kind: str) -> Column:
@@ -78,9 +88,10 @@ def _delayed() -> Column:
 
 
 def _latencies() -> Column:
-    """Seconds from publish: every entry of an `ack`, first deliveries of a `deliver`."""
+    """Seconds from publish that a record carries: every entry of a version-1 `ack`
+    (a version-2 one is joined to its publishes), first deliveries of a `deliver`."""
     since_publish = lambda pub: F.filter(F.transform(pub, lambda p: (F.col("Ts") - p) / NS_PER_S), lambda s: s.isNotNull())  # noqa: E731
-    return F.when(_is("ack"), since_publish(F.col("PubNs"))).when(_is("deliver"), since_publish(_first("PubNs")))
+    return F.when(_is("ack") & (F.col("V") == 1), since_publish(F.col("PubNs"))).when(_is("deliver"), since_publish(_first("PubNs")))
 
 
 def records(journal: DataFrame) -> DataFrame:
@@ -98,14 +109,15 @@ def records(journal: DataFrame) -> DataFrame:
         F.col("Reason").alias("reason"),
         _size(F.col("Ids")).alias("entries"),
         F.when(F.col("Ids").isNull(), 1).otherwise(F.size("Ids")).alias("events"),
-        F.when(deliver, _size(F.filter("Attempts", lambda a: a == 1))).otherwise(_size(F.col("Ids"))).alias("first"),
-        _size(F.filter("Attempts", lambda a: a > 1)).alias("redelivered"),
-        F.when(deliver, _sum(_first("Bytes"))).when(_is("publish"), _sum(F.col("Bytes"))).otherwise(0).alias("bytes"),
-        _size(F.filter("Replaced", lambda r: r)).alias("replaced"),
-        _size(F.filter("Delivered", lambda d: ~d)).alias("undelivered"),
+        F.when(deliver, _size(F.filter(_column("Attempts"), lambda a: a == 1))).otherwise(_size(F.col("Ids"))).alias("first"),
+        _size(F.filter(_column("Attempts"), lambda a: a > 1)).alias("redelivered"),
+        F.when(deliver, _sum(_first("Bytes"))).when(_is("publish"), _sum(_column("Bytes"))).otherwise(0).alias("bytes"),
+        _size(F.filter(_column("Replaced"), lambda r: r)).alias("replaced"),
+        _size(F.filter(_column("Delivered"), lambda d: ~d)).alias("undelivered"),
         _delayed().alias("delayed"),
         F.col("Count").alias("count"),
         _latencies().alias("latencies"),
+        entries_to_join().alias("ids"),
     )
 
 
@@ -125,7 +137,8 @@ def latency_histogram(recs: DataFrame) -> DataFrame:
     """Per subscriber and kind (`ack`, `deliver`): latencies counted per bucket, with the
     largest in each, so that a percentile can be read off as a bucket's largest value."""
     seconds = F.explode("latencies").alias("s")
-    rows = recs.where(F.col("v") == JOURNAL_VERSION).where(F.col("latencies").isNotNull()).select(*PER_SUBSCRIBER, "event", seconds)
+    carried = known(recs).where(F.col("latencies").isNotNull()).select(*PER_SUBSCRIBER, "event", seconds)
+    rows = carried.unionByName(ack_latencies(known(recs)))
     bucket = F.when(F.col("s") <= FLOOR_S, F.lit(None)).otherwise(F.ceil(F.log(F.col("s")) / math.log(GAMMA)))
     return rows.groupBy(*PER_SUBSCRIBER, "event", bucket.alias("bucket")).agg(F.count("*").alias("n"), F.max("s").alias("top"))
 
@@ -156,9 +169,9 @@ def _rolled(kind: str) -> Column:
     return F.col("event") == kind
 
 
-def known(rolled: DataFrame) -> DataFrame:
-    """Rollup rows of the record version this reader understands."""
-    return rolled.where(F.col("v") == JOURNAL_VERSION)
+def known(rows: DataFrame) -> DataFrame:
+    """Rows (of the records or the rollup) of record versions this reader understands."""
+    return rows.where(F.col("v").isin(*JOURNAL_VERSIONS))
 
 
 def topics(rolled: DataFrame) -> DataFrame:
@@ -253,7 +266,7 @@ def hosts(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
         F.timestamp_seconds(F.min("first_ts") / NS_PER_S).alias("first"),
         F.timestamp_seconds(F.max("last_ts") / NS_PER_S).alias("last"),
         _total("count", "dropped").alias("journal_dropped"),
-        F.sum(F.when(F.col("v") != JOURNAL_VERSION, F.col("records")).otherwise(0)).alias("unknown_version_records"),
+        F.sum(F.when(F.col("v").isin(*JOURNAL_VERSIONS), 0).otherwise(F.col("records"))).alias("unknown_version_records"),
     )
     figures = (
         known(rolled)
