@@ -37,7 +37,9 @@ class Filling(Laning):
         names = self._backlog.get(sub, set()) | self._ledger.touched
         subs, order = self.state.subs, self._topic_order
         found = [name for name in names if sub in subs.peek(name, ()) and name in order]
-        return [self.topics[name] for name in sorted(found, key=order.__getitem__)]
+        if len(found) > 1:
+            found.sort(key=order.__getitem__)
+        return [self.topics[name] for name in found]
 
     def _note_backlog(self, topics: set[str]) -> None:
         """After a step: whether each subscription of `topics` has messages ready."""
