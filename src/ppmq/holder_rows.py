@@ -20,6 +20,7 @@ from struct import Struct
 import lmdb
 
 from .queue_rows import QueueRows
+from .rows import floor_row
 from .schema import GROUP_MESSAGES, HOLDER, TM, encode_holders_row, holders_columns
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
@@ -141,16 +142,8 @@ class HolderRows(QueueRows):
 
 
 def _at_row(cur: lmdb.Cursor, t: int, m: int) -> bool:
-    """Put cur on the row of t whose range holds m (the largest key at or below
-    (t, m)); False if t has none."""
-    key = TM.pack(t, m)
-    if cur.set_range(key):
-        if cur.key() == key:
-            return True
-        found = cur.prev()
-    else:
-        found = cur.last()
-    return found and cur.key()[:4] == key[:4]
+    """Put cur on the row of t whose range holds m; False if t has none."""
+    return floor_row(cur, TM.pack(t, m), 4) is not None
 
 
 def _next_row(cur: lmdb.Cursor, t: int) -> int:

@@ -30,6 +30,7 @@ from operator import itemgetter
 import lmdb
 
 from .delayed_rows import DelayedRows
+from .rows import floor_row
 from .schema import READY_ENTRY, READY_RUN, TS, TSPQ, U64, ReadyEntry, Staged
 
 ENTRY = READY_ENTRY.size
@@ -164,14 +165,7 @@ def _run_at(cur: lmdb.Cursor, t: int, s: int, prio: int, pos: int) -> bytes | No
     """Put cur on the run of (t, s, prio) that holds, or would hold, place pos:
     the one with the largest key at or below it. Its key; None when pos comes
     before the priority's first run (cur is then anywhere)."""
-    want = TSPQ.pack(t, s, prio, pos)
-    if cur.set_range(want):
-        if cur.key() == want:
-            return want
-        moved = cur.prev()
-    else:
-        moved = cur.last()
-    return cur.key() if moved and cur.key()[:7] == want[:7] else None
+    return floor_row(cur, TSPQ.pack(t, s, prio, pos), 7)
 
 
 def _joined(cur: lmdb.Cursor, t: int, s: int, prio: int, adds: list[tuple[int, int, int]]) -> list[tuple[bytes, bytes]]:

@@ -23,6 +23,20 @@ if TYPE_CHECKING:
     from .store import Store
 
 
+def floor_row(cur: lmdb.Cursor, key: bytes, prefix: int) -> bytes | None:
+    """Put cur on the row with the largest key at or below `key` among those
+    sharing its first `prefix` bytes: the row whose range holds `key`, where a
+    row stands for the keys up to the next one (ready runs, holders groups).
+    Its key; None when there is none (cur is then anywhere)."""
+    if cur.set_range(key):
+        if cur.key() == key:
+            return key
+        moved = cur.prev()
+    else:
+        moved = cur.last()
+    return cur.key() if moved and cur.key()[:prefix] == key[:prefix] else None
+
+
 class Rows:
     """The databases of one LMDB transaction."""
 
