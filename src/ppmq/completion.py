@@ -46,14 +46,13 @@ class Completion(Wired):
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)
-        acked = queue.ack(msgs)
-        if not acked:
+        ids = queue.ack(msgs)
+        if not ids:
             return 0
-        ids, _, _ = zip(*acked)
         self._owners.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
-        self._release(txn, topic, queue.t, queue.s, list(ids))
+        self._release(txn, topic, queue.t, queue.s, ids)
         return len(ids)
 
     # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------

@@ -159,12 +159,12 @@ class Queue:
 
     # --- leaving flight ----------------------------------------------------------------------
 
-    def ack(self, ms: list[int | None]) -> list[tuple[int, int, int]]:
+    def ack(self, ms: list[int | None]) -> list[int]:
         """The subscriber is done with ms (None: a key that names no message);
-        returns (m, deliveries so far, publish_ns) of those that were in flight.
-        Acks of anything else are counted as ignored (PROTOCOL §3 Acks)."""
+        returns those that were in flight. Acks of anything else are counted as
+        ignored (PROTOCOL §3 Acks)."""
         named = [m for m in ms if m is not None]
-        acked = [(f[0], f[3], f[4]) for f in self._txn.pop_flights(self.t, self.s, named) if f is not None]
+        acked = [f[0] for f in self._txn.pop_flights(self.t, self.s, named) if f is not None]
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)
         self.stats.ignored_acks += len(ms) - len(acked)
