@@ -10,6 +10,7 @@ message leaves no trace.
 
 from __future__ import annotations
 
+from itertools import repeat
 from operator import attrgetter
 
 import msgspec
@@ -26,6 +27,8 @@ from .wiring import Wired
 
 
 _DUE = attrgetter("due_ns")
+_PRIO = attrgetter("prio")
+_EXPIRES = attrgetter("expires_ns")
 
 
 class Publishing(Wired):
@@ -39,10 +42,9 @@ class Publishing(Wired):
         if not subs:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
-            stored = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
-            if self._events.journaled and stored:
-                ids, sizes = zip(*stored)
-                self._events.publish(topic.name, ids, [msg.prio for msg in prepared], sizes, [msg.expires_ns for msg in prepared], [False] * len(ids))
+            ids, sizes = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
+            if self._events.journaled:
+                self._events.publish(topic.name, ids, list(map(_PRIO, prepared)), sizes, list(map(_EXPIRES, prepared)), [False] * len(ids))
         elif not topic.limited:
             self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
         else:
@@ -53,7 +55,7 @@ class Publishing(Wired):
                     m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
                 else:
                     try:
-                        [(m, size)] = self._store_new(txn, topic, t, [msg], now_ns, subs)
+                        [m], [size] = self._store_new(txn, topic, t, [msg], now_ns, subs)
                     except p.StoreFull as exc:
                         raise p.StoreFull(f"Messages[{i}]: {exc}") from None
                 journaled.append((m, msg.prio, size, msg.expires_ns, old is not None))
@@ -73,8 +75,8 @@ class Publishing(Wired):
 
         def store_run() -> None:
             if run:
-                stored = self._store_new(txn, topic, t, run, now_ns, subs)
-                journaled.extend((m, msg.prio, size, msg.expires_ns, False) for (m, size), msg in zip(stored, run))
+                ids, sizes = self._store_new(txn, topic, t, run, now_ns, subs)
+                journaled.extend(zip(ids, map(_PRIO, run), sizes, map(_EXPIRES, run), repeat(False)))
                 run.clear()
                 keys.clear()
 
@@ -115,13 +117,13 @@ class Publishing(Wired):
             self._events.file(job.event)
         return True
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> list[tuple[int, int]]:
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> tuple[range, list[int]]:
         """Store messages with new ids for `subs`, each store write once for the
-        whole batch; return each one's id and the size of its JSON."""
+        whole batch; return their ids (consecutive: the topic's next) and the
+        sizes of their JSON, as columns for the journal."""
         stats = self.state.topics[topic.name]
-        bodies = []
-        for msg in batch:
-            m = stats.seq + 1
+        bodies, sizes, first = [], [], stats.seq + 1
+        for m, msg in enumerate(batch, first):
             key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
             fragment = _fragment(key, msg)
             if topic.limited:
@@ -129,6 +131,7 @@ class Publishing(Wired):
             stats.seq = m
             stats.stored_bytes += len(fragment)
             bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, key, fragment)))
+            sizes.append(len(fragment))
         stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
@@ -139,7 +142,7 @@ class Publishing(Wired):
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, body.priority) for m, body in bodies])
-        return [(m, len(body.fragment)) for m, body in bodies]
+        return range(first, first + len(bodies)), sizes
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 
