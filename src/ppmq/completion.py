@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 TICK_NS = NS  # expiry and redelivery run at least this often
 DEAD_LETTER_REASON = {ev.EXPIRE: "expired", ev.OVERFLOW: "overflow"}  # PROTOCOL §8 DeadLetterReasons
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
+ID_DIGITS = 20  # a generated key has fewer digits than this (ids are below 10**19)
 
 
 class Completion(Wired):
@@ -39,7 +40,7 @@ class Completion(Wired):
     def _msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
         if not topic.dedupe:
-            return [generated_id(key) for key in keys]
+            return generated_ids(keys)
         t = self.state.topic_ids[topic.name]
         encoded = [key.encode() for key in keys]
         return [txn.get_dedupe(t, key) if len(key) <= MAX_KEY_BYTES else None for key in encoded]
@@ -314,9 +315,20 @@ class Completion(Wired):
         return max(now_ns, min(c for c in candidates if c is not None))
 
 
+def generated_ids(keys: list[str]) -> list[int | None]:
+    """generated_id of each key, checked for a whole ack wrapper at once: when
+    every key is ASCII digits, none starts with 0 and none is too long, each
+    names the id it spells. A few C-level passes over the keys instead of five
+    calls a key: some 0.06 us less a key acked."""
+    digits = "".join(keys)
+    if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + ",".join(keys) and max(map(len, keys)) < ID_DIGITS:
+        return list(map(int, keys))
+    return [generated_id(key) for key in keys]
+
+
 def generated_id(key: str) -> int | None:
     """The message id a generated key names (PROTOCOL §3 Keys), or None: only the
     canonical decimal the broker writes names one, so "0002" acks nothing."""
-    if key.isascii() and key.isdigit() and key[0] != "0" and len(key) < 20:
+    if key.isascii() and key.isdigit() and key[0] != "0" and len(key) < ID_DIGITS:
         return int(key)
     return None
