@@ -1,8 +1,11 @@
 """Bytes from a socket -> JSON frames (PROTOCOL §1).
 
 The fast path is newline-delimited JSON: a line that starts with `{`, ends with
-`}`, whose brackets balance and that has no `}{` seam is taken as one frame
-without parsing it. Anything else (pretty-printed objects spanning lines,
+`}` and is one JSON value is taken as one frame, checked by msgspec reading it
+through without building anything (a fifth of the cost of counting its
+brackets); a broken line is still taken whole when its brackets balance and
+it has no `}{` seam, so that the decoder names what is wrong with it and the
+next line starts afresh. Anything else (pretty-printed objects spanning lines,
 several objects on one line: what Go's `json.Decoder` accepts) goes through a
 small scanner that follows strings and brackets to find where each value ends;
 such frames are compacted with `msgspec.json.format` (whitespace between tokens
@@ -28,6 +31,7 @@ _SPACE = b" \t\r\n"
 SCAN_AFTER_BYTES = 1 << 20
 _SPACE_BYTES = (b" ", b"\t", b"\r", b"\n")
 _LEADING_SPACE = re.compile(rb"[ \t\r\n]+")
+_read_one_value = msgspec.json.Decoder(msgspec.Raw).decode  # validates, builds nothing
 
 
 class Framer:
@@ -108,7 +112,7 @@ class Framer:
         if self._buf[end - 1 : end] != b"}":
             return None
         line = bytes(self._buf[:end])
-        if not _looks_whole(line):
+        if not _is_one_value(line) and not _looks_whole(line):
             return None
         self._take(nl + 1)
         return line
@@ -175,6 +179,16 @@ class _Scanner:
                 self.depth -= 1
                 if self.depth == 0:
                     return self.pos
+
+
+def _is_one_value(line: bytes) -> bool:
+    """Exactly one JSON value and nothing after it (one nested too deeply for
+    msgspec is left to the bracket counts, and then to the decoder to refuse)."""
+    try:
+        _read_one_value(line)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 def _looks_whole(line: bytes) -> bool:

@@ -114,7 +114,12 @@ def test_a_multi_line_object_whose_first_line_ends_in_a_brace_is_still_one_frame
 # --- garbage ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("garbage", [b"hello world", b"42", b'"a string"', b"null", b"{not json}", b"GET / HTTP/1.1\r"])
+# Objects that are not JSON but whose brackets balance: the first line is
+# taken whole, not scanned on into the next one (an open string would swallow it).
+BROKEN_OBJECTS = [b'{"a": "x}', b'{"a":}', b'{"a": [1, 2}]', b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}"]
+
+
+@pytest.mark.parametrize("garbage", [b"hello world", b"42", b'"a string"', b"null", b"{not json}", b"GET / HTTP/1.1\r", *BROKEN_OBJECTS])
 def test_a_garbage_line_is_a_frame_of_its_own_and_the_next_line_still_frames(garbage):
     # Given a garbage line between two valid requests
     stream = b'{"Command":"STATUS"}\n' + garbage + b'\n{"Topic":"t","Acks":["1"]}\n'
