@@ -119,11 +119,11 @@ class Completion(Wired):
 
     def _delete_messages(self, txn: Txn, topic: str, t: int, ms: list[int]) -> None:
         tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        gone = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
+        count, size = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
         stats = self.state.topics[topic]
-        stats.stored -= len(gone)
+        stats.stored -= count
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - sum(g.size for g in gone))
+        stats.stored_bytes = max(0, stats.stored_bytes - size)
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 

@@ -104,14 +104,6 @@ def decode_body(raw: bytes | None) -> Body | None:
     return Body(prio, publish_ns, expires_ns, raw[start : start + klen], raw[start + klen :])
 
 
-class Gone(NamedTuple):
-    """A deleted message, as far as the indexes and counters care."""
-
-    expires_ns: int
-    key: bytes
-    size: int  # bytes of its delivered JSON (Body.fragment)
-
-
 class Flight(NamedTuple):
     """An in-flight delivery and the queue place it returns to (FLIGHT_ENTRY)."""
 

@@ -196,7 +196,7 @@ def unhold_first_of_holders_row(txn: Txn, ids: dict[str, int]) -> None:
 
 
 DAMAGES = {
-    "a message body deleted": (with_txn(lambda txn, i: txn.delete_body(i["g"], 2)), "is not stored"),
+    "a message body deleted": (with_txn(lambda txn, i: txn.delete_messages(i["g"], [2], dedupe=False)), "is not stored"),
     "a ready entry deleted": (drop_first("ready"), "neither queued at"),
     "a batch in flight deleted": (drop_first("inflight"), "matches no batch in flight"),
     "a message in two batches in flight": (with_txn(copy_first_flight_to_a_new_batch), "is in two batches in flight"),
