@@ -91,6 +91,11 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         again even without requests."""
         return self._staging.busy
 
+    def has_backlog(self, sub: str) -> bool:
+        """sub has messages ready that wait for room in its Window, as the last
+        step left them (read from the event loop like has_pending)."""
+        return bool(self._backlog.get(sub))
+
     def has_pending(self, sub: str) -> bool:
         """sub has messages ready or unacknowledged: worth connecting to (and
         starting) it; it will RECONNECT to get what it left unacknowledged.

@@ -128,7 +128,7 @@ class Writer:
         One more one-way ack while acks gather changes nothing for the writer,
         so it is not woken for it (every subscriber sends one per batch)."""
         self._pending.append((op, sink))
-        if not (self._gathering and _quiet(op)):
+        if not (self._gathering and self._quiet(op)):
             self._wake()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
@@ -224,13 +224,22 @@ class Writer:
         deadline = loop.time() + ACK_GATHER_S
         self._gathering = True
         try:
-            while not self._stopping and self._pending and all(_quiet(op) for op, _ in self._pending):
+            while not self._stopping and self._pending and all(self._quiet(op) for op, _ in self._pending):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return
                 await self._sleep(remaining)
         finally:
             self._gathering = False
+
+    def _quiet(self, op: Op) -> bool:
+        """Acks that nobody waits for: applying them a moment later changes
+        nothing anyone can see but the counters (they are at least once anyway).
+        Unless their subscriber has messages ready: then the Window room they
+        free is what the next batch waits for (a Window of one batch makes every
+        batch wait so), and holding them back would idle the subscriber."""
+        sub = _one_way_acks_of(op)
+        return sub is not None and not self.broker.has_backlog(sub)
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer
@@ -349,10 +358,12 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _quiet(op: Op) -> bool:
-    """Acks that nobody waits for: applying them a moment later changes nothing
-    anyone can see but the counters (and they are at least once anyway)."""
+def _one_way_acks_of(op: Op) -> str | None:
+    """The subscriber whose acks op only carries, owing no reply ("" when they
+    name none); None for any other op."""
     if isinstance(op, Written):
-        return True
+        return op.subscriber
     op = request_of(op)
-    return isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None
+    if isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None:
+        return op.subscriber or ""
+    return None

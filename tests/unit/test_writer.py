@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+import msgspec
+
+from ppmq import protocol as p
+from ppmq import writer as writer_module
+from ppmq.ops import Delivery
 from ppmq.writer import Writer
 from tests.unit.test_broker import STATUS, open_broker, publish
 
@@ -27,3 +33,39 @@ def test_a_caller_cancelled_before_its_reply_does_not_stop_the_writer(tmp_path):
 
     assert asyncio.run(run()) == 1
     store.close()
+
+
+def test_acks_that_free_room_for_waiting_messages_are_applied_without_waiting_for_company(tmp_path, monkeypatch):
+    # Given subscriber s with its one-batch Window full and more messages ready
+    broker, store = open_broker(tmp_path)
+    first = broker.step([publish(*[b"%d" % i for i in range(150)])], {"s"}, time.time_ns())
+    [batch] = first.deliveries
+    assert broker.has_backlog("s")
+    # ... and a writer that would hold one-way acks a minute for company
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
+    keys = [m["Key"] for m in msgspec.json.decode(batch.frame)["Messages"]]
+
+    async def run() -> Delivery:
+        writer = Writer(broker)
+        task = asyncio.create_task(writer.run())
+        pushed: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        writer.open("s", _Outlet(pushed))
+        # When s acks its batch one-way, as ppMQ subscribers do
+        writer.submit(p.Request(topic="t", subscriber="s", acks=keys))
+        # Then the next batch comes at once: the acks did not wait for company
+        delivery = await asyncio.wait_for(pushed, timeout=10)
+        writer.stop()
+        await task
+        return delivery
+
+    delivery = asyncio.run(run())
+    assert len(delivery.msgs) == 50
+    store.close()
+
+
+class _Outlet:
+    def __init__(self, pushed: asyncio.Future[Delivery]) -> None:
+        self.pushed = pushed
+
+    def push(self, delivery: Delivery) -> None:
+        self.pushed.set_result(delivery)
