@@ -19,7 +19,7 @@ from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .queues import Fresh
-from .schema import Body
+from .schema import Body, make
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared
@@ -130,13 +130,13 @@ class Publishing(Wired):
                 self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
             stats.seq = m
             stats.stored_bytes += len(fragment)
-            bodies.append((m, Body(msg.prio, now_ns, msg.expires_ns, key, fragment)))
+            bodies.append((m, make(Body, (msg.prio, now_ns, msg.expires_ns, key, fragment))))
             sizes.append(len(fragment))
         stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
-        new = [Fresh(body.priority, m, body.fragment) for m, body in bodies]  # one tuple shared by every queue
+        new = [make(Fresh, (body.priority, m, body.fragment)) for m, body in bodies]  # one tuple shared by every queue
         due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
         for name in subs:
             is_open = name in self._open

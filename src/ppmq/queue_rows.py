@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TM, TS, TSM, U64, Flight, Taken
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TM, TS, TSM, U64, Flight, Taken, make
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
@@ -43,7 +43,7 @@ class QueueRows(ReadyRows):
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP
-            taken.append(Taken(m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :]))
+            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :])))
             return TAKE
 
         self._take_runs(t, s, limit, choose)

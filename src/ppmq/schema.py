@@ -64,6 +64,12 @@ from typing import NamedTuple
 SCHEMA_VERSION = 4
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
+# The NamedTuples below are made with `make(Cls, (field, ...))` where a path
+# makes one a message: a NamedTuple's own constructor is a Python function
+# (namedtuple compiles it), while tuple.__new__ builds the same object in C, in
+# about half the time (150 against 285 ns here). Every field must be given.
+make = tuple.__new__
+
 TM = struct.Struct(">IQ")
 TS = struct.Struct(">IH")
 TSPQ = struct.Struct(">IHBQ")

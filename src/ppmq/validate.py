@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from . import protocol as p
 from .config import TopicConfig
+from .schema import make
 from .state import NS
 
 MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, and the dedupe index adds 4
@@ -40,7 +41,7 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
             raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
         expires = _expires(m, where, now_ns) or (now_ns + int(topic.max_age * NS) if topic.max_age else 0)
         due = _due(m, where, now_ns) if m.delay is not None or m.not_before is not None else 0
-        out.append(Prepared(_key(topic, m, where), m.priority, expires, payload, due))
+        out.append(make(Prepared, (_key(topic, m, where), m.priority, expires, payload, due, None)))
     return out
 
 
