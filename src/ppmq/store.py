@@ -280,4 +280,3 @@ class Txn(HolderRows):
 
     def delete_dedupe(self, t: int, key: bytes) -> None:
         self.txn.delete(u32(t) + key, db=self._dedupe)
-

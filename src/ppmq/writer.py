@@ -42,6 +42,7 @@ MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the 
 MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
+# Not those of a subscriber with messages ready, which its next batch waits for (_quiet).
 ACK_GATHER_S = 0.002
 
 
