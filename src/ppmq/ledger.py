@@ -20,6 +20,7 @@ counters between steps (or beside a step, racing it as it always did) through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -131,8 +132,7 @@ class Ledger:
         self._heads.clear()
         state = self.state
         raw = committed(HEAD_KEY)
-        head = _decode_state(raw) if raw is not None else State()
-        (state.rejected, state.commits, state.forbidden, state.topic_ids, state.sub_ids, state.dropped_seqs) = _head_values(head)
+        _set_head(state, _head_values(_decode_state(raw) if raw is not None else State()))
         for name in self.touched:
             raw = committed(TOPIC_PREFIX + name.encode())
             record = _decode_topic(raw) if raw is not None else None
@@ -165,7 +165,7 @@ class Ledger:
         dicts = {id(state.topics): state.topics, id(state.subs): state.subs}
         for (which, key), image in images.items():
             _put_back(dicts[which], key, _restored(image))
-        (state.rejected, state.commits, state.forbidden, state.topic_ids, state.sub_ids, state.dropped_seqs) = head
+        _set_head(state, head)
         self._forget_seen()
 
     def touch(self, tracked: Tracked, key: str) -> None:
@@ -219,10 +219,15 @@ def _topic_records(txn: Any) -> Iterator[tuple[str, TopicRecord]]:
         yield key[len(TOPIC_PREFIX) :].decode(), _decode_topic(raw)
 
 
-def _head_values(state: State) -> tuple:
-    """The head's counters; its dicts are replaced, not changed, by a reload
-    (State.register, State.forget), so keeping them is keeping them as they are."""
-    return (state.rejected, state.commits, state.forbidden, state.topic_ids, state.sub_ids, state.dropped_seqs)
+# The head's counters, in StateHead's field order (StateHead names them once). Its
+# dicts are replaced, not changed, by a reload (State.register, State.forget), so
+# keeping them is keeping them as they are.
+_head_values: Callable[[State], tuple] = attrgetter(*StateHead.__struct_fields__)
+
+
+def _set_head(state: State, values: tuple) -> None:
+    for name, value in zip(StateHead.__struct_fields__, values):
+        setattr(state, name, value)
 
 
 def _put_back(tracked: Tracked, key: str, value: Any) -> None:

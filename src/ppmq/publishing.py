@@ -126,12 +126,13 @@ class Publishing(Wired):
         for m, msg in enumerate(batch, first):
             key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
             fragment = _fragment(key, msg)
+            size = len(fragment)
             if topic.limited:
-                self._make_room(txn, topic, t, len(fragment))  # may refuse: nothing is changed before it
+                self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
             stats.seq = m
-            stats.stored_bytes += len(fragment)
+            stats.stored_bytes += size
             bodies.append((m, make(Body, (msg.prio, now_ns, msg.expires_ns, key, fragment))))
-            sizes.append(len(fragment))
+            sizes.append(size)
         stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
