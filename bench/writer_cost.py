@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync] [--window 1000] [--lag 0]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync] [--window 1000] [--lag 0] [--journal on|off|events]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
@@ -10,6 +10,9 @@ publish behind, so every message waits in the ready queue and leaves it with the
 ack that makes room: the path of fan-out at Window = BatchSize. The writer thread is where the broker serialises, so
 this bounds the broker's throughput; it is far steadier than an end-to-end run
 on a shared machine, which makes it the figure to compare code changes with.
+`--journal` says what the journal costs: `on` (the default) builds each step's
+events and encodes them as the broker's journal does, `events` builds them only,
+`off` neither.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ import msgspec
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.ops import Delivery
-from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
+from ppmq.journal_lines import Lines
 from ppmq.store import Store
 
 SUBS = ["a", "b"]
 
 
-def run(n: int, sync: bool, window: int, lag: int) -> dict[str, float]:
+def run(n: int, sync: bool, window: int, lag: int, journal: str = "on") -> dict[str, float]:
+    encode = Lines("bench").encode if journal == "on" else len
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
-            server_socket=f"{d}/s.sock", data_path=d, sync=sync,
+            server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
             subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
             topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3)],
         )
@@ -46,6 +51,7 @@ def run(n: int, sync: bool, window: int, lag: int) -> dict[str, float]:
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
+            encode(step.events)
             cost["publish and deliver"] += time.thread_time() - start
             pending += [(i, d) for d in step.deliveries]
             acks = [
@@ -55,6 +61,7 @@ def run(n: int, sync: bool, window: int, lag: int) -> dict[str, float]:
             pending = [(at, d) for at, d in pending if at > i - 100 * lag]
             start = time.thread_time()
             step = broker.step(acks, set(SUBS) if lag else set(), time.time_ns())  # trailing acks make room for the queue
+            encode(step.events)
             cost["ack"] += time.thread_time() - start
             pending += [(i, d) for d in step.deliveries]
         store.close()
@@ -67,10 +74,11 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
     ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch")
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
+    ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     args = ap.parse_args()
-    us = run(args.messages, args.sync, args.window, args.lag)
+    us = run(args.messages, args.sync, args.window, args.lag, args.journal)
     total = sum(us.values())
-    print("writer CPU per message: " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()) + f"; total {total:.1f} us")
+    print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
 
 

@@ -17,17 +17,17 @@ import msgspec
 
 T = TypeVar("T")
 
-PUBLISH = "publish"  # stored by a publish: Ids, Prio, Bytes, ExpiresNs, Replaced
-DELIVER = "deliver"  # pushed to a subscriber: Ids, PubNs, Attempts, Bytes
-ACK = "ack"  # acknowledged (or written, with Reason "AutoAck"): Ids; the report finds each one's publish
-REQUEUE = "requeue"  # back to ready after delivery: Ids; Reason AckRetry, Reconnect, Unconfirmed, Abandoned, Requeue, or MaxAttempts (given up)
-RETURN = "return"  # a batch that never reached the subscriber: Ids; it is not counted as delivered
-EXPIRE = "expire"  # expired for a subscriber: Ids, PubNs, Delivered
-OVERFLOW = "overflow"  # dropped by OverflowPolicy drop-oldest, for a subscriber: Ids, PubNs, Delivered
-NACK = "nack"  # given back by the subscriber (PROTOCOL §8 Nacks): Ids, PubNs, Attempts; DelayNs when delayed
-REJECTED = "rejected"  # given up on by the subscriber (PROTOCOL §8 Rejects): Ids, PubNs, Attempts
-TOUCH = "touch"  # ack deadline restarted (PROTOCOL §8 Touch): Ids
-PURGE = "purge"  # removed by PURGE, for a subscriber: Ids, PubNs, Delivered
+PUBLISH = "publish"  # stored by a publish
+DELIVER = "deliver"  # pushed to a subscriber
+ACK = "ack"  # acknowledged (or written, with Reason "AutoAck"); the report finds each one's publish
+REQUEUE = "requeue"  # back to ready after delivery; Reason AckRetry, Reconnect, Unconfirmed, Abandoned, Requeue, or MaxAttempts (given up)
+RETURN = "return"  # a batch that never reached the subscriber; it is not counted as delivered
+EXPIRE = "expire"  # expired for a subscriber
+OVERFLOW = "overflow"  # dropped by OverflowPolicy drop-oldest, for a subscriber
+NACK = "nack"  # given back by the subscriber (PROTOCOL §8 Nacks); DelayNs when delayed
+REJECTED = "rejected"  # given up on by the subscriber (PROTOCOL §8 Rejects)
+TOUCH = "touch"  # ack deadline restarted (PROTOCOL §8 Touch)
+PURGE = "purge"  # removed by PURGE, for a subscriber
 REDRIVE = "redrive"  # moved back from a dead-letter topic: Topic and Subscriber are the origin; Ids are the new ids there
 PAUSE = "pause"  # PAUSE of a subscription: no columns
 RESUME = "resume"  # RESUME of a subscription: no columns
@@ -35,9 +35,24 @@ COLUMNLESS = (PAUSE, RESUME)  # kinds whose events carry no message
 REJECT = "reject"  # a request answered with an error: Status, Error, Count (messages in it)
 DROPPED = "dropped"  # written by the journal itself: Count events lost to a full queue or disk
 
+# The per-message columns of each kind besides Ids (Event's attribute names):
+# what the journal folds, and only these, so that a kind that has none (an ack)
+# costs its encoder no look at seven empty lists.
+COLUMNS = {
+    PUBLISH: ("prio", "bytes", "expires_ns", "replaced"),
+    DELIVER: ("pub_ns", "attempts", "bytes"),
+    EXPIRE: ("pub_ns", "delivered"),
+    OVERFLOW: ("pub_ns", "delivered"),
+    PURGE: ("pub_ns", "delivered"),
+    NACK: ("pub_ns", "attempts"),
+    REJECTED: ("pub_ns", "attempts"),
+}
 
 class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
-    """One batch of one kind; the columns of a kind are parallel arrays, one entry a message."""
+    """One batch of one kind; the columns of a kind are parallel arrays, one entry
+    a message, except that a column of one entry where `ids` has more holds for
+    every message: the journal's way of writing a column whose entries are all
+    equal (docs/journal.md), kept from the start where a step knows it."""
 
     event: str  # first field: the journal splices Host and V in front of it
     ts: int  # when the step ran, ns since the Unix epoch
@@ -56,6 +71,32 @@ class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
     status: int | None = None
     error: str | None = None
     count: int | None = None
+
+
+Column = Sequence[int] | int  # a column's entries for some messages, or one value for all of them
+
+
+def entries(values: Column, n: int) -> Sequence[int]:
+    """A column's part for n messages as n entries."""
+    return [values] * n if isinstance(values, int) else values
+
+
+def extend(event: Event, name: str, before: int, values: Column, n: int) -> None:
+    """Add n messages' entries to a column of `before` (or of one for all of them):
+    `values` has n entries, or is one value for all n. The column stays one entry
+    as long as every part added is that value, so the journal need not fold it."""
+    column = getattr(event, name)
+    if isinstance(values, int):
+        if not before:
+            setattr(event, name, [values])
+            return
+        if len(column) == 1 and column[0] == values:
+            return
+        values = entries(values, n)
+    if before > 1 and len(column) == 1:
+        column = column * before
+        setattr(event, name, column)
+    column += values
 
 
 class StepEvents:
@@ -84,24 +125,25 @@ class StepEvents:
         event.ts = self.now_ns
         self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
 
-    def publish(
-        self, topic: str, ids: Sequence[int], prio: Sequence[int], size: Sequence[int], expires_ns: Sequence[int], replaced: Sequence[bool]
-    ) -> None:
+    def publish(self, topic: str, ids: Sequence[int], prio: Sequence[int], size: Sequence[int], expires_ns: Sequence[int], replaced: Sequence[bool] | bool) -> None:
         """A request's stored messages, column by column: a few C-level list
         extensions per request instead of five appends per message."""
         event = self.batch(PUBLISH, topic)
+        before = len(event.ids)
         event.ids += ids
         event.prio += prio
         event.bytes += size
         event.expires_ns += expires_ns
-        event.replaced += replaced
+        extend(event, "replaced", before, replaced, len(ids))
 
-    def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Sequence[int], attempts: Sequence[int], size: Sequence[int]) -> None:
-        """A batch pushed to sub, column by column."""
+    def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Sequence[int]) -> None:
+        """A batch pushed to sub, column by column; a batch fresh from this step's
+        publish gives its publish time and first attempt as one value each."""
         event = self.batch(DELIVER, topic, sub)
+        before, n = len(event.ids), len(ids)
         event.ids += ids
-        event.pub_ns += pub_ns
-        event.attempts += attempts
+        extend(event, "pub_ns", before, pub_ns, n)
+        extend(event, "attempts", before, attempts, n)
         event.bytes += size
 
     def ack(self, topic: str, sub: str, reason: str | None, ids: Sequence[int]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import protocol as p
 from .config import TopicConfig
+from .events import entries
 from .lanes import Lanes, room
 from .laning import Laning
 from .ledger import Ledger
@@ -103,7 +104,7 @@ class Filling(Laning):
         taken = queue.take_fresh(limit, deadline, now_ns)
         if taken is not None:  # published in this very step
             _, ids, fragments = zip(*taken)
-            pub_ns, attempts = [now_ns] * len(ids), [1] * len(ids)
+            pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         else:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
             for m in pulled.expired:
@@ -114,7 +115,7 @@ class Filling(Laning):
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
         if self.sub_configs[sub].metadata:
-            fragments = list(map(p.with_metadata, fragments, attempts, pub_ns))
+            fragments = list(map(p.with_metadata, fragments, entries(attempts, len(ids)), entries(pub_ns, len(ids))))
         return list(ids), list(fragments)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:

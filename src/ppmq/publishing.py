@@ -44,7 +44,7 @@ class Publishing(Wired):
         elif not topic.dedupe and not topic.limited:
             ids, sizes = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
             if self._events.journaled:
-                self._events.publish(topic.name, ids, list(map(_PRIO, prepared)), sizes, list(map(_EXPIRES, prepared)), [False] * len(ids))
+                self._events.publish(topic.name, ids, list(map(_PRIO, prepared)), sizes, list(map(_EXPIRES, prepared)), False)
         elif not topic.limited:
             self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
         else:

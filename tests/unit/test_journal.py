@@ -58,6 +58,28 @@ def test_a_column_whose_entries_are_all_equal_is_written_once() -> None:
     assert (second["V"], second["Host"], second["PubNs"], second["Attempts"], second["Bytes"]) == (2, "h", [1], [1], [10])
 
 
+def test_columns_given_as_one_value_stay_one_until_a_batch_differs() -> None:
+    """Batches delivered in one step share one record: fresh ones give their publish
+    time and attempt as one value, and the record keeps one entry while they agree.
+    A redelivered batch among them spells the column out, every message in its place."""
+    events = ev.StepEvents(journaled=True, now_ns=5)
+    events.deliver("t", "s", [1, 2], 5, 1, [10, 10])
+    events.deliver("t", "s", [3], 5, 1, [10])
+    (same,) = events.take()
+    events.deliver("t", "s", [1, 2], 5, 1, [10, 10])
+    events.deliver("t", "s", [9], 6, 1, [10])
+    events.deliver("t", "s", [7, 8], [3, 4], [2, 3], [10, 10])
+    (mixed,) = events.take()
+    events.publish("t", [7], [0], [10], [0], False)
+    events.publish("t", [8], [0], [10], [0], [True])
+    (publish,) = events.take()
+    assert (same.ids, same.pub_ns, same.attempts) == ([1, 2, 3], [5], [1])
+    assert (mixed.ids, mixed.pub_ns, mixed.attempts) == ([1, 2, 9, 7, 8], [5, 5, 6, 3, 4], [1, 1, 1, 2, 3])
+    assert (publish.ids, publish.replaced) == ([7, 8], [False, True])
+    line = json.loads(Lines("h").encode([same]))
+    assert (line["Ids"], line["PubNs"], line["Attempts"], line["Bytes"]) == ([1, 2, 3], [5], [1], [10])
+
+
 def test_an_ack_record_has_its_ids_only() -> None:
     """The broker's state machine reports an ack with its ids; the publish time and
     attempt are the report's to find (docs/journal.md)."""
