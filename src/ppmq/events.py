@@ -10,7 +10,7 @@ journal writes them as JSON lines; docs/journal.md is the format, field by field
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -136,7 +136,7 @@ class StepEvents:
         event.expires_ns += expires_ns
         extend(event, "replaced", before, replaced, len(ids))
 
-    def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Sequence[int]) -> None:
+    def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Iterable[int]) -> None:
         """A batch pushed to sub, column by column; a batch fresh from this step's
         publish gives its publish time and first attempt as one value each."""
         event = self.batch(DELIVER, topic, sub)

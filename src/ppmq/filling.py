@@ -103,7 +103,7 @@ class Filling(Laning):
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline, now_ns)
         if taken is not None:  # published in this very step
-            _, ids, fragments = zip(*taken)
+            _, ids, fragments, sizes = zip(*taken)
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         else:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
@@ -112,8 +112,9 @@ class Filling(Laning):
             if not pulled.entries:
                 return None
             ids, _, _, attempts, pub_ns, fragments = zip(*pulled.entries)
+            sizes = map(len, fragments)  # taken only by the journal
         if self._events.journaled:
-            self._events.deliver(topic.name, sub, ids, pub_ns, attempts, list(map(len, fragments)))
+            self._events.deliver(topic.name, sub, ids, pub_ns, attempts, sizes)
         if self.sub_configs[sub].metadata:
             fragments = list(map(p.with_metadata, fragments, entries(attempts, len(ids)), entries(pub_ns, len(ids))))
         return list(ids), list(fragments)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from itertools import repeat
 from operator import attrgetter
+from typing import NamedTuple
 
 import msgspec
 
@@ -27,8 +28,15 @@ from .wiring import Wired
 
 
 _DUE = attrgetter("due_ns")
-_PRIO = attrgetter("prio")
-_EXPIRES = attrgetter("expires_ns")
+
+
+class Stored(NamedTuple):
+    """The journal's columns of messages just stored, in the order of its `publish` record."""
+
+    ids: range  # consecutive: the topic's next
+    prio: list[int]
+    size: list[int]  # of their JSON as delivered
+    expires_ns: list[int]
 
 
 class Publishing(Wired):
@@ -42,9 +50,9 @@ class Publishing(Wired):
         if not subs:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
-            ids, sizes = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
+            stored = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
             if self._events.journaled:
-                self._events.publish(topic.name, ids, list(map(_PRIO, prepared)), sizes, list(map(_EXPIRES, prepared)), False)
+                self._events.publish(topic.name, *stored, False)
         elif not topic.limited:
             self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
         else:
@@ -52,13 +60,12 @@ class Publishing(Wired):
             for i, msg in enumerate(prepared):  # one by one: a limit may drop, and what it drops depends on the last
                 old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
                 if old is not None:
-                    m, size = old, self._replace(txn, topic, t, old, msg, now_ns)
-                else:
-                    try:
-                        [m], [size] = self._store_new(txn, topic, t, [msg], now_ns, subs)
-                    except p.StoreFull as exc:
-                        raise p.StoreFull(f"Messages[{i}]: {exc}") from None
-                journaled.append((m, msg.prio, size, msg.expires_ns, old is not None))
+                    journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
+                    continue
+                try:
+                    journaled.extend(zip(*self._store_new(txn, topic, t, [msg], now_ns, subs), repeat(False)))
+                except p.StoreFull as exc:
+                    raise p.StoreFull(f"Messages[{i}]: {exc}") from None
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
         self.state.topics[topic.name].published += len(prepared)
@@ -75,8 +82,7 @@ class Publishing(Wired):
 
         def store_run() -> None:
             if run:
-                ids, sizes = self._store_new(txn, topic, t, run, now_ns, subs)
-                journaled.extend(zip(ids, map(_PRIO, run), sizes, map(_EXPIRES, run), repeat(False)))
+                journaled.extend(zip(*self._store_new(txn, topic, t, run, now_ns, subs), repeat(False)))
                 run.clear()
                 keys.clear()
 
@@ -90,10 +96,14 @@ class Publishing(Wired):
                     keys.add(msg.key)
                 continue
             store_run()
-            journaled.append((old, msg.prio, self._replace(txn, topic, t, old, msg, now_ns), msg.expires_ns, True))
+            journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
         store_run()
         if self._events.journaled and journaled:
             self._events.publish(topic.name, *zip(*journaled))
+
+    def _replace_row(self, txn: Txn, topic: TopicConfig, t: int, old: int, msg: Prepared, now_ns: int) -> tuple[int, int, int, int, bool]:
+        """msg replaces message `old` of its key; its row of the journal's columns."""
+        return old, msg.prio, self._replace(txn, topic, t, old, msg, now_ns), msg.expires_ns, True
 
     def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
         """A publish too large for one step: queued on arrival, then one chunk per
@@ -117,33 +127,38 @@ class Publishing(Wired):
             self._events.file(job.event)
         return True
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> tuple[range, list[int]]:
+    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> Stored:
         """Store messages with new ids for `subs`, each store write once for the
-        whole batch; return their ids (consecutive: the topic's next) and the
-        sizes of their JSON, as columns for the journal."""
+        whole batch; return the journal's columns of them (empty without a journal)."""
         stats = self.state.topics[topic.name]
-        bodies, sizes, first = [], [], stats.seq + 1
+        bodies, new, first = [], [], stats.seq + 1
+        prios, sizes, expiries = [], [], []
+        journaled = self._events.journaled
         for m, msg in enumerate(batch, first):
             key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
             fragment = _fragment(key, msg)
             size = len(fragment)
             if topic.limited:
                 self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
-            stats.seq = m
             stats.stored_bytes += size
-            bodies.append((m, make(Body, (msg.prio, now_ns, msg.expires_ns, key, fragment))))
-            sizes.append(size)
+            prio, expires_ns = msg.prio, msg.expires_ns
+            bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
+            new.append(make(Fresh, (prio, m, fragment, size)))  # one tuple shared by every queue
+            if journaled:
+                prios.append(prio)
+                sizes.append(size)
+                expiries.append(expires_ns)
+        stats.seq = first + len(bodies) - 1
         stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
-        new = [make(Fresh, (body.priority, m, body.fragment)) for m, body in bodies]  # one tuple shared by every queue
         due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, body.priority) for m, body in bodies])
-        return range(first, first + len(bodies)), sizes
+        return Stored(range(first, first + len(bodies)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 

@@ -31,6 +31,7 @@ class Fresh(NamedTuple):
     prio: int
     m: int  # message id, and its queue position
     fragment: bytes
+    size: int  # len(fragment), known when it was stored: the journal's Bytes of its delivery
 
 
 class Pulled(NamedTuple):

@@ -44,7 +44,7 @@ from hypothesis.stateful import (
 from ppmq import protocol as p
 from ppmq import ready_rows, staging
 from ppmq.broker import Broker
-from ppmq.config import Config, SubscriberConfig
+from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.fsck import check, read_snapshot
 from ppmq.ops import Returned, Written
 from ppmq.state import NS
@@ -61,11 +61,15 @@ STRAYS = ["999999", "zzz", "007"]  # keys that name no message, or none the brok
 
 
 class BrokerMachine(RuleBasedStateMachine):
-    @initialize()
-    def start(self) -> None:
+    @initialize(journaled=st.booleans())
+    def start(self, journaled: bool) -> None:
+        """A broker with or without its journal: the paths that collect journal
+        events must not change what the broker does, nor fail without them."""
         self.dir = tempfile.mkdtemp(prefix="ppmq-model-")
         subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
-        self.config = Config(server_socket="/nonexistent/s", data_path=self.dir, subscribers=subs, topics=TOPICS, sync=False)
+        self.config = Config(
+            server_socket="/nonexistent/s", data_path=self.dir, subscribers=subs, topics=TOPICS, sync=False, journal=JournalConfig(enabled=journaled)
+        )
         self.now = START_NS
         self.model = {t.name: TopicModel(t) for t in TOPICS}
         self.payloads = iter(range(1, 10**9))
