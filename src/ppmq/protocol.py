@@ -360,16 +360,16 @@ def format_expires(ns: int) -> str:
 _str_encoder = msgspec.json.Encoder()
 
 
-def message_fragment(key: str, payload: bytes, priority: int, expires: int, origin: bytes | None = None) -> bytes:
-    """A delivered message's JSON object, built once at publish and stored as is;
-    a dead-letter copy carries its `Origin` object (PROTOCOL §8)."""
-    parts = [b'{"Key":', _str_encoder.encode(key), b',"Payload":', payload, b',"Priority":%d' % priority]
-    if expires:
-        parts += [b',"Expires":"', format_expires(expires).encode(), b'"']
+def message_fragment(key: bytes, payload: bytes, priority: int, expires: int, origin: bytes | None = None) -> bytes:
+    """A delivered message's JSON object, built once at publish and stored as is,
+    from its key as stored (UTF-8); a dead-letter copy carries its `Origin`
+    object (PROTOCOL §8)."""
+    # A generated key is digits, which are their own JSON string: no decoding and encoding.
+    quoted = b'"%s"' % key if key.isdigit() else _str_encoder.encode(key.decode())
+    extra = b',"Expires":"%s"' % format_expires(expires).encode() if expires else b""
     if origin is not None:
-        parts += [b',"Origin":', origin]
-    parts.append(b"}")
-    return b"".join(parts)
+        extra += b',"Origin":' + origin
+    return b'{"Key":%s,"Payload":%s,"Priority":%d%s}' % (quoted, payload, priority, extra)
 
 
 def with_metadata(fragment: bytes, attempt: int, published_ns: int) -> bytes:

@@ -247,4 +247,4 @@ class Publishing(Wired):
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:
     """A message's JSON as delivered, under the key it is stored with."""
-    return p.message_fragment(key.decode(), msg.payload, msg.prio, msg.expires_ns, msg.origin)
+    return p.message_fragment(key, msg.payload, msg.prio, msg.expires_ns, msg.origin)

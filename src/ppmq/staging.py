@@ -190,7 +190,7 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], chun
     bodies = []
     for m, msg in chunk:
         key = b"%d" % m  # generated keys: the message id (PROTOCOL §3 Keys)
-        fragment = p.message_fragment(key.decode(), msg.payload, msg.prio, msg.expires_ns)
+        fragment = p.message_fragment(key, msg.payload, msg.prio, msg.expires_ns)
         bodies.append((m, Body(msg.prio, job.arrived_ns, msg.expires_ns, key, fragment)))
         if msg.expires_ns and topic.expire:
             txn.add_expiry(msg.expires_ns, t, m)

@@ -32,17 +32,26 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
     A publish staged in chunks (staging.py) passes each chunk's place in the whole
     request as `first_index`, so an error names the message as the client counts it."""
     out = []
+    max_age_ns = int(topic.max_age * NS) if topic.max_age else 0
     for i, m in enumerate(messages, first_index):
-        where = f"Messages[{i}]"
+        # The common message is checked without naming it: only an error does (_where).
         if not 0 <= m.priority < topic.priorities:
-            raise p.BadRequest(f"{where}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
+            raise p.BadRequest(f"{_where(i)}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
         payload = bytes(m.payload)
         if len(payload) > max_message_bytes:
-            raise p.TooLarge(f"{where}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
-        expires = _expires(m, where, now_ns) or (now_ns + int(topic.max_age * NS) if topic.max_age else 0)
-        due = _due(m, where, now_ns) if m.delay is not None or m.not_before is not None else 0
-        out.append(make(Prepared, (_key(topic, m, where), m.priority, expires, payload, due, None)))
+            raise p.TooLarge(f"{_where(i)}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
+        expires = _expires(m, i, now_ns) if m.expires is not None or m.ttl_s is not None else 0
+        if not expires and max_age_ns:
+            expires = now_ns + max_age_ns
+        due = _due(m, i, now_ns) if m.delay is not None or m.not_before is not None else 0
+        key = _key(topic, m, i) if topic.dedupe else None
+        out.append(make(Prepared, (key, m.priority, expires, payload, due, None)))
     return out
+
+
+def _where(i: int) -> str:
+    """How an error names message i of a publish."""
+    return f"Messages[{i}]"
 
 
 def delayed(messages: list[p.Message]) -> bool:
@@ -50,18 +59,18 @@ def delayed(messages: list[p.Message]) -> bool:
     return any(m.delay is not None or m.not_before is not None for m in messages)
 
 
-def _due(m: p.Message, where: str, now_ns: int) -> int:
-    """When the message may first be delivered; 0: at once (also for a time already past)."""
+def _due(m: p.Message, i: int, now_ns: int) -> int:
+    """When message i may first be delivered; 0: at once (also for a time already past)."""
     if m.delay is not None and m.not_before is not None:
-        raise p.BadRequest(f"{where}.NotBefore: give either Delay or NotBefore, not both")
+        raise p.BadRequest(f"{_where(i)}.NotBefore: give either Delay or NotBefore, not both")
     if m.delay is not None:
-        return now_ns + delay_ns(m.delay, f"{where}.Delay") if m.delay else 0
+        return now_ns + delay_ns(m.delay, f"{_where(i)}.Delay") if m.delay else 0
     if m.not_before is None:
         return 0
     try:
         due = p.expires_ns(m.not_before)
     except ValueError as exc:
-        raise p.BadRequest(f"{where}.NotBefore: {exc}") from None
+        raise p.BadRequest(f"{_where(i)}.NotBefore: {exc}") from None
     return due if due > now_ns else 0
 
 
@@ -72,26 +81,26 @@ def delay_ns(seconds: float, field: str) -> int:
     return int(seconds * NS)
 
 
-def _key(topic: TopicConfig, m: p.Message, where: str) -> bytes | None:
-    if not topic.dedupe:
-        return None
+def _key(topic: TopicConfig, m: p.Message, i: int) -> bytes:
+    """Message i's Key on a Dedupe topic."""
     if not m.key:
-        raise p.BadRequest(f"{where}.Key: required on topic {topic.name!r}, which has Dedupe")
+        raise p.BadRequest(f"{_where(i)}.Key: required on topic {topic.name!r}, which has Dedupe")
     key = m.key.encode()
     if len(key) > MAX_KEY_BYTES:
-        raise p.BadRequest(f"{where}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
+        raise p.BadRequest(f"{_where(i)}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
     return key
 
 
-def _expires(m: p.Message, where: str, now_ns: int) -> int:
+def _expires(m: p.Message, i: int, now_ns: int) -> int:
+    """Message i's expiry from its Expires or TTL; 0: none."""
     try:
         expires = p.expires_ns(m.expires)
     except ValueError as exc:
-        raise p.BadRequest(f"{where}.Expires: {exc}") from None
+        raise p.BadRequest(f"{_where(i)}.Expires: {exc}") from None
     if m.ttl_s is None:
         return expires
     if expires:
-        raise p.BadRequest(f"{where}.TTL: give either Expires or TTL, not both")
+        raise p.BadRequest(f"{_where(i)}.TTL: give either Expires or TTL, not both")
     if not 0 < m.ttl_s < 10**9:
-        raise p.BadRequest(f"{where}.TTL: {m.ttl_s} must be a positive number of seconds")
+        raise p.BadRequest(f"{_where(i)}.TTL: {m.ttl_s} must be a positive number of seconds")
     return now_ns + int(m.ttl_s * NS)

@@ -45,7 +45,7 @@ class Msg:
 
     def size(self) -> int:
         """What MaxBytes counts: the message's JSON as delivered."""
-        return len(p.message_fragment(self.key, b"%d" % self.payload, self.prio, self.expires_ns, self.origin))
+        return len(p.message_fragment(self.key.encode(), b"%d" % self.payload, self.prio, self.expires_ns, self.origin))
 
 
 @dataclass

@@ -345,10 +345,12 @@ def test_an_expires_with_microseconds_reads_back_exactly(seconds, micros):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("k1", b'"p"', 0, 0), {"Key": "k1", "Payload": "p", "Priority": 0}),
-        (("k\"\\\n", b'{"a": [1, 2]}', 3, 0), {"Key": "k\"\\\n", "Payload": {"a": [1, 2]}, "Priority": 3}),
-        (("7", b"null", 1, NOV21_NS), {"Key": "7", "Payload": None, "Priority": 1, "Expires": "2026-11-21T20:00:00Z"}),
-        (("7", b"1.50", 0, NOV21_NS + 5), {"Key": "7", "Payload": 1.5, "Priority": 0, "Expires": "2026-11-21T20:00:00.000000005Z"}),
+        ((b"k1", b'"p"', 0, 0), {"Key": "k1", "Payload": "p", "Priority": 0}),
+        (('k"\\\n'.encode(), b'{"a": [1, 2]}', 3, 0), {"Key": "k\"\\\n", "Payload": {"a": [1, 2]}, "Priority": 3}),
+        ((b"7", b"null", 1, NOV21_NS), {"Key": "7", "Payload": None, "Priority": 1, "Expires": "2026-11-21T20:00:00Z"}),
+        ((b"7", b"1.50", 0, NOV21_NS + 5), {"Key": "7", "Payload": 1.5, "Priority": 0, "Expires": "2026-11-21T20:00:00.000000005Z"}),
+        (("ключ٣".encode(), b"[]", 2, 0), {"Key": "ключ٣", "Payload": [], "Priority": 2}),
+        (("٣٤".encode(), b"0", 0, 0), {"Key": "٣٤", "Payload": 0, "Priority": 0}),
     ],
 )
 def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
@@ -358,7 +360,7 @@ def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
 
 
 def test_a_batch_frame_is_one_json_line_carrying_the_fragments_in_order():
-    fragments = [message_fragment(str(i), b'{"n": %d}' % i, i % 2, NOV21_NS if i else 0) for i in range(3)]
+    fragments = [message_fragment(b"%d" % i, b'{"n": %d}' % i, i % 2, NOV21_NS if i else 0) for i in range(3)]
     frame = batch_frame('to"pic', "sub", fragments)
     assert frame.endswith(b"\n") and frame.count(b"\n") == 1
     assert msgspec.json.decode(frame) == {
