@@ -152,7 +152,7 @@ class Publishing(Wired):
         stats.stored += len(bodies)
         txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
-        may_stay_fresh = [not (topic.expire and 0 < msg.expires_ns <= now_ns) for msg in batch]
+        may_stay_fresh = [not 0 < msg.expires_ns <= now_ns for msg in batch] if topic.expire else None
         due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
         for name in subs:
             is_open = name in self._open

@@ -15,7 +15,10 @@ being written, walked and deleted. `settle` writes the ones no batch took.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from .state import SubStats
@@ -23,6 +26,7 @@ from .schema import FLIGHT_ENTRY, Delayed, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
+_PRIO = itemgetter(0)  # of a Fresh: a priority, read in C
 
 
 class Fresh(NamedTuple):
@@ -76,15 +80,20 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool], open_: bool, due: list[int] | None = None) -> None:
+    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool] | None, open_: bool, due: list[int] | None = None) -> None:
         """New messages at the end of the queue. While the subscriber is open and
-        has nothing older queued they stay fresh, else they get ready rows; those
-        with a due time (`due`, 0: none) wait in the delayed rows instead."""
+        has nothing older queued they stay fresh (those `may_stay_fresh` allows;
+        None: all), else they get ready rows; those with a due time (`due`, 0:
+        none) wait in the delayed rows instead."""
         fresh = self.fresh
         caught_up = open_ and fresh is not None and self.ready == len(fresh)
-        queued = []
         ready = self.stats.ready
-        for i, (f, may) in enumerate(zip(msgs, may_stay_fresh)):
+        if caught_up and due is None and (may_stay_fresh is None or all(may_stay_fresh)):
+            fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+            _count(ready, msgs, 1)
+            return
+        queued = []
+        for i, (f, may) in enumerate(zip(msgs, may_stay_fresh or repeat(True))):
             if due is not None and due[i]:
                 self._delay(Delayed(f.prio, f.m, f.m, 0, due[i]))
             elif caught_up and may:
@@ -108,7 +117,7 @@ class Queue:
         left as it was (the broker drops it): a request undone keeps a prefix of
         it, so lists only ever grow."""
         if self.fresh:
-            self._txn.push_ready_many(self.t, self.s, [(f.prio, f.m, f.m) for f in self.fresh])
+            self._txn.push_ready_many(self.t, self.s, [(prio, m, m) for prio, m, _, _ in self.fresh])
         self.fresh = None
 
     # --- delivery ------------------------------------------------------------------------
@@ -120,13 +129,13 @@ class Queue:
         fresh = self.fresh
         if not fresh or self.ready != len(fresh):
             return None
-        fresh = sorted(fresh)
+        # Queue order is priority, then position: the list is in position order
+        # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
+        fresh = sorted(fresh, key=_PRIO)
         taken, self.fresh = fresh[:limit], fresh[limit:]
         entry = FLIGHT_ENTRY.pack
-        self._txn.put_flight(self.t, self.s, [entry(f.m, f.prio, f.m, 1, now_ns) for f in taken], deadline_ns, [f.m for f in taken])
-        ready = self.stats.ready
-        for f in taken:
-            ready[f.prio] -= 1
+        self._txn.put_flight(self.t, self.s, [entry(m, prio, m, 1, now_ns) for prio, m, _, _ in taken], deadline_ns, [m for _, m, _, _ in taken])
+        _count(self.stats.ready, taken, -1)
         self._count_delivered(len(taken), 0)
         self.settle()
         return taken
@@ -276,3 +285,10 @@ class Queue:
         self.stats.ready = [0] * len(self.stats.ready)
         self.stats.delayed = 0
         return msgs
+
+
+def _count(ready: list[int], msgs: Iterable[Fresh], sign: int) -> None:
+    """Add (sign 1) or take (-1) msgs to the ready counters of their priorities:
+    counted in C, a few additions per batch instead of one per message."""
+    for prio, n in Counter(map(_PRIO, msgs)).items():
+        ready[prio] += sign * n

@@ -170,8 +170,8 @@ class StoreFullError(StoreError):
 
 
 def encode_body(body: Body) -> bytes:
-    head = BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key))
-    return b"".join((head, body.key, body.fragment))
+    prio, publish_ns, expires_ns, key, fragment = body  # one unpacking in C, not five attribute reads
+    return b"".join((BODY_HEAD.pack(prio, publish_ns, expires_ns, len(key)), key, fragment))
 
 
 def u32(t: int) -> bytes:
