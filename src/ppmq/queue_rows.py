@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
 from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TM, TS, TSM, U64, Flight, Taken, make
@@ -83,9 +84,7 @@ class QueueRows(ReadyRows):
         f = flights.next_f
         flights.next_f += 1
         self._put_in_order(TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self._inflight)
-        where = flights.where
-        for m in ms:
-            where[m] = f
+        flights.where.update(zip(ms, repeat(f)))
         if self._watch is not None:
             self._watch.note(False, t, s, ms)
         if deadline_ns:
@@ -97,11 +96,14 @@ class QueueRows(ReadyRows):
         flight or was named before. One row read and rewritten or deleted per
         batch touched, whatever the number of messages."""
         where = self._flights(t, s).where
+        fs = list(map(where.pop, ms, repeat(None)))  # each one's batch, out of the index; None for a repeat
         wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
-        for i, m in enumerate(ms):
-            f = where.pop(m, None)
-            if f is not None:
-                wanted.setdefault(f, {})[m] = i
+        if fs and fs[0] is not None and fs.count(fs[0]) == len(fs):
+            wanted[fs[0]] = dict(zip(ms, range(len(ms))))  # all of one batch: what an ack mostly is
+        else:
+            for i, (m, f) in enumerate(zip(ms, fs)):
+                if f is not None:
+                    wanted.setdefault(f, {})[m] = i
         if self._watch is not None:
             self._watch.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
