@@ -101,9 +101,9 @@ class Filling(Laning):
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        taken = queue.take_fresh(limit, deadline, now_ns)
+        taken = queue.take_fresh(limit, deadline)
         if taken is not None:  # published in this very step
-            _, ids, fragments, sizes = zip(*taken)
+            _, ids, fragments, sizes, _ = zip(*taken)
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         else:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)

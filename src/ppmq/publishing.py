@@ -20,7 +20,7 @@ from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .queues import Fresh
-from .schema import Body, make
+from .schema import FLIGHT_ENTRY, Body, make
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared
@@ -133,7 +133,7 @@ class Publishing(Wired):
         stats = self.state.topics[topic.name]
         bodies, new, first = [], [], stats.seq + 1
         prios, sizes, expiries = [], [], []
-        journaled = self._events.journaled
+        journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
         for m, msg in enumerate(batch, first):
             key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
             fragment = _fragment(key, msg)
@@ -143,7 +143,7 @@ class Publishing(Wired):
             stats.stored_bytes += size
             prio, expires_ns = msg.prio, msg.expires_ns
             bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
-            new.append(make(Fresh, (prio, m, fragment, size)))  # one tuple shared by every queue
+            new.append(make(Fresh, (prio, m, fragment, size, flight_entry(m, prio, m, 1, now_ns))))  # one tuple shared by every queue
             if journaled:
                 prios.append(prio)
                 sizes.append(size)

@@ -22,11 +22,11 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import FLIGHT_ENTRY, Delayed, Flight, ReadyEntry, Taken
+from .schema import Delayed, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
-_PRIO = itemgetter(0)  # of a Fresh: a priority, read in C
+_PRIO, _M, _FLIGHT = itemgetter(0), itemgetter(1), itemgetter(4)  # of a Fresh, read in C
 
 
 class Fresh(NamedTuple):
@@ -36,6 +36,7 @@ class Fresh(NamedTuple):
     m: int  # message id, and its queue position
     fragment: bytes
     size: int  # len(fragment), known when it was stored: the journal's Bytes of its delivery
+    flight: bytes  # its in-flight entry as a first delivery in this step, packed once for every subscriber
 
 
 class Pulled(NamedTuple):
@@ -117,14 +118,14 @@ class Queue:
         left as it was (the broker drops it): a request undone keeps a prefix of
         it, so lists only ever grow."""
         if self.fresh:
-            self._txn.push_ready_many(self.t, self.s, [(prio, m, m) for prio, m, _, _ in self.fresh])
+            self._txn.push_ready_many(self.t, self.s, [(prio, m, m) for prio, m, _, _, _ in self.fresh])
         self.fresh = None
 
     # --- delivery ------------------------------------------------------------------------
 
-    def take_fresh(self, limit: int, deadline_ns: int, now_ns: int) -> list[Fresh] | None:
-        """When the fresh messages (published at now_ns) are the whole queue: the
-        first `limit` of them in queue order, now in flight; the rest settle.
+    def take_fresh(self, limit: int, deadline_ns: int) -> list[Fresh] | None:
+        """When the fresh messages (published in this step) are the whole queue:
+        the first `limit` of them in queue order, now in flight; the rest settle.
         None otherwise."""
         fresh = self.fresh
         if not fresh or self.ready != len(fresh):
@@ -133,8 +134,7 @@ class Queue:
         # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
         fresh = sorted(fresh, key=_PRIO)
         taken, self.fresh = fresh[:limit], fresh[limit:]
-        entry = FLIGHT_ENTRY.pack
-        self._txn.put_flight(self.t, self.s, [entry(m, prio, m, 1, now_ns) for prio, m, _, _ in taken], deadline_ns, [m for _, m, _, _ in taken])
+        self._txn.put_flight(self.t, self.s, list(map(_FLIGHT, taken)), deadline_ns, list(map(_M, taken)))
         _count(self.stats.ready, taken, -1)
         self._count_delivered(len(taken), 0)
         self.settle()
