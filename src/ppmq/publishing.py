@@ -134,14 +134,14 @@ class Publishing(Wired):
         bodies, new, first = [], [], stats.seq + 1
         prios, sizes, expiries = [], [], []
         journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
-        for m, msg in enumerate(batch, first):
-            key = b"%d" % m if msg.key is None else msg.key  # generated keys: the message id, unique per topic, never reused
-            fragment = _fragment(key, msg)
+        for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
+            if key is None:
+                key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
+            fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
             size = len(fragment)
             if topic.limited:
                 self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
             stats.stored_bytes += size
-            prio, expires_ns = msg.prio, msg.expires_ns
             bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
             new.append(make(Fresh, (prio, m, fragment, size, flight_entry(m, prio, m, 1, now_ns))))  # one tuple shared by every queue
             if journaled:

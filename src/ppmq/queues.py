@@ -15,7 +15,6 @@ being written, walked and deleted. `settle` writes the ones no batch took.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import itemgetter
@@ -288,7 +287,7 @@ class Queue:
 
 
 def _count(ready: list[int], msgs: Iterable[Fresh], sign: int) -> None:
-    """Add (sign 1) or take (-1) msgs to the ready counters of their priorities:
-    counted in C, a few additions per batch instead of one per message."""
-    for prio, n in Counter(map(_PRIO, msgs)).items():
-        ready[prio] += sign * n
+    """Add (sign 1) or take (-1) msgs to the ready counters of their priorities.
+    A plain loop indexing the tuple: cheaper than Counter, or than `f.prio`."""
+    for f in msgs:
+        ready[f[0]] += sign
