@@ -157,7 +157,7 @@ class Publishing(Wired):
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, body.priority) for m, body in bodies])
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, prio) for prio, m, _, _, _ in new])
         return Stored(range(first, first + len(bodies)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
