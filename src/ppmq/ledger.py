@@ -226,6 +226,7 @@ _head_values: Callable[[State], tuple] = attrgetter(*StateHead.__struct_fields__
 
 
 def _set_head(state: State, values: tuple) -> None:
+    """Put back the head's counters that _head_values read."""
     for name, value in zip(StateHead.__struct_fields__, values):
         setattr(state, name, value)
 

@@ -134,6 +134,9 @@ class Publishing(Wired):
         bodies, new, first = [], [], stats.seq + 1
         prios, sizes, expiries = [], [], []
         journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
+        # Only an open subscriber keeps them fresh, to be taken in this step: the
+        # in-flight entries are packed for it, not for a backlog nobody reads now.
+        takes_fresh = not self._open.isdisjoint(subs)
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None:
                 key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
@@ -143,7 +146,8 @@ class Publishing(Wired):
                 self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
             stats.stored_bytes += size
             bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
-            new.append(make(Fresh, (prio, m, fragment, size, flight_entry(m, prio, m, 1, now_ns))))  # one tuple shared by every queue
+            flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
+            new.append(make(Fresh, (prio, m, fragment, size, flight)))  # one tuple shared by every queue
             if journaled:
                 prios.append(prio)
                 sizes.append(size)

@@ -35,7 +35,7 @@ class Fresh(NamedTuple):
     m: int  # message id, and its queue position
     fragment: bytes
     size: int  # len(fragment), known when it was stored: the journal's Bytes of its delivery
-    flight: bytes  # its in-flight entry as a first delivery in this step, packed once for every subscriber
+    flight: bytes  # its in-flight entry as a first delivery in this step, packed once for every subscriber (b"": none open)
 
 
 class Pulled(NamedTuple):
