@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--sync] [--window 1000] [--lag 0] [--journal on|off|events]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--journal on|off|events]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
@@ -12,7 +12,8 @@ this bounds the broker's throughput; it is far steadier than an end-to-end run
 on a shared machine, which makes it the figure to compare code changes with.
 `--journal` says what the journal costs: `on` (the default) builds each step's
 events and encodes them as the broker's journal does, `events` builds them only,
-`off` neither.
+`off` neither. `--batch 1` is the paced workload's shape (a message a publish,
+each acked on its own): what a step costs beyond its messages.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ppmq.store import Store
 SUBS = ["a", "b"]
 
 
-def run(n: int, sync: bool, window: int, lag: int, journal: str = "on") -> dict[str, float]:
+def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100) -> dict[str, float]:
     encode = Lines("bench").encode if journal == "on" else len
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
@@ -46,8 +47,8 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on") -> dict[
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
-        for i in range(0, n, 100):
-            messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)]
+        for i in range(0, n, batch):
+            messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)]
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
@@ -56,9 +57,9 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on") -> dict[
             pending += [(i, d) for d in step.deliveries]
             acks = [
                 p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
-                for at, d in pending if at <= i - 100 * lag
+                for at, d in pending if at <= i - batch * lag
             ]
-            pending = [(at, d) for at, d in pending if at > i - 100 * lag]
+            pending = [(at, d) for at, d in pending if at > i - batch * lag]
             start = time.thread_time()
             step = broker.step(acks, set(SUBS) if lag else set(), time.time_ns())  # trailing acks make room for the queue
             encode(step.events)
@@ -71,12 +72,13 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on") -> dict[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=100, help="messages a publish; 1: the paced workload's steps")
     ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
     ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch")
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     args = ap.parse_args()
-    us = run(args.messages, args.sync, args.window, args.lag, args.journal)
+    us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

@@ -141,13 +141,20 @@ class Staging:
         self._committed = self._uncommitted
         self._new, self._touched = [], None
 
+    def forget_new(self) -> None:
+        """The step's transaction was rolled back before it worked on a job, to
+        run again: the publishes queued in it will be queued again."""
+        new = self._new
+        self._waiting = deque(j for j in self._waiting if j not in new)
+        self._new = []
+
     def rolled_back(self, error: p.RequestError) -> list[Answer]:
         """The step's transaction failed: what it did to staging did not happen. The
         job it worked on ends with `error` (its progress in memory is no longer the
         store's); jobs that arrived in it are answered by the step itself."""
         job, new = self._touched, self._new
         answers = [(job.req, p.error_reply(error, job.req.id))] if job is not None and job not in new else []
-        self._waiting = deque(j for j in self._waiting if j not in new)
+        self.forget_new()
         self._active = None
         self._orphan = self._uncommitted = self._committed
         self._new, self._touched = [], None

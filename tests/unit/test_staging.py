@@ -147,6 +147,26 @@ def test_a_bad_message_near_the_end_rejects_the_whole_publish_naming_its_index_a
     assert keys(h.broker.step([publish("bulk", 1)], {"a"}, NOW).deliveries) == ["11"]
 
 
+def test_a_request_failing_half_way_in_the_step_a_large_publish_arrives_in_leaves_it_queued_once(h):
+    # Given the capped topic one message short of its MaxMessages (100)
+    h.broker.step([publish("capped", 4, rid=i) for i in range(24)] + [publish("capped", 3, rid=24)], set(), NOW)
+    assert h.status()["capped"]["Stored"] == 99
+    # When a large publish, a capped publish that fills the topic at its first
+    # message and is refused at its second, and a small publish share a step
+    big = publish("bulk", 10)
+    step = h.broker.step([big, publish("capped", 2, rid=2), publish("bulk", 2, rid=3)], {"a"}, NOW)
+    # Then the capped publish alone is refused, and nothing of it stays
+    assert [r and r.status for r in step.replies] == [None, 507, 200]
+    assert h.status()["capped"]["Stored"] == 99
+    # And the large publish is staged once: answered once, its 10 messages stored once
+    reply, _ = run_until_answered(h, [], {"a"})
+    assert (reply.status, reply.accepted) == (200, 10)
+    for _ in range(3):
+        assert h.broker.step([], {"a"}, NOW).finished == []
+    assert h.status()["bulk"]["Stored"] == 12 and not h.broker.staging
+    assert h.fsck() == []
+
+
 def test_a_staging_record_left_by_a_crash_is_deleted_at_start_and_its_ids_never_reused(h):
     h.broker.step([publish("bulk", 10)], set(), NOW)
     h.broker.step([], set(), NOW)  # two chunks stored, never answered
