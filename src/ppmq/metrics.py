@@ -71,6 +71,8 @@ def _subscriber_families(topics: dict[str, Any]) -> Iterator[Metric]:
         yield _family(CounterMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs])
     for key, name, doc in _SUB_GAUGES:  # OldestReadyAge is null when nothing is ready: 0 here
         yield _family(GaugeMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key] or 0) for t, n, s in subs])
+    for key, name, doc in _PULL_GAUGES:  # in the entries of Pull subscribers only (PROTOCOL §9)
+        yield _family(GaugeMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs if key in s])
     connected = {n: int(s.get("Connected", False)) for _, n, s in subs}
     yield _family(GaugeMetricFamily, "ppmq_subscriber_connected", "1 while the broker has a connection to the subscriber's socket.", ["subscriber"], [([n], c) for n, c in connected.items()])
 
@@ -117,6 +119,10 @@ _SUB_GAUGES = (
     ("OldestReadyAge", "ppmq_oldest_ready_age_seconds", "Age of the oldest message ready for the subscriber; 0 when none is."),
     ("Delayed", "ppmq_delayed_messages", "Messages queued for the subscriber that are not due yet (Delay, NotBefore)."),
     ("Paused", "ppmq_subscriber_paused", "1 while the subscription is paused (PAUSE), else 0."),
+)
+_PULL_GAUGES = (
+    ("Takers", "ppmq_takers", "Takers (ServerSocket connections, PHPMQ consumers) holding the Pull subscriber's messages or waiting in a TAKE."),
+    ("WaitingTakes", "ppmq_waiting_takes", "TAKEs of the Pull subscriber waiting for messages."),
 )
 _BROKER_COUNTERS = (
     ("Rejected", "ppmq_rejected_requests", "Requests answered with an error status."),

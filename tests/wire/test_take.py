@@ -19,6 +19,7 @@ import pytest
 from ppmq.client import Client, ClientError
 
 from ..conftest import wait_for
+from .test_metrics import metrics_now, value
 
 PULL = {"Name": "w", "Pull": True, "Socket": None}
 TOPIC = {"Name": "t", "Subscribers": ["w"], "AckRetry": "1h"}
@@ -104,6 +105,10 @@ def test_a_waiting_take_returns_as_soon_as_a_message_is_published(broker_factory
         worker.start()
         wait_for(lambda: b.sub_status("t", "w")["WaitingTakes"] == 1, what="a waiting TAKE")
         assert b.sub_status("t", "w")["Takers"] == 1
+        # And `ppmq metrics` shows the taker and its waiting TAKE
+        fams = metrics_now(b)
+        assert value(fams, "ppmq_takers", topic="t", subscriber="w") == 1
+        assert value(fams, "ppmq_waiting_takes", topic="t", subscriber="w") == 1
         # When a message is published
         published = time.monotonic()
         publish(b, "late")
