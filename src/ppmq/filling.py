@@ -59,7 +59,9 @@ class Filling(Laning):
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
-        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list)
+        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, self._events.now_ns if fresh else 0)
+
+
 
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic may be pushed to sub now: with lanes, to its
@@ -99,11 +101,11 @@ class Filling(Laning):
         messages when they are its whole queue, else from the ready rows;
         expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None))
+        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), now_ns)
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline)
         if taken is not None:  # published in this very step
-            _, ids, fragments, sizes, _ = zip(*taken)
+            _, ids, fragments, sizes, _, _ = zip(*taken)
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         else:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
@@ -133,4 +135,4 @@ class Filling(Laning):
 
     def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Fresh]) -> None:
         topic, sub = key
-        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh).settle()
+        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, self._events.now_ns).settle()

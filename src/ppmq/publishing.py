@@ -147,7 +147,7 @@ class Publishing(Wired):
             stats.stored_bytes += size
             bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
-            new.append(make(Fresh, (prio, m, fragment, size, flight)))  # one tuple shared by every queue
+            new.append(make(Fresh, (prio, m, fragment, size, flight, expires_ns)))  # one tuple shared by every queue
             if journaled:
                 prios.append(prio)
                 sizes.append(size)
@@ -161,7 +161,7 @@ class Publishing(Wired):
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, prio) for prio, m, _, _, _ in new])
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, prio) for prio, m, _, _, _, _ in new])
         return Stored(range(first, first + len(bodies)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------

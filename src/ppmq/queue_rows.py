@@ -29,9 +29,13 @@ class QueueRows(ReadyRows):
         (0: none expire), left where they are; and the priorities of entries
         whose message is missing (a damaged store), deleted. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
+        taken = self.take_tail(t, s, limit, expired_at_ns)
+        if taken is not None:  # the queue was in memory too: its bodies are not read
+            self._into_flight(t, s, taken, deadline_ns)
+            return taken, [], []
         head_size, body_key, head = BODY_HEAD.size, TM.pack, BODY_HEAD.unpack_from
         get, bodies = self.txn.get, self._bodies
-        taken: list[Taken] = []
+        taken = []
         expired: list[int] = []
         missing: list[int] = []
 
@@ -47,11 +51,15 @@ class QueueRows(ReadyRows):
             taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :])))
             return TAKE
 
+        self._tails.drop(t, s)
         self._take_runs(t, s, limit, choose)
+        self._into_flight(t, s, taken, deadline_ns)
+        return taken, expired, missing
+
+    def _into_flight(self, t: int, s: int, taken: list[Taken], deadline_ns: int) -> None:
         if taken:
             entry = FLIGHT_ENTRY.pack
             self.put_flight(t, s, [entry(*x[:5]) for x in taken], deadline_ns, [x.m for x in taken])
-        return taken, expired, missing
 
     # --- in flight --------------------------------------------------------------------
     def watch_flights(self, watch: FlightWatch) -> None:

@@ -36,6 +36,7 @@ class Fresh(NamedTuple):
     fragment: bytes
     size: int  # len(fragment), known when it was stored: the journal's Bytes of its delivery
     flight: bytes  # its in-flight entry as a first delivery in this step, packed once for every subscriber (b"": none open)
+    expires_ns: int  # 0: never
 
 
 class Pulled(NamedTuple):
@@ -58,13 +59,16 @@ def space(stats: SubStats, batch_size: int, window: int) -> int:
 class Queue:
     """One subscription's entries and counters, inside one transaction."""
 
-    __slots__ = ("_txn", "t", "s", "stats", "fresh")
+    __slots__ = ("_txn", "t", "s", "stats", "fresh", "tail_ns")
 
-    def __init__(self, txn: Txn, t: int, s: int, stats: SubStats, fresh: list[Fresh] | None = None) -> None:
+    def __init__(self, txn: Txn, t: int, s: int, stats: SubStats, fresh: list[Fresh] | None = None, tail_ns: int = 0) -> None:
         self._txn = txn
         self.t, self.s = t, s
         self.stats = stats
         self.fresh = fresh  # the step's fresh list of this subscription, for a publish or a batch
+        # When fresh messages get ready rows, the queue keeps them in memory too
+        # (ready_tails.py), as published at tail_ns (the step's time); 0: it does not.
+        self.tail_ns = tail_ns
 
     # --- reading ---------------------------------------------------------------------
 
@@ -100,11 +104,11 @@ class Queue:
                 fresh.append(f)
             else:
                 caught_up = False
-                queued.append((f.prio, f.m, f.m))
+                queued.append(f)
             if due is None or not due[i]:
                 ready[f.prio] += 1
         if queued:
-            self._txn.push_ready_many(self.t, self.s, queued)
+            self._txn.push_fresh(self.t, self.s, queued, self.tail_ns if due is None else 0, start=False)
 
     def reveal(self, counts: list[int]) -> None:
         """A staged publish (staging.py) whose ready rows were written hidden is whole:
@@ -117,7 +121,7 @@ class Queue:
         left as it was (the broker drops it): a request undone keeps a prefix of
         it, so lists only ever grow."""
         if self.fresh:
-            self._txn.push_ready_many(self.t, self.s, [(prio, m, m) for prio, m, _, _, _ in self.fresh])
+            self._txn.push_fresh(self.t, self.s, self.fresh, self.tail_ns, start=self.ready == len(self.fresh))
         self.fresh = None
 
     # --- delivery ------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from .schema import (
     holders_columns,
 )
 from .queue_rows import FlightIndex
+from .ready_tails import ReadyTails
 from .store import Txn
 
 
@@ -83,6 +84,11 @@ class StoreReader:
     def flight_index(self) -> FlightIndex:
         """A new one for every read transaction: each sees rows of its own moment."""
         return FlightIndex()
+
+    @property
+    def ready_tails(self) -> ReadyTails:
+        """None kept: a reader takes nothing."""
+        return ReadyTails()
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:

@@ -22,6 +22,7 @@ entries ascend from its key on, and stay below the next run's key.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import groupby
@@ -31,9 +32,11 @@ import lmdb
 
 from .delayed_rows import DelayedRows
 from .rows import floor_row
-from .schema import READY_ENTRY, READY_RUN, TS, TSPQ, U64, ReadyEntry, Staged
+from .schema import READY_ENTRY, READY_RUN, TS, TSPQ, U64, ReadyEntry, Staged, Taken
 
+log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size
+_PRIO_OF_TAKEN = itemgetter(1)
 KEEP, TAKE, DROP = 0, 1, 2  # what a walk does with an entry: leave it, take it (counted), delete it (not counted)
 
 
@@ -43,13 +46,33 @@ class ReadyRows(DelayedRows):
     # --- entries in ---------------------------------------------------------------------
     def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
         """An entry at its place, in the run that holds the place."""
+        self._tails.drop(t, s)
         with self.txn.cursor(db=self._ready) as cur:
             items = _joined(cur, t, s, prio, [(pos, m, attempts)])
         self._put_all_in_order(items, self._ready)
 
+    def push_fresh(self, t: int, s: int, fresh: list[tuple], publish_ns: int, start: bool) -> None:
+        """Messages just published (queues.Fresh) into s's queue, after all it
+        holds: they start its tail (`start`: it holds nothing else) or join the
+        one it has (ready_tails.py); publish_ns 0: no tail is kept. Nor is one
+        while a publish is being staged, whose hidden entries the runs hold
+        below the tail's, and which shows them all at once when it is whole."""
+        if not publish_ns or self.staged() is not None:
+            self._tails.drop(t, s)
+        elif start:
+            self._tails.start(t, s, fresh, publish_ns)
+        else:
+            self._tails.extend(t, s, fresh, publish_ns)
+        self._push_many(t, s, [(f[0], f[1], f[1]) for f in fresh])
+
     def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
-        """(prio, pos, m) entries, first attempts, into s's queue: per priority, the
-        run they join rewritten once and a new run per READY_RUN entries past it."""
+        """(prio, pos, m) entries, first attempts, into s's queue."""
+        self._tails.drop(t, s)
+        self._push_many(t, s, entries)
+
+    def _push_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
+        """Per priority, the run the entries join rewritten once, and a new run per
+        READY_RUN entries past it."""
         items: list[tuple[bytes, bytes]] = []
         with self.txn.cursor(db=self._ready) as cur:
             for prio, group in groupby(sorted(entries), key=itemgetter(0)):
@@ -68,6 +91,7 @@ class ReadyRows(DelayedRows):
     def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Remove a ready entry; return its attempts so far, or None if there was none.
         Its run keeps its key, or goes with its last entry."""
+        self._tails.drop(t, s)
         found = self._find(t, s, prio, pos)
         if found is None:
             return None
@@ -99,6 +123,7 @@ class ReadyRows(DelayedRows):
         """Walk s's queue on t by priority then position, deleting each entry that
         `take` accepts, until `limit` are taken; return how many were taken.
         A staged publish's entries are left alone."""
+        self._tails.drop(t, s)
         return self._take_runs(t, s, limit, lambda prio, pos, m, attempts: TAKE if take(ReadyEntry(prio, pos, m, attempts)) else KEEP)
 
     def _take_runs(self, t: int, s: int, limit: int, choose: Callable[[int, int, int, int], int]) -> int:
@@ -128,6 +153,46 @@ class ReadyRows(DelayedRows):
         for key, value in edits:
             self._rewrite(key, value)
         return taken
+
+    def take_tail(self, t: int, s: int, limit: int, expired_at_ns: int) -> list[Taken] | None:
+        """Up to `limit` entries from the head of s's queue on t, taken from its
+        tail (ready_tails.py) and their rows deleted; None, and no tail any more,
+        if it has none, one of them may have expired at `expired_at_ns`, a staged
+        publish may hide entries among its rows, or the rows do not hold exactly
+        what the tail says (which would be a bug: logged)."""
+        taken = None if self.staged() is not None else self._tails.take(t, s, limit, expired_at_ns)
+        if not taken:
+            self._tails.drop(t, s)
+            return None
+        edits = self._head_runs(t, s, taken)
+        if edits is None:
+            log.error("store: the ready queue of topic %d subscriber %d is not what memory holds; read from its rows", t, s)
+            self._tails.disagree(t, s)
+            return None
+        for key, value in edits:
+            self._rewrite(key, value)
+        return taken
+
+    def _head_runs(self, t: int, s: int, taken: list[Taken]) -> list[tuple[bytes, bytes]] | None:
+        """The rows to write (b"": delete) for the runs that hold `taken`, the
+        head of s's queue on t, to hold them no more; None if the runs do not
+        begin and end each run's part with the entries `taken` says."""
+        edits: list[tuple[bytes, bytes]] = []
+        for prio, group in groupby(taken, key=_PRIO_OF_TAKEN):
+            want = list(group)
+            start = TSPQ.pack(t, s, prio, 0)
+            for key, raw in self._walk(self._ready, start[:7], start):
+                n = min(len(raw) // ENTRY, len(want))
+                first, last = READY_ENTRY.unpack_from(raw), READY_ENTRY.unpack_from(raw, (n - 1) * ENTRY)
+                if first[:2] != (want[0].pos, want[0].m) or last[:2] != (want[n - 1].pos, want[n - 1].m):
+                    return None
+                edits.append((key, raw[n * ENTRY :]))
+                del want[:n]
+                if not want:
+                    break
+            if want:
+                return None
+        return edits
 
     def ready_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[ReadyEntry]:
         """s's ready entries on t by place, from `start` (prio, pos) on, a staged

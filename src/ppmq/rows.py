@@ -50,6 +50,7 @@ class Rows:
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
+        self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
 
     def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:

@@ -22,6 +22,7 @@ import lmdb
 from .migrate import upgrade
 from .holder_rows import HolderRows
 from .queue_rows import FlightIndex
+from .ready_tails import ReadyTails
 from .schema import (
     BODY_HEAD,
     Body,
@@ -68,6 +69,7 @@ class Store:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
         self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (queue_rows.py)
+        self.ready_tails = ReadyTails()  # in memory, beside the ready rows (ready_tails.py)
         self._check_schema()
 
     def _check_schema(self) -> None:
@@ -92,15 +94,20 @@ class Store:
             yield Txn(self, txn)
         except BaseException as exc:
             txn.abort()
-            self.flight_index.clear()
+            self.forget()
             if isinstance(exc, lmdb.Error):
                 raise self.translate(exc) from None
             raise
         try:
             txn.commit()
         except lmdb.Error as exc:
-            self.flight_index.clear()
+            self.forget()
             raise self.translate(exc) from None
+
+    def forget(self) -> None:
+        """Writes were undone: what memory keeps of the rows goes with them."""
+        self.flight_index.clear()
+        self.ready_tails.clear()
 
     def committed_meta(self, name: bytes) -> bytes | None:
         """A meta record as the last commit left it (in a read transaction of its own)."""
@@ -150,7 +157,7 @@ class Txn(HolderRows):
             yield
         except BaseException as exc:
             self.txn.abort()
-            self._index.clear()
+            self.store.forget()
             if self._watch is not None:
                 self._watch.undo(noted)
             if isinstance(exc, lmdb.Error) and isinstance(self.store, Store):
@@ -198,6 +205,7 @@ class Txn(HolderRows):
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""
+        self._tails.drop_topic(t)
         old = self.get_body(t, m)
         if old is not None and old.expires_ns:
             self.remove_expiry(old.expires_ns, t, m)
