@@ -61,8 +61,6 @@ class Filling(Laning):
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
         return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, self._events.now_ns if fresh else 0)
 
-
-
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic may be pushed to sub now: with lanes, to its
         least loaded lane, and all lanes' Windows cap what is in flight in all."""

@@ -51,7 +51,6 @@ class QueueRows(ReadyRows):
             taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :])))
             return TAKE
 
-        self._tails.drop(t, s)
         self._take_runs(t, s, limit, choose)
         self._into_flight(t, s, taken, deadline_ns)
         return taken, expired, missing

@@ -108,7 +108,7 @@ class Queue:
             if due is None or not due[i]:
                 ready[f.prio] += 1
         if queued:
-            self._txn.push_fresh(self.t, self.s, queued, self.tail_ns if due is None else 0, start=False)
+            self._txn.push_fresh(self.t, self.s, queued, self.tail_ns, start=False)
 
     def reveal(self, counts: list[int]) -> None:
         """A staged publish (staging.py) whose ready rows were written hidden is whole:

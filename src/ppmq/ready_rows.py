@@ -31,12 +31,12 @@ from operator import itemgetter
 import lmdb
 
 from .delayed_rows import DelayedRows
+from .ready_tails import TAKEN_PRIO
 from .rows import floor_row
 from .schema import READY_ENTRY, READY_RUN, TS, TSPQ, U64, ReadyEntry, Staged, Taken
 
 log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size
-_PRIO_OF_TAKEN = itemgetter(1)
 KEEP, TAKE, DROP = 0, 1, 2  # what a walk does with an entry: leave it, take it (counted), delete it (not counted)
 
 
@@ -178,7 +178,7 @@ class ReadyRows(DelayedRows):
         head of s's queue on t, to hold them no more; None if the runs do not
         begin and end each run's part with the entries `taken` says."""
         edits: list[tuple[bytes, bytes]] = []
-        for prio, group in groupby(taken, key=_PRIO_OF_TAKEN):
+        for prio, group in groupby(taken, key=TAKEN_PRIO):
             want = list(group)
             start = TSPQ.pack(t, s, prio, 0)
             for key, raw in self._walk(self._ready, start[:7], start):

@@ -29,7 +29,7 @@ from .schema import Taken, make
 
 BUDGET_BYTES = 4 << 20  # message bytes in every tail together
 _PRIO, _SIZE, _EXPIRES = itemgetter(0), itemgetter(3), itemgetter(5)  # of a queues.Fresh
-_TAKEN_PRIO = itemgetter(1)
+TAKEN_PRIO, _FRAGMENT = itemgetter(1), itemgetter(5)  # of a Taken
 
 
 class _Tail:
@@ -83,10 +83,10 @@ class ReadyTails:
         if tail is None or not tail.chunks or 0 < tail.expires_ns <= expired_at_ns:
             return None
         chunks = tail.chunks
-        queue = chunks[0] if len(chunks) == 1 else sorted(chain.from_iterable(chunks), key=_TAKEN_PRIO)
+        queue = chunks[0] if len(chunks) == 1 else sorted(chain.from_iterable(chunks), key=TAKEN_PRIO)
         taken, rest = queue[:limit], queue[limit:]
         tail.chunks = [rest] if rest else []
-        size = sum(len(entry.fragment) for entry in taken)
+        size = sum(map(len, map(_FRAGMENT, taken)))
         tail.size -= size
         self._size -= size
         return taken
