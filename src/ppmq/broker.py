@@ -326,7 +326,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                     return None
             else:
                 prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
-                if txn.used_bytes() >= self.store.max_bytes:
+                if txn.full():
                     raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
                 self._publish(txn, topic, prepared, now_ns)
             accepted += len(req.messages)

@@ -165,7 +165,7 @@ class Staging:
         (the record is then cleared and the caller makes it visible)."""
         if topic != job.topic:
             raise p.Unavailable(f"Topic: topic {topic.name!r} was reconfigured while this publish was being stored; send it again")
-        if txn.used_bytes() >= txn.store.max_bytes:
+        if txn.full():
             raise p.StoreFull(f"store full: MaxStoreBytes ({txn.store.max_bytes}) reached")
         if job.staged is None and subs:
             job.staged = Staged(t, stats.seq + 1, stats.seq + len(job.req.messages))

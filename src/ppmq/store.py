@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from operator import itemgetter
 
 import lmdb
 
@@ -23,6 +24,7 @@ from .migrate import upgrade
 from .holder_rows import HolderRows
 from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
+from .room import Room
 from .schema import (
     BODY_HEAD,
     Body,
@@ -38,6 +40,7 @@ from .schema import (
     u32,
 )
 
+_VALUE = itemgetter(1)
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
 class Store:
@@ -51,6 +54,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
         self.max_bytes = max_bytes
+        self.room = Room(max_bytes)  # whether publishes are refused (status 507)
         self.migrated = False  # whether opening converted a store an older ppmq wrote
         # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
         # and deliveries, which also need fresh pages in a copy-on-write tree, go on.
@@ -108,6 +112,7 @@ class Store:
         """Writes were undone: what memory keeps of the rows goes with them."""
         self.flight_index.clear()
         self.ready_tails.clear()
+        self.room.forget()
 
     def committed_meta(self, name: bytes) -> bytes | None:
         """A meta record as the last commit left it (in a read transaction of its own)."""
@@ -178,6 +183,10 @@ class Txn(HolderRows):
             pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         return pages * main["psize"]
 
+    def full(self) -> bool:
+        """Whether the store has reached MaxStoreBytes: publishes are refused (room.py)."""
+        return self.store.room.full(self.used_bytes)
+
     # --- bodies -------------------------------------------------------------------
     def get_body(self, t: int, m: int) -> Body | None:
         return decode_body(self.txn.get(TM.pack(t, m), db=self._bodies))
@@ -188,10 +197,14 @@ class Txn(HolderRows):
         return 0 if raw is None else BODY_HEAD.unpack_from(raw)[1]
 
     def put_body(self, t: int, m: int, body: Body) -> None:
-        self._put_in_order(TM.pack(t, m), encode_body(body), self._bodies)
+        value = encode_body(body)
+        self.store.room.wrote(len(value), 1)
+        self._put_in_order(TM.pack(t, m), value, self._bodies)
 
     def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
-        self._put_all_in_order([(TM.pack(t, m), encode_body(body)) for m, body in bodies], self._bodies)
+        items = [(TM.pack(t, m), encode_body(body)) for m, body in bodies]
+        self.store.room.wrote(sum(map(len, map(_VALUE, items))), len(items))
+        self._put_all_in_order(items, self._bodies)
 
     def put_messages(self, t: int, bodies: list[tuple[int, Body]], *, dedupe: bool, expire: bool) -> None:
         """New messages with their index entries: the dedupe key of each on a
