@@ -7,7 +7,10 @@ Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 the broker's state machine on a real LMDB store, and prints the thread CPU time
 per message of each phase. With `--window 100 --lag 1` the subscribers ack a
 publish behind, so every message waits in the ready queue and leaves it with the
-ack that makes room: the path of fan-out at Window = BatchSize. The writer thread is where the broker serialises, so
+ack that makes room, from the queue's tail in memory: the path of fan-out at
+Window = BatchSize when the subscribers keep up. With `--lag 3` the queue never
+empties and batches are read from its rows: the path when the publisher runs
+ahead (fan-out without fsync). The writer thread is where the broker serialises, so
 this bounds the broker's throughput; it is far steadier than an end-to-end run
 on a shared machine, which makes it the figure to compare code changes with.
 `--journal` says what the journal costs: `on` (the default) builds each step's
