@@ -4,8 +4,10 @@ The pages in use are counted with a stat of every database, some 90,000
 instructions: as much as the rest of a one-message publish. So the count is
 kept, and what was written since is added to it as an upper bound, and the
 store is counted again only when that sum reaches the limit, after
-RECOUNT_BYTES of messages, or after RECOUNT_S. A store far from full is
-counted about once a second; one near its limit at every publish, as before.
+RECOUNT_BYTES of it, or after RECOUNT_S. A store far from full is counted once
+a second at low rates and every few thousand small messages at high ones (at
+100,000 messages a second of 200 bytes, some 70 times a second, against 1,000
+before); one near its limit at every publish, as before.
 
 A publish is refused only on a count, never on the estimate, so nothing is
 refused that the exact check would take; and since what a body may take is
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-RECOUNT_BYTES = 1 << 20  # of the estimate between two counts, at most
+RECOUNT_BYTES = 1 << 20  # of the estimate between two counts, at most (1,400 bodies of 200 bytes)
 RECOUNT_S = 1.0  # between two counts, at most: deliveries and redeliveries grow the store too
 # A body of v bytes takes at most 2v + 256 bytes of pages: in a leaf page (LMDB
 # splits a page in two halves, or appends to a new one) or in overflow pages,
