@@ -1,6 +1,7 @@
 """What the delivery journal costs: bench/quick.py's fan-out with the journal on and off.
 
     .venv/bin/python bench/journal_cost.py [--messages 50000] [--runs 3] [--sync true|false] [--json FILE]
+    .venv/bin/python bench/journal_cost.py --pool FILE [FILE ...]    # sets written with --json, pooled
 
 Runs come in pairs, one with the journal on and one off, in the order on-off,
 off-on, on-off...: a change in the machine's load hits both alike, and a run
@@ -35,13 +36,33 @@ def interval(ratios: list[float], seed: int = 1) -> tuple[float, float]:
     return medians[int(0.025 * BOOTSTRAP_SAMPLES)], medians[int(0.975 * BOOTSTRAP_SAMPLES) - 1]
 
 
+def pair_ratios(on: list, off: list) -> list[float]:
+    """Each pair's throughput with the journal against without, less 1."""
+    return [a[0] / b[0] - 1 for a, b in zip(on, off)]
+
+
+def pool(paths: list[Path]) -> None:
+    """The median of the pairs' ratios of several sets together, with its interval:
+    sets of the same code taken apart move by more than a set's own interval."""
+    ratios = []
+    for path in paths:
+        saved = json.loads(path.read_text())
+        ratios += pair_ratios(saved["on"]["runs"], saved["off"]["runs"])
+    low, high = interval(ratios)
+    print(f"{len(paths)} sets, {len(ratios)} pairs: throughput {statistics.median(ratios):+.2%} (median of pairs, 95% interval {low:+.2%} to {high:+.2%})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=3, help="pairs of runs, one journal on and one off")
     ap.add_argument("--sync", choices=("true", "false"), default="true")
     ap.add_argument("--json", type=Path, help="also write every run's figures here")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON", help="run nothing: the pairs of sets written with --json, pooled")
     args = ap.parse_args()
+    if args.pool:
+        pool(args.pool)
+        return
     runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for i in range(args.runs):
         for on in (True, False) if i % 2 == 0 else (False, True):
@@ -52,7 +73,7 @@ def main() -> None:
         results["on" if on else "off"] = {"median_msgs_per_s": statistics.median(rates), "broker_cpu_s_per_10k": statistics.median(cpus), "runs": runs[on]}
     on, off = results["on"], results["off"]
     change = on["median_msgs_per_s"] / off["median_msgs_per_s"] - 1
-    ratios = [a / b - 1 for (a, _), (b, _) in zip(runs[True], runs[False])]
+    ratios = pair_ratios(runs[True], runs[False])
     paired = statistics.median(ratios)
     low, high = interval(ratios)
     cpu_change = on["broker_cpu_s_per_10k"] / off["broker_cpu_s_per_10k"] - 1
