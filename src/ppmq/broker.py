@@ -31,6 +31,7 @@ from .lanes import Lanes
 from .ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
 from .owners import Owners
 from .publishing import Publishing
+from .room import refuse_when_full
 from .staging import Answer, Staging, is_large
 from .schema import StoreError, StoreFullError
 from .ledger import Ledger, load_state
@@ -326,8 +327,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                     return None
             else:
                 prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
-                if txn.full():
-                    raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.max_bytes}) reached")
+                refuse_when_full(txn)
                 self._publish(txn, topic, prepared, now_ns)
             accepted += len(req.messages)
         if req.acks is not None:

@@ -22,6 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import protocol as p
+
+if TYPE_CHECKING:
+    from .store import Txn
 
 RECOUNT_BYTES = 1 << 20  # of the estimate between two counts, at most (1,400 bodies of 200 bytes)
 RECOUNT_S = 1.0  # between two counts, at most: deliveries and redeliveries grow the store too
@@ -63,3 +69,9 @@ class Room:
         """Writes were undone: the last count may have seen rows that are gone,
         or missed rows that are back."""
         self._counted = None
+
+
+def refuse_when_full(txn: Txn) -> None:
+    """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
+    if txn.full():
+        raise p.StoreFull(f"store full: MaxStoreBytes ({txn.store.room.max_bytes}) reached")

@@ -36,6 +36,7 @@ from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .events import Event
+from .room import refuse_when_full
 from .state import TopicStats
 from .schema import Body, Staged
 from .store import Txn
@@ -157,7 +158,7 @@ class Staging:
         self.forget_new()
         self._active = None
         self._orphan = self._uncommitted = self._committed
-        self._new, self._touched = [], None
+        self._touched = None
         return answers
 
     def store_chunk(self, txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], stats: TopicStats, max_message_bytes: int) -> bool:
@@ -165,8 +166,7 @@ class Staging:
         (the record is then cleared and the caller makes it visible)."""
         if topic != job.topic:
             raise p.Unavailable(f"Topic: topic {topic.name!r} was reconfigured while this publish was being stored; send it again")
-        if txn.full():
-            raise p.StoreFull(f"store full: MaxStoreBytes ({txn.store.max_bytes}) reached")
+        refuse_when_full(txn)
         if job.staged is None and subs:
             job.staged = Staged(t, stats.seq + 1, stats.seq + len(job.req.messages))
             stats.seq = job.staged.last  # ids of a job that fails are never handed out again

@@ -53,8 +53,7 @@ class Store:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
-        self.max_bytes = max_bytes
-        self.room = Room(max_bytes)  # whether publishes are refused (status 507)
+        self.room = Room(max_bytes)  # whether publishes are refused (status 507), and its limit
         self.migrated = False  # whether opening converted a store an older ppmq wrote
         # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
         # and deliveries, which also need fresh pages in a copy-on-write tree, go on.
