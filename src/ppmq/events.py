@@ -48,7 +48,7 @@ COLUMNS = {
     REJECTED: ("pub_ns", "attempts"),
 }
 
-class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
+class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True, gc=False):
     """One batch of one kind; the columns of a kind are parallel arrays, one entry
     a message, except that a column of one entry where `ids` has more holds for
     every message: the journal's way of writing a column whose entries are all
@@ -60,17 +60,28 @@ class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True):
     subscriber: str | None = None
     reason: str | None = None
     ids: list[int] = []  # message ids: unique per topic, never reused; a dedupe key keeps its id
-    pub_ns: list[int] = []  # publish time of the version concerned, ns since the epoch
-    attempts: list[int] = []  # deliveries of that version to this subscriber so far, this one included
-    bytes: list[int] = []  # size of the message as delivered (its JSON object)
-    prio: list[int] = []
-    expires_ns: list[int] = []  # 0: never
-    replaced: list[bool] = []  # the publish replaced an unfinished message with the same Key
-    delivered: list[bool] = []  # the expired (or dropped, or purged) message had been pushed to the subscriber
+    # The per-message columns, absent (None) from kinds that have none of them:
+    # `new` gives an event the lists of its kind's COLUMNS only, where a default of
+    # [] would have every event allocate seven lists it never fills.
+    pub_ns: list[int] | None = None  # publish time of the version concerned, ns since the epoch
+    attempts: list[int] | None = None  # deliveries of that version to this subscriber so far, this one included
+    bytes: list[int] | None = None  # size of the message as delivered (its JSON object)
+    prio: list[int] | None = None
+    expires_ns: list[int] | None = None  # 0: never
+    replaced: list[bool] | None = None  # the publish replaced an unfinished message with the same Key
+    delivered: list[bool] | None = None  # the expired (or dropped, or purged) message had been pushed to the subscriber
     delay_ns: int | None = None  # of a nack with a Delay
     status: int | None = None
     error: str | None = None
     count: int | None = None
+
+
+def new(kind: str, ts: int, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
+    """An event of `kind` without messages yet: empty Ids and empty columns of its kind."""
+    event = Event(event=kind, ts=ts, topic=topic, subscriber=sub, reason=reason)
+    for name in COLUMNS.get(kind, ()):
+        setattr(event, name, [])
+    return event
 
 
 Column = Sequence[int] | int  # a column's entries for some messages, or one value for all of them
@@ -116,7 +127,7 @@ class StepEvents:
         key = (kind, topic, sub, reason)
         event = self._batches.get(key)
         if event is None:
-            event = self._batches[key] = Event(event=kind, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason)
+            event = self._batches[key] = new(kind, self.now_ns, topic, sub, reason)
         return event
 
     def file(self, event: Event) -> None:

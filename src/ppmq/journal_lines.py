@@ -56,5 +56,7 @@ def fold(event: Event) -> None:
         return
     for name in COLUMNS.get(event.event, ()):
         column = getattr(event, name)
-        if len(column) == n and column.count(column[0]) == n:
+        # Its middle and last entries first: a column of mixed entries (priorities
+        # in turn, sizes that vary) is told apart at once, without counting it all.
+        if column and len(column) == n and column[-1] == column[0] == column[n // 2] and column.count(column[0]) == n:
             setattr(event, name, column[:1])

@@ -111,7 +111,7 @@ class Staging:
         return self._active if self._active is not None and self._active.req is req else None
 
     def queue(self, req: p.Request, topic: TopicConfig, now_ns: int, journaled: bool) -> None:
-        event = Event(event=ev.PUBLISH, ts=now_ns, topic=topic.name) if journaled else None
+        event = ev.new(ev.PUBLISH, now_ns, topic.name) if journaled else None
         job = Job(req, topic, now_ns, event, ready=[0] * topic.priorities)
         self._waiting.append(job)
         self._new.append(job)
