@@ -84,11 +84,14 @@ def test_an_ack_record_has_its_ids_only() -> None:
     """The broker's state machine reports an ack with its ids; the publish time and
     attempt are the report's to find (docs/journal.md)."""
     events = ev.StepEvents(journaled=True, now_ns=5)
-    events.ack("t", "s", None, [3, 4])
+    given = [3, 4]
+    events.ack("t", "s", None, given)
     events.ack("t", "s", "AutoAck", [5])
+    events.ack("t", "s", None, [6])  # joins the first: same kind, topic, subscriber and reason
     lines = [json.loads(line) for line in Lines("h").encode(events.take()).splitlines()]
+    assert given == [3, 4]  # the event's ids are its own list, not the caller's
     assert lines == [
-        {"V": 2, "Host": "h", "Event": "ack", "Ts": 5, "Topic": "t", "Subscriber": "s", "Ids": [3, 4]},
+        {"V": 2, "Host": "h", "Event": "ack", "Ts": 5, "Topic": "t", "Subscriber": "s", "Ids": [3, 4, 6]},
         {"V": 2, "Host": "h", "Event": "ack", "Ts": 5, "Topic": "t", "Subscriber": "s", "Reason": "AutoAck", "Ids": [5]},
     ]
 
