@@ -78,6 +78,9 @@ class Writer:
         # `early`). Without, a step costs less than handing it to a thread would.
         self._durable = durable
         self._journal = journal
+        # The last step's events, written while the next step commits (_early), or
+        # before the writer waits: not between two steps, with the step thread idle.
+        self._unjournaled: list[Event] = []
         self._on_step = on_step
         self._pending: list[tuple[Op, ReplySink | None]] = []
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
@@ -175,7 +178,7 @@ class Writer:
         thread = _StepThread(loop) if self._durable else None
 
         def early(deliveries: list[Delivery]) -> None:  # on the step thread
-            loop.call_soon_threadsafe(self._dispatch, deliveries)
+            loop.call_soon_threadsafe(self._early, deliveries)
 
         try:
             while True:
@@ -185,6 +188,7 @@ class Writer:
                         return
                     now_ns = time.time_ns()
                     if not self.broker.wants_step(set(self._open), now_ns, self._lanes()):
+                        self._write_journal()
                         await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
                         continue
                 else:
@@ -212,11 +216,12 @@ class Writer:
                 self._stepped = asyncio.Event()
                 for watcher in self._watchers:
                     watcher()
-                if step.events and self._journal is not None:
-                    self._journal(step.events)
+                self._write_journal()  # the step before's, unless this one's batches took them
+                self._unjournaled = step.events
         finally:
             if thread is not None:
                 thread.stop()
+            self._write_journal()
 
     async def _gather_acks(self) -> None:
         """While only one-way acks wait, give whatever comes next up to
@@ -293,6 +298,19 @@ class Writer:
             _, sink = self._later.pop(id(op), (op, None))
             if sink is not None:
                 sink(reply)
+
+    def _early(self, deliveries: list[Delivery]) -> None:
+        """A step's batches, handed over just before its commit: they go out while
+        the disk syncs, and so do the step before's journal events, encoded while
+        the step thread waits for the disk without the interpreter lock. Encoded
+        between two steps instead, they held the next step back (docs/performance.md)."""
+        self._dispatch(deliveries)
+        self._write_journal()
+
+    def _write_journal(self) -> None:
+        events, self._unjournaled = self._unjournaled, []
+        if events and self._journal is not None:
+            self._journal(events)
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
         outlets: dict[str, Outlet | None] = {}

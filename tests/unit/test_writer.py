@@ -69,3 +69,41 @@ class _Outlet:
 
     def push(self, delivery: Delivery) -> None:
         self.pushed.set_result(delivery)
+
+
+def test_a_steps_journal_events_are_written_while_the_next_step_commits_and_the_last_before_the_writer_waits(tmp_path, monkeypatch):
+    # Given a writer taking one request a step, a subscriber that takes every batch,
+    # and a journal that notes, for each step's events, whether a step was running
+    broker, store = open_broker(tmp_path)
+    monkeypatch.setattr(writer_module, "MAX_OPS_PER_STEP", 1)
+    written: list[tuple[list[str], bool]] = []
+
+    async def run() -> None:
+        writer = Writer(broker, lambda events: written.append(([e.event for e in events], writer.busy)))
+        writer.open("s", _Reopening(writer, "s"))
+        task = asyncio.create_task(writer.run())
+        # When two publishes are answered, one step each
+        await asyncio.wait_for(asyncio.gather(writer.call(publish(b"1")), writer.call(publish(b"2"))), timeout=10)
+        # Then the first step's events were written during the second step (its
+        # batch went out before its commit), and the second's once the writer had
+        # nothing left to do, without a third step
+        for _ in range(1000):
+            if len(written) == 2:
+                break
+            await asyncio.sleep(0.01)
+        writer.stop()
+        await task
+
+    asyncio.run(run())
+    assert written == [(["publish", "deliver"], True), (["publish", "deliver"], False)]
+    store.close()
+
+
+class _Reopening:
+    """A subscriber that is ready again as soon as it is given a batch."""
+
+    def __init__(self, writer: Writer, name: str) -> None:
+        self.writer, self.name = writer, name
+
+    def push(self, delivery: Delivery) -> None:
+        self.writer.open(self.name, self)
