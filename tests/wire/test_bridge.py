@@ -251,7 +251,9 @@ def test_bridge_from_publishes_a_consumer_to_a_topic_and_loses_nothing_when_kill
     n = 2000
     b = broker_factory([{"Name": "in", "Subscribers": ["nb"]}], [PULL])
     nats_server.start().stream("in", "IN")
-    nats_server.run(lambda js: js.add_consumer("IN", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT, ack_wait=2)))
+    # AckWait 5 s: a batch whose publish and ack take longer than AckWait comes again,
+    # a duplicate no kill caused; at 2 s a CI run on a busy machine once saw a fourth batch
+    nats_server.run(lambda js: js.add_consumer("IN", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT, ack_wait=5)))
 
     async def fill(js) -> None:
         for i in range(n):
