@@ -133,27 +133,31 @@ class StepEvents:
 
     def batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
         """The event of this kind collecting the current step's (or request's) messages."""
-        key = (kind, topic, sub, reason)
-        event = self._batches.get(key)
-        if event is None:
-            event = self._batches[key] = new(kind, self.now_ns, topic, sub, reason)
-        return event
+        event = self._batches.get((kind, topic, sub, reason))
+        return self._collect(new(kind, self.now_ns, topic, sub, reason)) if event is None else event
 
     def file(self, event: Event) -> None:
         """An event collected over several steps (a staged publish) becomes this
         step's, where `batch` would look for it."""
         event.ts = self.now_ns
+        self._collect(event)
+
+    def _collect(self, event: Event) -> Event:
+        """From now on `event` collects this step's (or request's) messages of its
+        kind, topic, subscriber and reason: the key every lookup in `_batches` makes
+        from those four, in that order (spelled out there, on the hot path, rather
+        than built by a call)."""
         self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
+        return event
 
     def publish(self, topic: str, ids: Sequence[int], prio: Sequence[int], size: Sequence[int], expires_ns: Sequence[int], replaced: Sequence[bool] | bool) -> None:
         """A request's stored messages, column by column: a few C-level list
         copies or extensions per request instead of five appends per message."""
-        key = (PUBLISH, topic, None, None)
-        event = self._batches.get(key)
+        event = self._batches.get((PUBLISH, topic, None, None))
         if event is None:  # the usual case: built whole, with no empty lists to extend
-            self._batches[key] = Event(
+            self._collect(Event(
                 event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns), replaced=column(replaced)
-            )
+            ))  # fmt: skip
             return
         before = len(event.ids)
         event.ids += ids
@@ -165,12 +169,11 @@ class StepEvents:
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Iterable[int]) -> None:
         """A batch pushed to sub, column by column; a batch fresh from this step's
         publish gives its publish time and first attempt as one value each."""
-        key = (DELIVER, topic, sub, None)
-        event = self._batches.get(key)
+        event = self._batches.get((DELIVER, topic, sub, None))
         if event is None:
-            self._batches[key] = Event(
+            self._collect(Event(
                 event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), pub_ns=column(pub_ns), attempts=column(attempts), bytes=list(size)
-            )
+            ))  # fmt: skip
             return
         before, n = len(event.ids), len(ids)
         event.ids += ids
@@ -182,10 +185,9 @@ class StepEvents:
         """Messages sub is done with (acked, or written with Reason AutoAck): their ids
         only, which is all an ack costs nothing to tell; the version acked is the
         one last published before it (docs/journal.md)."""
-        key = (ACK, topic, sub, reason)
-        event = self._batches.get(key)
+        event = self._batches.get((ACK, topic, sub, reason))
         if event is None:
-            self._batches[key] = Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids))
+            self._collect(Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids)))
         else:
             event.ids += ids
 
