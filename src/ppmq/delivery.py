@@ -29,7 +29,8 @@ from collections import deque
 from .access import Peer, Policy
 from .config import SubscriberConfig
 from .ops import Delivery, Returned, Written
-from .server import ReplyChannel, serve_requests
+from .connection import Connection, ReplyChannel
+from .intake import Requests
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class SubscriberLink:
         self.policy = policy
         self._batches: deque[Delivery] = deque()  # committed, not yet written
         self._sending: Delivery | None = None  # written in part by push: _serve waits for the rest
-        self._out: asyncio.StreamWriter | None = None  # the connection, while _serve serves it
+        self._out: Connection | None = None  # the connection, while _serve serves it
         self._waiter: asyncio.Future[None] | None = None  # _serve waits on it for a batch or the end of acks
         self.connected = False
 
@@ -86,17 +87,17 @@ class SubscriberLink:
             self._batches.append(delivery)
         else:
             out.write(delivery.frame)
-            if not out.transport.get_write_buffer_size() and not out.is_closing():
+            if not out.unsent and not out.is_closing():
                 self._written(delivery)
                 self.writer.open(self.name, self)
                 return
             self._sending = delivery
         self._wake()
 
-    def _idle(self, out: asyncio.StreamWriter) -> bool:
+    def _idle(self, out: Connection) -> bool:
         """The delivery task waits for a batch, and none is queued or in the buffer."""
         waiting = self._waiter is not None and not self._waiter.done()
-        unsent = self._batches or self._sending is not None or out.transport.get_write_buffer_size()
+        unsent = self._batches or self._sending is not None or out.unsent
         return waiting and not unsent and not out.is_closing()
 
     def _wake(self, *_: object) -> None:
@@ -109,7 +110,7 @@ class SubscriberLink:
         while True:
             await self.writer.wanted(self.name)
             try:
-                reader, out, peer = await self._connect()
+                out, peer = await self._connect()
             except OSError as exc:
                 error = f"{type(exc).__name__}: {exc.strerror or exc}"
                 if error != last_error:
@@ -124,7 +125,7 @@ class SubscriberLink:
             started = time.monotonic()
             self.connected = True
             try:
-                await self._serve(reader, out, peer)
+                await self._serve(out, peer)
             finally:
                 self.connected = False
                 out.close()
@@ -137,13 +138,17 @@ class SubscriberLink:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.retry_max_s)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Peer]:
-        """Connect; with CheckOwner, only to a socket of an allowed owner."""
+    async def _connect(self) -> tuple[Connection, Peer]:
+        """Connect; with CheckOwner, only to a socket of an allowed owner. A batch
+        counts as written only once the kernel has all of it, so the connection's
+        drain() waits for an empty buffer (Connection.flush_before_drain): acks
+        read on it do not wait for that, as their reply channel waits only while
+        more than MAX_UNSENT_BYTES are unsent (connection.ReplyChannel)."""
         check = self.policy.check_owner if self.policy is not None and self.config.owner_checked else None
         if check is not None:
             check(self.config, os.stat(self.config.socket).st_uid, "the socket's owner")
-        reader, out = await asyncio.open_unix_connection(self.config.socket)
-        _drain_until_flushed(out)
+        _, out = await asyncio.get_running_loop().create_unix_connection(Connection, self.config.socket)
+        out.flush_before_drain()
         peer = Peer.of_socket(out.get_extra_info("socket"))
         if check is not None:
             try:  # the listener itself: a path swapped after the stat is caught here
@@ -151,14 +156,14 @@ class SubscriberLink:
             except OSError:
                 out.close()
                 raise
-        return reader, out, peer
+        return out, peer
 
-    async def _serve(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter, peer: Peer) -> None:
+    async def _serve(self, out: Connection, peer: Peer) -> None:
         """Push batches until the subscriber closes; acks it sends back are served too."""
         channel = ReplyChannel(out, f"subscriber {self.name} ({peer})")
         authorize = self.policy.guard(peer, channel.peer, own=self.name) if self.policy is not None else None
         acks = asyncio.create_task(
-            serve_requests(reader, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize)
+            Requests(out, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize).serve()
         )
         acks.add_done_callback(self._wake)
         self._out = out
@@ -193,9 +198,9 @@ class SubscriberLink:
         finally:
             self._waiter = None
 
-    async def _write(self, out: asyncio.StreamWriter, delivery: Delivery, started: bool = False) -> bool:
+    async def _write(self, out: Connection, delivery: Delivery, started: bool = False) -> bool:
         """Write one batch (`started`: push wrote it, in part) and wait until the
-        kernel has all of it (see _drain_until_flushed): only then may it count
+        kernel has all of it (see _connect): only then may it count
         as written, and only then does the next batch go into the buffer. Cut
         off by a broken connection or by shutdown, it goes back to ready and is
         not counted as delivered."""
@@ -229,21 +234,3 @@ class SubscriberLink:
     def _give_back(self, delivery: Delivery) -> None:
         self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
 
-
-def _drain_until_flushed(out: asyncio.StreamWriter) -> None:
-    """Make `out.drain()` return only once the transport's buffer is empty.
-
-    asyncio has no call that waits for that. With the high-water mark at 0 (and
-    so the low one too), the selector transport pauses the protocol as soon as
-    write() leaves any byte in its buffer (_maybe_pause_protocol: size > high)
-    and resumes it only when a send empties it (_maybe_resume_protocol: size <=
-    low), and StreamWriter.drain() waits exactly while paused; as checked in
-    CPython 3.11 to 3.13 (transports.py, selector_events.py write/_write_ready
-    or _write_send, streams.py FlowControlMixin). A write the kernel takes at
-    once never pauses, so a subscriber that keeps up costs no extra wait. Acks
-    read on this connection do not wait for it: their reply channel waits only
-    while more than MAX_UNSENT_BYTES are unsent (server.ReplyChannel). The one way
-    drain() returns with bytes unsent is transport.abort(), never used here:
-    errors close the transport with the error, and close() flushes first.
-    """
-    out.transport.set_write_buffer_limits(high=0)

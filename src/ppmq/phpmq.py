@@ -33,11 +33,13 @@ from .access import Peer, Policy
 from .config import Config, TopicConfig
 from .ops import Guarded, Invalid, Op, Requeue
 from .phpmq_consume import Consumer
-from .server import LISTEN_BACKLOG, _read
+from .server import LISTEN_BACKLOG
 from .takes import Takes
 from .writer import Writer
 
 log = logging.getLogger(__name__)
+
+READ_CHUNK = 1 << 16
 
 
 class Refused(Exception):
@@ -198,3 +200,14 @@ class PhpmqServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _read(reader: asyncio.StreamReader, deadline: float | None) -> bytes | None:
+    """The next chunk; None if the monotonic `deadline` passes first."""
+    chunk = reader.read(READ_CHUNK)
+    if not deadline:
+        return await chunk
+    try:
+        return await asyncio.wait_for(chunk, max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -252,3 +253,25 @@ def test_competing_workers_killed_mid_batch_lose_nothing_and_ack_each_message_on
     assert set(taken) == set(range(n))
     assert {x for x, k in taken.items() if k > 1} <= by_killed
     assert killed
+
+
+def test_a_request_sent_behind_a_waiting_take_waits_for_its_answer_and_does_not_end_it(broker_factory):
+    # Given a connection waiting up to 1 s in a TAKE on an empty subscriber
+    b = pull_broker(broker_factory)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(b.socket)
+        replies = s.makefile("rb")
+        started = time.monotonic()
+        s.sendall(b'{"Id":1,"Topic":"t","Subscriber":"w","Command":"TAKE","Wait":1}\n')
+        wait_for(lambda: b.sub_status("t", "w")["WaitingTakes"] == 1, what="a waiting TAKE")
+        # When it publishes on the same connection while the TAKE waits
+        s.sendall(b'{"Id":2,"Topic":"t","Messages":[{"Payload":"x"}]}\n')
+        first = json.loads(replies.readline())
+        answered = time.monotonic()
+        second = json.loads(replies.readline())
+    # Then the TAKE waits its whole Wait (the peer is still there) and is answered
+    # first, with nothing: the publish behind it is applied only after it
+    assert (first["Id"], first["Status"], first["Body"]["Messages"]) == (1, 200, [])
+    assert answered - started >= 1.0
+    assert (second["Id"], second["Status"]) == (2, 200)
+    assert b.sub_status("t", "w")["Ready"] == [1]
