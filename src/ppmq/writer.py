@@ -88,7 +88,8 @@ class Writer:
         self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
         self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
         self._stopping = False
-        self._gathering = False  # run() waits for company for the one-way acks it holds
+        self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
+        self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = asyncio.Event()  # set after each step, then replaced
@@ -129,10 +130,17 @@ class Writer:
 
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
         """Queue an op for the next transaction; `sink` receives its reply after commit.
-        One more one-way ack while acks gather changes nothing for the writer,
-        so it is not woken for it (every subscriber sends one per batch)."""
+
+        The writer is not woken for one-way acks that may gather (_quiet): one
+        more while acks gather changes nothing for it, and the first to come
+        while it waits idle only brings its timer forward to the end of the
+        gathering (every subscriber sends one per batch, and at a paced rate
+        the wake-up cost as much as the rest of the ack's way in)."""
         self._pending.append((op, sink))
-        if not (self._gathering and self._quiet(op)):
+        waits = self._gather_until is not None or (self._waiter is not None and len(self._pending) == 1)
+        if waits and self._quiet(op):  # no step runs: the broker's state is the loop's to read
+            self._gather()
+        else:
             self._wake()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
@@ -224,19 +232,29 @@ class Writer:
             self._write_journal()
 
     async def _gather_acks(self) -> None:
-        """While only one-way acks wait, give whatever comes next up to
-        ACK_GATHER_S to join them, so that one commit serves both."""
+        """While only one-way acks wait, give whatever comes next until
+        ACK_GATHER_S after the first of them to join them, so that one commit
+        serves both."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + ACK_GATHER_S
-        self._gathering = True
+        self._gather()
         try:
             while not self._stopping and self._pending and all(self._quiet(op) for op, _ in self._pending):
-                remaining = deadline - loop.time()
+                remaining = self._gather_until - loop.time()
                 if remaining <= 0:
                     return
                 await self._sleep(remaining)
         finally:
-            self._gathering = False
+            self._gather_until = None
+
+    def _gather(self) -> None:
+        """Acks begin to gather, unless they do already; a wait of run() ends when they are done."""
+        if self._gather_until is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._gather_until = until = loop.time() + ACK_GATHER_S
+        if self._timer is not None and self._timer.when() > until:
+            self._timer.cancel()
+            self._timer = loop.call_at(until, _resolve, self._waiter, None)
 
     def _quiet(self, op: Op) -> bool:
         """Acks that nobody waits for: applying them a moment later changes
@@ -253,12 +271,12 @@ class Writer:
         few times for every step, and wait_for would add a task each time."""
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
+        self._timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
         try:
             await waiter
         finally:
-            timer.cancel()
-            self._waiter = None
+            self._timer.cancel()
+            self._timer = self._waiter = None
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and

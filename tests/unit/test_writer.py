@@ -9,7 +9,9 @@ import msgspec
 
 from ppmq import protocol as p
 from ppmq import writer as writer_module
+from ppmq.broker import Broker
 from ppmq.ops import Delivery
+from ppmq.store import Store
 from ppmq.writer import Writer
 from tests.unit.test_broker import STATUS, open_broker, publish
 
@@ -61,6 +63,70 @@ def test_acks_that_free_room_for_waiting_messages_are_applied_without_waiting_fo
     delivery = asyncio.run(run())
     assert len(delivery.msgs) == 50
     store.close()
+
+
+def test_one_way_acks_wait_for_company_without_waking_the_idle_writer_and_share_the_next_step(tmp_path, monkeypatch):
+    # Given s with a batch in flight and nothing more ready, a writer waiting idle,
+    # and one-way acks that wait up to a minute for company
+    broker, store, acks = _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s=60.0)
+    steps: list[float] = []
+
+    async def run() -> tuple[float, float, int]:
+        writer = Writer(broker, on_step=steps.append)
+        task = asyncio.create_task(writer.run())
+        await asyncio.sleep(0.05)  # idle
+        went_round = writer._heartbeat
+        # When s acks its batch one-way
+        writer.submit(acks)
+        await asyncio.sleep(0.1)
+        # Then the writer was not woken for it (it did not go round its loop)
+        quiet = writer._heartbeat
+        # And the acks are applied in the step of the publish that comes next
+        await asyncio.wait_for(writer.call(publish(b"3")), timeout=10)
+        in_flight = (await writer.call(STATUS)).body["Topics"]["t"]["Subscribers"]["s"]["InFlight"]
+        writer.stop()
+        await task
+        return went_round, quiet, in_flight
+
+    went_round, quiet, in_flight = asyncio.run(run())
+    assert quiet == went_round
+    assert in_flight == 0 and len(steps) == 2  # the publish with the acks, then STATUS
+    store.close()
+
+
+def test_one_way_acks_that_find_no_company_go_alone_when_the_gathering_ends(tmp_path, monkeypatch):
+    # Given s with a batch in flight, a writer waiting idle, and acks that wait 0.2 s for company
+    broker, store, acks = _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s=0.2)
+    steps: list[float] = []
+
+    async def run() -> float:
+        writer = Writer(broker, on_step=lambda _: steps.append(time.monotonic()))
+        task = asyncio.create_task(writer.run())
+        await asyncio.sleep(0.05)
+        # When s acks its batch one-way and nothing else comes
+        submitted = time.monotonic()
+        writer.submit(acks)
+        await writer.until(lambda: bool(steps))
+        writer.stop()
+        await task
+        return steps[0] - submitted
+
+    # Then they are applied once the gathering ends: not before, and not only at
+    # the writer's next timer (a second away when nothing is due)
+    assert 0.2 <= asyncio.run(run()) < 0.8
+    [status] = broker.step([STATUS], set(), time.time_ns()).replies
+    assert status.body["Topics"]["t"]["Subscribers"]["s"]["InFlight"] == 0
+    store.close()
+
+
+def _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s: float) -> tuple[Broker, Store, p.Request]:
+    """A broker with one batch in flight to s and nothing more ready, the one-way
+    acks of that batch, and one-way acks gathering for `gather_s`."""
+    broker, store = open_broker(tmp_path)
+    [batch] = broker.step([publish(b"1", b"2")], {"s"}, time.time_ns()).deliveries
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", gather_s)
+    keys = [m["Key"] for m in msgspec.json.decode(batch.frame)["Messages"]]
+    return broker, store, p.Request(topic="t", subscriber="s", acks=keys)
 
 
 class _Outlet:
