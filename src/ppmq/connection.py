@@ -49,6 +49,7 @@ class Connection(asyncio.Protocol):
         connections; a connection the broker makes is served by its caller)."""
         self.transport: asyncio.Transport | None = None
         self._on_connect = on_connect
+        self._task: asyncio.Task[None] | None = None
         self._requests: Requests | None = None
         self._early: list[bytes] = []  # arrived before a Requests listened
         self._early_end: tuple[BaseException | None] | None = None
@@ -59,8 +60,8 @@ class Connection(asyncio.Protocol):
     # --- asyncio's callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        if self._on_connect is not None:
-            asyncio.get_running_loop().create_task(self._on_connect(self))
+        if self._on_connect is not None:  # kept: the loop holds its tasks only weakly
+            self._task = asyncio.get_running_loop().create_task(self._on_connect(self))
 
     def data_received(self, data: bytes) -> None:
         if self._requests is None:  # kept for it, and nothing more read until it listens
