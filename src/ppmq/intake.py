@@ -102,7 +102,7 @@ class Requests:
 
     def _now(self, op: Decoded, frame_bytes: int) -> bool:
         """The request may be handed over from the read callback: nothing about it waits."""
-        if self.stopping is not None and self.stopping.is_set():
+        if self._stopping():
             return False
         if self.takes is not None and _take_of(op) is not None:
             return False
@@ -159,7 +159,7 @@ class Requests:
         peer, channel = self.channel.peer, self.channel
         try:
             self.conn.listen(self)
-            if not self._held and self.framer.too_large is None:
+            if not self._held:
                 self._resume()
             while True:
                 if self._held:
@@ -255,7 +255,9 @@ class Requests:
             self.conn.transport.pause_reading()
 
     def _resume(self) -> None:
-        if self._ended is None and not self.conn.is_closing():
+        """Read again, unless there is nothing more to read: the stream ended or
+        cannot go on (a frame too large)."""
+        if self._ended is None and self.framer.too_large is None and not self.conn.is_closing():
             self.conn.transport.resume_reading()
 
 
