@@ -12,6 +12,7 @@ fsynced. docs/journal.md is the format.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
 import os
@@ -199,7 +200,8 @@ class Journal:
             path.unlink()
         except OSError as exc:
             log.error("journal: cannot gzip %s: %s; left as it is", path, exc)
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the directory itself may be gone: the thread must live on
+                partial.unlink(missing_ok=True)
 
     def _bound(self) -> None:
         """Delete the oldest closed segments until they and a full new one fit in max_bytes."""

@@ -151,6 +151,16 @@ def test_a_full_queue_drops_events_and_says_how_many(tmp_path: Path) -> None:
     assert [r["Count"] for r in recs if r["Event"] == "dropped"] == [3]
 
 
+def test_a_segment_whose_directory_went_away_while_it_was_gzipped_costs_the_journal_thread_nothing(tmp_path: Path, caplog) -> None:
+    # Given a closed segment whose directory was replaced by a file meanwhile
+    replaced = tmp_path / "journal"
+    replaced.write_text("not a directory")
+    # When the journal thread gzips it, Then it logs and returns: an exception here
+    # would end the thread, and with it every journal record after
+    Journal._compress(replaced / "journal-20261125T000000000000000Z.jsonl")
+    assert "cannot gzip" in caplog.text
+
+
 def test_a_disk_that_fails_costs_counted_events_and_writing_resumes(tmp_path: Path) -> None:
     directory = tmp_path / "journal"
     journal = Journal(directory, 1, 1 << 30).start()  # every write closes its segment
