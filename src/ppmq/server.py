@@ -51,6 +51,8 @@ class Server:
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
         self._owns_path = False  # we bound ServerSocket, so we remove it
+        self._backlog: socket.socket | None = None  # the socket we bound, to take in its backlog at stop
+        self._taking_in: list[asyncio.Task] = []
 
     async def start(self, inherited: socket.socket | None = None, mode: int | None = None, group: str | None = None) -> None:
         """Listen on ServerSocket, or on the socket systemd passed (never unlinked:
@@ -63,6 +65,7 @@ class Server:
                 return
             sock = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
             self._owns_path = True
+            self._backlog = sock.dup()
             self._server = await self._listen(sock)
         except OSError as exc:
             raise sockets.ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
@@ -111,13 +114,35 @@ class Server:
         if self.takes is not None:
             self.takes.stop()
         if self._server is not None:
+            self._take_in_backlog()
             self._server.close()
         if self._owns_path:
             sockets.remove(self.path)
 
+    def _take_in_backlog(self) -> None:
+        """Accept who still waits in the backlog of the socket we bound, so that
+        they are closed (after a 503 for what they send) like every connection
+        made before the stop, rather than reset: a Unix connection never accepted
+        is reset when its listener closes, and the loop accepts only so many a
+        round (uvloop one). systemd's socket keeps its backlog for our next start."""
+        if self._backlog is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._backlog.setblocking(False)
+        try:
+            while True:
+                conn, _ = self._backlog.accept()
+                self._taking_in.append(loop.create_task(loop.connect_accepted_socket(lambda: Connection(self._handle), conn)))
+        except OSError:  # BlockingIOError: the backlog is empty
+            pass
+        finally:
+            self._backlog.close()
+            self._backlog = None
+
     async def close_connections(self, timeout_s: float) -> None:
         """Once the writer is done: let every connection take its last replies
         (for at most timeout_s), then close them all."""
+        await asyncio.gather(*self._taking_in, return_exceptions=True)
         channels = dict(self._channels)
         if not channels:
             return
