@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+import uvloop
 
 from . import bridge, cli_control, daemon, sockets
 from .cli_control import align, config_options, open_client, seconds
@@ -125,7 +126,10 @@ def _serve(args: argparse.Namespace) -> int:
         config.server_socket = args.socket
     inherited = listening_unix_socket("server")  # before any thread starts
     try:
-        asyncio.run(daemon.run(config, config_path=path, inherited=inherited))
+        # uvloop: asyncio's loop in C. At 1,000 msg/s the loop is most of what a
+        # message costs beyond the broker's own work (bench/paced.py, docs/performance.md).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(daemon.run(config, config_path=path, inherited=inherited))
     except (StoreError, ListenError) as exc:
         raise Failure(str(exc)) from None
     return 0
