@@ -99,7 +99,9 @@ async def stand_in(io: str, directory: Path) -> None:
     """Connect to both subscribers, then serve the publisher until SIGTERM."""
     loop = asyncio.get_running_loop()
     broker = _StandIn()
-    ignore = lambda line, out: None  # noqa: E731  (the acks)
+
+    def ignore(line: bytes, out: object) -> None:
+        """The acks: read, and nothing more."""
     for name in SUBSCRIBERS:
         path = str(directory / f"{name}.sock")
         while not os.path.exists(path):

@@ -124,16 +124,18 @@ class Connection(asyncio.Protocol):
         """Make `drain()` return only once every byte written is the kernel's.
 
         asyncio has no call that waits for that. With the high-water mark at 0
-        (and so the low one too), the selector transport calls pause_writing as
-        soon as write() leaves any byte in its buffer (_maybe_pause_protocol:
-        size > high) and resume_writing only when a send empties it
+        (and so the low one too), the transport calls pause_writing as soon as
+        write() leaves any byte in its buffer (_maybe_pause_protocol: size >
+        high) and resume_writing only when a send empties it
         (_maybe_resume_protocol: size <= low), and drain() waits exactly while
-        paused; as checked in CPython 3.11 to 3.13 (transports.py,
-        selector_events.py write/_write_ready or _write_send). A write the
-        kernel takes at once never pauses, so a peer that keeps up costs no
-        extra wait. The one way drain() returns with bytes unsent is
-        transport.abort(), never used here: errors close the transport with the
-        error, and close() flushes first.
+        paused. So do both loops the broker may run on: uvloop's transports
+        (basetransport.pyx, the same two rules, with libuv's write queue counted
+        in the size) and asyncio's selector transport, as checked in CPython
+        3.11 to 3.13 (transports.py, selector_events.py). A write the kernel
+        takes at once never pauses, so a peer that keeps up costs no extra wait.
+        The one way drain() returns with bytes unsent is transport.abort(),
+        never used here: errors close the transport with the error, and close()
+        flushes first.
         """
         self.transport.set_write_buffer_limits(high=0)
 

@@ -71,7 +71,11 @@ class Server:
             raise sockets.ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
     async def _listen(self, sock: socket.socket) -> asyncio.AbstractServer:
-        return await asyncio.get_running_loop().create_unix_server(lambda: Connection(self._handle), sock=sock, backlog=LISTEN_BACKLOG)
+        return await asyncio.get_running_loop().create_unix_server(self._connection, sock=sock, backlog=LISTEN_BACKLOG)
+
+    def _connection(self) -> Connection:
+        """The protocol of every connection accepted, served by _handle."""
+        return Connection(self._handle)
 
     def _check_inherited_path(self, sock: socket.socket) -> None:
         bound = sock.getsockname()
@@ -132,7 +136,7 @@ class Server:
         try:
             while True:
                 conn, _ = self._backlog.accept()
-                self._taking_in.append(loop.create_task(loop.connect_accepted_socket(lambda: Connection(self._handle), conn)))
+                self._taking_in.append(loop.create_task(loop.connect_accepted_socket(self._connection, conn)))
         except OSError:  # BlockingIOError: the backlog is empty
             pass
         finally:
