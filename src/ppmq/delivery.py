@@ -75,7 +75,7 @@ class SubscriberLink:
         self.config, self.retry_max_s, self.max_frame_bytes, self.read_timeout_s = config, retry_max_s, max_frame_bytes, read_timeout_s
 
     def push(self, delivery: Delivery) -> None:
-        """Called by the writer with a committed batch.
+        """Called by the writer with a batch of a step, just before its commit.
 
         A connection with nothing queued or unsent takes it at once: a batch
         the kernel takes whole is written without waking the delivery task,

@@ -6,7 +6,8 @@ all, and replies leave only after that commit. With Sync the broker runs on a
 single worker thread: LMDB releases the GIL while it writes and syncs, so the
 event loop keeps reading sockets, and pushes the step's batches, while the disk
 works. Without Sync a commit does not wait for the disk, and the step runs on
-the event loop itself, which costs less than the hand-off to a thread.
+the event loop itself, which costs less than the hand-off to a thread. Either
+way a step's batches leave before its commit, and its replies after.
 
 A step's work is bounded, so that no request makes the others wait long: at most
 MAX_OPS_PER_STEP requests, and about CHUNK_MESSAGES messages beside one chunk of
@@ -210,15 +211,13 @@ class Writer:
                     if thread is not None:
                         step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early, lanes)
                     else:
-                        step = self.broker.step(ops, open_subs, time.time_ns(), lanes=lanes)
+                        step = self.broker.step(ops, open_subs, time.time_ns(), self._dispatch, lanes)
                 finally:
                     self._busy_since = None
                 if self._on_step is not None:
                     self._on_step(time.monotonic() - started)
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
-                if thread is None:
-                    self._dispatch(step.deliveries)
                 self._free(step.left)
                 self._stepped.set()
                 self._stepped = asyncio.Event()

@@ -173,3 +173,32 @@ class _Reopening:
 
     def push(self, delivery: Delivery) -> None:
         self.writer.open(self.name, self)
+
+
+
+def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after(tmp_path):
+    # Given a writer without Sync, and subscriber s open for batches, whose outlet
+    # notes whether the step was still under way, and the publisher answered
+    broker, store = open_broker(tmp_path)
+    seen: list[tuple[bool, bool]] = []
+
+    async def run() -> None:
+        writer = Writer(broker, durable=False)
+        task = asyncio.create_task(writer.run())
+        replied = asyncio.get_running_loop().create_future()
+
+        class Outlet:
+            def push(self, delivery: Delivery) -> None:
+                seen.append((writer.busy, replied.done()))
+
+        writer.open("s", Outlet())
+        # When a message is published
+        writer.submit(publish(b"1"), replied.set_result)
+        await asyncio.wait_for(replied, timeout=10)
+        writer.stop()
+        await task
+
+    asyncio.run(run())
+    # Then its batch was pushed while its step ran, before the commit and the reply
+    assert seen == [(True, False)]
+    store.close()
