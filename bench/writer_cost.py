@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--journal on|off|events]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
@@ -10,7 +10,11 @@ publish behind, so every message waits in the ready queue and leaves it with the
 ack that makes room, from the queue's tail in memory: the path of fan-out at
 Window = BatchSize when the subscribers keep up. With `--lag 3` the queue never
 empties and batches are read from its rows: the path when the publisher runs
-ahead (fan-out without fsync). The writer thread is where the broker serialises, so
+ahead (fan-out without fsync). `--behind N` first publishes N messages that
+nobody takes yet, so the subscribers' queues stay N messages behind: what a
+batch costs when the queue it takes from is long (kept in memory up to the
+tails' budget, 4 MiB, so up to about 8,000 messages of 250 bytes for each of
+the two subscribers). The writer thread is where the broker serialises, so
 this bounds the broker's throughput; it is far steadier than an end-to-end run
 on a shared machine, which makes it the figure to compare code changes with.
 `--journal` says what the journal costs: `on` (the default) builds each step's
@@ -37,7 +41,7 @@ from ppmq.store import Store
 SUBS = ["a", "b"]
 
 
-def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100) -> dict[str, float]:
+def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0) -> dict[str, float]:
     encode = Lines("bench").encode if journal == "on" else len
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
@@ -50,6 +54,9 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: i
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
+        for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
+            step = broker.step([p.Request(topic="bench", messages=[p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)])], set(SUBS), time.time_ns())
+            pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
             messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)]
             # subscribers that keep up are open, idle and empty when a publish arrives
@@ -79,9 +86,10 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
     ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch")
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
+    ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     args = ap.parse_args()
-    us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch)
+    us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

@@ -18,11 +18,20 @@ redelivery, a nack, an expiry, a purge, a staged publish), the store drops them
 all whenever writes are undone, and a tail that would pass BUDGET_BYTES (all
 tails together) is dropped too: the backlog lives on disk, and only a queue a
 subscriber is about to take is worth the memory.
+
+A tail keeps each priority's entries apart, as the chunks of the publishes
+that brought them, so that a batch takes from the front of the highest
+priorities and touches nothing else: a batch costs what it takes, not what
+waits behind it. Merged into one list at every batch, a queue that fell
+behind made each batch dearer, and so fell further behind: with 8,000
+messages waiting, bench/writer_cost.py counted 175,000 instructions a message
+against 100,000 with none (123,000 now).
 """
 
 from __future__ import annotations
 
-from itertools import chain
+from bisect import bisect_right
+from collections import deque
 from operator import itemgetter
 
 from .schema import Taken, make
@@ -33,12 +42,12 @@ TAKEN_PRIO, _FRAGMENT = itemgetter(1), itemgetter(5)  # of a Taken
 
 
 class _Tail:
-    __slots__ = ("chunks", "size", "expires_ns")
+    __slots__ = ("prios", "size", "expires_ns")
 
     def __init__(self) -> None:
-        # Each publish's entries, in queue order (by priority, then position); the
-        # queue's order is that of the chunks merged by priority, stably.
-        self.chunks: list[list[Taken]] = []
+        # Per priority, each publish's entries of it, in position order: the
+        # queue is the priorities in order, each its chunks in order.
+        self.prios: dict[int, deque[list[Taken]]] = {}
         self.size = 0  # bytes of their messages
         self.expires_ns = 0  # the earliest expiry of any entry it ever held (0: none)
 
@@ -65,7 +74,13 @@ class ReadyTails:
         tail = self._tails.get((t, s))
         if tail is None:
             return
-        tail.chunks.append([make(Taken, (m, prio, m, 1, publish_ns, fragment)) for prio, m, fragment, _, _, _ in sorted(fresh, key=_PRIO)])
+        entries = [make(Taken, (m, prio, m, 1, publish_ns, fragment)) for prio, m, fragment, _, _, _ in sorted(fresh, key=_PRIO)]
+        i = 0
+        while i < len(entries):  # a slice per priority: most publishes have one
+            prio = entries[i].prio
+            j = bisect_right(entries, prio, lo=i, key=TAKEN_PRIO)
+            tail.prios.setdefault(prio, deque()).append(entries[i:j] if i or j < len(entries) else entries)
+            i = j
         soonest = min(filter(None, map(_EXPIRES, fresh)), default=0)
         if soonest and (not tail.expires_ns or soonest < tail.expires_ns):
             tail.expires_ns = soonest
@@ -80,12 +95,22 @@ class ReadyTails:
         now out of its tail; None if it has none, or if one of its entries may
         have expired at `expired_at_ns` (a batch skips those: the rows tell)."""
         tail = self._tails.get((t, s))
-        if tail is None or not tail.chunks or 0 < tail.expires_ns <= expired_at_ns:
+        if tail is None or not tail.prios or 0 < tail.expires_ns <= expired_at_ns:
             return None
-        chunks = tail.chunks
-        queue = chunks[0] if len(chunks) == 1 else sorted(chain.from_iterable(chunks), key=TAKEN_PRIO)
-        taken, rest = queue[:limit], queue[limit:]
-        tail.chunks = [rest] if rest else []
+        taken: list[Taken] = []
+        for prio in sorted(tail.prios):
+            chunks = tail.prios[prio]
+            while chunks and len(taken) < limit:
+                room = limit - len(taken)
+                if len(chunks[0]) <= room:
+                    taken += chunks.popleft()
+                else:
+                    taken += chunks[0][:room]
+                    chunks[0] = chunks[0][room:]
+            if not chunks:
+                del tail.prios[prio]
+            if len(taken) == limit:
+                break
         size = sum(map(len, map(_FRAGMENT, taken)))
         tail.size -= size
         self._size -= size

@@ -229,6 +229,22 @@ def test_a_batch_the_publishes_before_left_in_the_queue_is_taken_from_memory_in_
     pair.close()
 
 
+def test_a_long_queue_in_memory_gives_its_batches_by_priority_then_position_across_publishes_cut_anywhere(tmp_path, monkeypatch):
+    pair = Pair(tmp_path, monkeypatch)
+    # Given s1's Window full and three publishes of mixed priorities behind it
+    full_window_and_a_tail(pair)  # ids 4, 5, 6 at priorities 2, 0, 1
+    pair.publish(1, 1, 1)  # ids 7, 8, 9
+    pair.publish(0, 0, 2)  # ids 10, 11, 12
+    # When s1 acks its batch twice, a fourth publish comes, and s1 goes on acking
+    pair.keep_acking(2)
+    pair.publish(1)  # id 13
+    pair.keep_acking(3)
+    # Then each batch came from memory: a priority's publishes in order, the
+    # second batch cutting the publish of 7, 8, 9 after 8, and 13 behind 9
+    assert pair.taken == [[5, 10, 11], [6, 7, 8], [9, 13, 4], [12]]
+    pair.close()
+
+
 def redeliver_by_nack(pair: Pair) -> None:
     pair.step([p.Request(topic="plain", subscriber="s1", nacks=pair.in_flight()[:1])])
 
