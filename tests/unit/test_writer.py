@@ -175,7 +175,6 @@ class _Reopening:
         self.writer.open(self.name, self)
 
 
-
 def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after(tmp_path):
     # Given a writer without Sync, and subscriber s open for batches, whose outlet
     # notes whether the step was still under way, and the publisher answered
