@@ -21,15 +21,25 @@ from pathlib import Path
 
 SMALL, LARGE = 2_500, 7_500
 WRITER_COST = Path(__file__).with_name("writer_cost.py")
+CALLGRIND = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]  # the count only, no profile file
+
+
+def collected(stderr: str) -> int | None:
+    """The instructions callgrind counted, from what it wrote to stderr; None if it did not run."""
+    found = re.search(r"Collected : (\d+)", stderr)
+    return int(found.group(1)) if found else None
 
 
 def instructions(messages: int, options: list[str]) -> int:
     """Instructions callgrind counts for one run of writer_cost.py."""
     run = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, str(WRITER_COST), "--messages", str(messages), *options],
+        [*CALLGRIND, sys.executable, str(WRITER_COST), "--messages", str(messages), *options],
         env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    return int(re.search(r"Collected : (\d+)", run.stderr).group(1))
+    count = collected(run.stderr)
+    if count is None:
+        sys.exit(f"callgrind counted nothing:\n{run.stderr}")
+    return count
 
 
 def main() -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from instructions import CALLGRIND, collected  # bench/, beside this script
 from ppmq.bench.procs import cpu_s
 
 SUBSCRIBERS = ("s0", "s1")
@@ -192,7 +193,7 @@ def run(broker: str, messages: int, rate: int, valgrind: bool = False) -> tuple[
         directory = Path(d)
         argv = _broker_argv(broker, directory)
         if valgrind:
-            argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+            argv = [*CALLGRIND, *argv]
         served = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
 
         def client(*args: str) -> subprocess.Popen[str]:
@@ -208,9 +209,8 @@ def run(broker: str, messages: int, rate: int, valgrind: bool = False) -> tuple[
         finally:
             served.send_signal(signal.SIGTERM)
             _, err = served.communicate(timeout=START_TIMEOUT_S)
-    counted = re.search(r"Collected : (\d+)", err)
     per_10k = 10_000 / messages
-    return (cpu1 - cpu0) * per_10k, sum(client_cpu) * per_10k, int(counted.group(1)) if counted else None
+    return (cpu1 - cpu0) * per_10k, sum(client_cpu) * per_10k, collected(err)
 
 
 def timed(brokers: list[str], messages: int, rate: int, runs: int) -> None:

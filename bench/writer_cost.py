@@ -54,11 +54,15 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: i
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
+
+        def messages_from(i: int) -> list[p.Message]:
+            return [p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)]
+
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
-            step = broker.step([p.Request(topic="bench", messages=[p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)])], set(SUBS), time.time_ns())
+            step = broker.step([p.Request(topic="bench", messages=messages_from(i))], set(SUBS), time.time_ns())
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
-            messages = [p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)]
+            messages = messages_from(i)
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
