@@ -85,27 +85,10 @@ class Store:
             else:
                 self.migrated = upgrade(txn, self.dbs, int(found), self.path)
 
-    @contextmanager
-    def write(self) -> Iterator[Txn]:
-        """One write transaction; committed when the block ends without an exception.
-
-        LMDB's errors, from the block or from the commit, leave as StoreFullError
-        (no room: map full or disk full) or StoreError, so callers above the
-        store never see lmdb's exception types."""
-        txn = self.env.begin(write=True)
-        try:
-            yield Txn(self, txn)
-        except BaseException as exc:
-            txn.abort()
-            self.forget()
-            if isinstance(exc, lmdb.Error):
-                raise self.translate(exc) from None
-            raise
-        try:
-            txn.commit()
-        except lmdb.Error as exc:
-            self.forget()
-            raise self.translate(exc) from None
+    def write(self) -> Writing:
+        """One write transaction, `with store.write() as txn:`; committed when
+        the block ends without an exception (Writing)."""
+        return Writing(self)
 
     def forget(self) -> None:
         """Writes were undone: what memory keeps of the rows goes with them."""
@@ -148,6 +131,38 @@ class Store:
         self.env.close()
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
+
+class Writing:
+    """Store.write's block: begun on entry, committed on a clean exit, aborted otherwise.
+
+    LMDB's errors, from the block or from the commit, leave as StoreFullError
+    (no room: map full or disk full) or StoreError, so callers above the
+    store never see lmdb's exception types. A class rather than a
+    generator-based context manager: every step of the broker enters one."""
+
+    __slots__ = ("_store", "_txn")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __enter__(self) -> Txn:
+        self._txn = self._store.env.begin(write=True)
+        return Txn(self._store, self._txn)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        store, txn = self._store, self._txn
+        if exc is not None:
+            txn.abort()
+            store.forget()
+            if isinstance(exc, lmdb.Error):
+                raise store.translate(exc) from None
+            return
+        try:
+            txn.commit()
+        except lmdb.Error as error:
+            store.forget()
+            raise store.translate(error) from None
+
 
 class Txn(HolderRows):
     """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""

@@ -88,6 +88,9 @@ class Writer:
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
         self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
+        # run()'s loop, kept: asyncio.get_running_loop() makes a getpid() system
+        # call each time, and the writer waits a few times for every step.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
         self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
@@ -183,7 +186,7 @@ class Writer:
             self._waiter.set_result(None)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         thread = _StepThread(loop) if self._durable else None
 
         def early(deliveries: list[Delivery]) -> None:  # on the step thread
@@ -234,7 +237,7 @@ class Writer:
         """While only one-way acks wait, give whatever comes next until
         ACK_GATHER_S after the first of them to join them, so that one commit
         serves both."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._gather()
         try:
             while not self._stopping and self._pending and all(self._quiet(op) for op, _ in self._pending):
@@ -249,7 +252,7 @@ class Writer:
         """Acks begin to gather, unless they do already; a wait of run() ends when they are done."""
         if self._gather_until is not None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._gather_until = until = loop.time() + ACK_GATHER_S
         if self._timer is not None and self._timer.when() > until:
             self._timer.cancel()
@@ -268,7 +271,7 @@ class Writer:
         """Until something is submitted or a subscriber opens, or the next timer
         (at most a second away). A bare future and a timer handle: this runs a
         few times for every step, and wait_for would add a task each time."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._waiter = waiter = loop.create_future()
         self._timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
         try:
