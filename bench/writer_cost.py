@@ -1,6 +1,7 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
     .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events]
+    .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
@@ -20,7 +21,9 @@ on a shared machine, which makes it the figure to compare code changes with.
 `--journal` says what the journal costs: `on` (the default) builds each step's
 events and encodes them as the broker's journal does, `events` builds them only,
 `off` neither. `--batch 1` is the paced workload's shape (a message a publish,
-each acked on its own): what a step costs beyond its messages.
+each acked on its own): what a step costs beyond its messages. `--drain` is the
+backlog workload's second half: --messages of 1 KiB published while nobody
+reads, then taken from the store and acked until none is left (only that timed).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import msgspec
 
@@ -41,8 +46,9 @@ from ppmq.store import Store
 SUBS = ["a", "b"]
 
 
-def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0) -> dict[str, float]:
-    encode = Lines("bench").encode if journal == "on" else len
+@contextmanager
+def bench_broker(sync: bool, window: int, journal: str) -> Iterator[Broker]:
+    """A broker on a new store of its own: topic `bench`, priorities 0-2, subscribers SUBS."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
             server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
@@ -50,7 +56,20 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: i
             topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3)],
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
-        broker = Broker(config, store, time.time_ns())
+        try:
+            yield Broker(config, store, time.time_ns())
+        finally:
+            store.close()
+
+
+def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
+    """Each batch's ack, as its subscriber sends it: every Key it holds."""
+    return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
+
+
+def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0) -> dict[str, float]:
+    encode = Lines("bench").encode if journal == "on" else len
+    with bench_broker(sync, window, journal) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
@@ -69,18 +88,37 @@ def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: i
             encode(step.events)
             cost["publish and deliver"] += time.thread_time() - start
             pending += [(i, d) for d in step.deliveries]
-            acks = [
-                p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
-                for at, d in pending if at <= i - batch * lag
-            ]
+            acks = acks_of([d for at, d in pending if at <= i - batch * lag])
             pending = [(at, d) for at, d in pending if at > i - batch * lag]
             start = time.thread_time()
             step = broker.step(acks, set(SUBS) if lag else set(), time.time_ns())  # trailing acks make room for the queue
             encode(step.events)
             cost["ack"] += time.thread_time() - start
             pending += [(i, d) for d in step.deliveries]
-        store.close()
     return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
+
+
+def drain(n: int, window: int, journal: str = "on", size: int = 1024) -> dict[str, float]:
+    """The backlog workload's second half: n messages of `size` bytes published
+    with nobody reading (not timed), then taken by both subscribers, each step
+    acking every batch the one before pushed, until none is left (timed)."""
+    encode = Lines("bench").encode if journal == "on" else len
+    with bench_broker(False, window, journal) as broker:
+        payload = msgspec.Raw(b'"' + b"x" * (size - 2) + b'"')
+        for i in range(0, n, 100):
+            broker.step([p.Request(topic="bench", messages=[p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)])], set(), time.time_ns())
+        seconds, deliveries, steps = 0.0, [], 0
+        while deliveries or not steps:
+            acks = acks_of(deliveries)
+            start = time.thread_time()
+            step = broker.step(acks, set(SUBS), time.time_ns())
+            encode(step.events)
+            seconds += time.thread_time() - start
+            deliveries, steps = step.deliveries, steps + 1
+        left = broker.state.topics["bench"].stored
+        if left:
+            raise SystemExit(f"the drain ended with {left} messages stored")
+    return {"take and ack": seconds / n * 1e6}
 
 
 def main() -> None:
@@ -92,8 +130,12 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
     ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
+    ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
     args = ap.parse_args()
-    us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind)
+    if args.drain:
+        us = drain(args.messages, args.window, args.journal)
+    else:
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
