@@ -132,6 +132,7 @@ class Store:
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
 
+
 class Writing:
     """Store.write's block: begun on entry, committed on a clean exit, aborted otherwise.
 
