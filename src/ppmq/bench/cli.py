@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import profile as profiling
 from . import report, runner
+from .payload import STAMP
 from .systems import NAMES, load
 from .workloads import scaled, workloads
 
@@ -30,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", "-n", type=int, default=3, help="runs per system and workload; figures are medians (default %(default)s)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every message count, e.g. 0.1 for a quick look")
     ap.add_argument("--million", action="store_true", help="backlog of 1,000,000 messages instead of 200,000")
+    ap.add_argument("--size", type=_size, default=0, metavar="BYTES",
+                    help="payload bytes of every message, so that workloads compare at one size (default: each its own, 200; backlog 1024)")
     ap.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency workload (default %(default)s)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="a publisher stops after this long with what it sent; 0: never (default %(default)s)")
     ap.add_argument("--out", "-o", default="bench-results", help="directory for results.json and the charts (default %(default)s)")
@@ -42,6 +45,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", action="store_true", help="sample ppmq's broker with py-spy; stacks in OUT/profile-<workload>.txt")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return ap
+
+
+def _size(text: str) -> int:
+    """A --size: a payload carries its publish time in its first STAMP bytes."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number of bytes") from None
+    if size < STAMP:
+        raise argparse.ArgumentTypeError(f"{size}: a payload is at least {STAMP} bytes (its publish time)")
+    return size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{m['cores']} cores ({m['cpu']}), load {m['load_avg'][0]:.1f}, disk {m['disk']}, "
           f"4 KiB write+fdatasync p50 {m['fsync_ms']['p50']:.1f} ms p99 {m['fsync_ms']['p99']:.1f} ms", flush=True)
     for w in chosen:
-        w = scaled(w, args.scale)._replace(window=args.window, server_acks=args.acks == "server", dedupe=args.dedupe, metrics_s=args.metrics)
+        w = scaled(w, args.scale)._replace(
+            window=args.window, server_acks=args.acks == "server", dedupe=args.dedupe, metrics_s=args.metrics, size=args.size or w.size,
+        )
         runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
         versions: dict[str, str] = {}
         for i in range(args.runs):  # systems interleaved, so each run's ratios share its moment
             for m in systems:
                 if w.pull and not hasattr(m, "Taker"):
                     continue  # only ppmq has Pull subscribers
-                print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages)", flush=True)
+                print(f"{w.name}: {m.NAME} run {i + 1}/{args.runs} ({w.messages:,} messages of {w.size} bytes)", flush=True)
                 try:
                     profile = out / f"profile-{w.name}.txt" if args.profile and m.NAME == "ppmq" else None
                     version, figures = runner.run(m, w, args.max_seconds, profile)
