@@ -31,13 +31,14 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import msgspec
 
 from ppmq import protocol as p
 from ppmq.broker import Broker
+from ppmq.events import Event
 from ppmq.ops import Delivery
 from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
 from ppmq.journal_lines import Lines
@@ -62,29 +63,40 @@ def bench_broker(sync: bool, window: int, journal: str) -> Iterator[Broker]:
             store.close()
 
 
+def payload_of(size: int) -> msgspec.Raw:
+    """A message's Payload of `size` bytes: a JSON string."""
+    return msgspec.Raw(b'"' + b"x" * (size - 2) + b'"')
+
+
+def messages(i: int, count: int, payload: msgspec.Raw) -> list[p.Message]:
+    """The messages of publish i (its first message's number), priorities 0-2 in turn."""
+    return [p.Message(payload=payload, priority=(i + j) % 3) for j in range(count)]
+
+
+def encoder(journal: str) -> Callable[[list[Event]], object]:
+    """What a step's events cost: encoded as the journal does (`on`), or nothing more."""
+    return Lines("bench").encode if journal == "on" else len
+
+
 def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     """Each batch's ack, as its subscriber sends it: every Key it holds."""
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
 def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0) -> dict[str, float]:
-    encode = Lines("bench").encode if journal == "on" else len
+    encode = encoder(journal)
     with bench_broker(sync, window, journal) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
-        payload = msgspec.Raw(b'"' + b"x" * 198 + b'"')
+        payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
-
-        def messages_from(i: int) -> list[p.Message]:
-            return [p.Message(payload=payload, priority=(i + j) % 3) for j in range(batch)]
-
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
-            step = broker.step([p.Request(topic="bench", messages=messages_from(i))], set(SUBS), time.time_ns())
+            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload))], set(SUBS), time.time_ns())
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
-            messages = messages_from(i)
+            publish = p.Request(topic="bench", messages=messages(i, batch, payload), id=msgspec.Raw(b"1"))
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
-            step = broker.step([p.Request(topic="bench", messages=messages, id=msgspec.Raw(b"1"))], set(SUBS), time.time_ns())
+            step = broker.step([publish], set(SUBS), time.time_ns())
             encode(step.events)
             cost["publish and deliver"] += time.thread_time() - start
             pending += [(i, d) for d in step.deliveries]
@@ -102,11 +114,11 @@ def drain(n: int, window: int, journal: str = "on", size: int = 1024) -> dict[st
     """The backlog workload's second half: n messages of `size` bytes published
     with nobody reading (not timed), then taken by both subscribers, each step
     acking every batch the one before pushed, until none is left (timed)."""
-    encode = Lines("bench").encode if journal == "on" else len
+    encode = encoder(journal)
     with bench_broker(False, window, journal) as broker:
-        payload = msgspec.Raw(b'"' + b"x" * (size - 2) + b'"')
+        payload = payload_of(size)
         for i in range(0, n, 100):
-            broker.step([p.Request(topic="bench", messages=[p.Message(payload=payload, priority=(i + j) % 3) for j in range(100)])], set(), time.time_ns())
+            broker.step([p.Request(topic="bench", messages=messages(i, 100, payload))], set(), time.time_ns())
         seconds, deliveries, steps = 0.0, [], 0
         while deliveries or not steps:
             acks = acks_of(deliveries)
