@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .rows import Rows
+from .body_rows import BodyRows
 from .schema import DELAYED_VAL, DUE, TS, TSPQ, Delayed
 
 
-class DelayedRows(Rows):
+class DelayedRows(BodyRows):
     """The delayed and due databases of one transaction."""
 
     def push_delayed(self, t: int, s: int, entry: Delayed) -> None:

@@ -60,6 +60,7 @@ class Snapshot:
     bodies: dict[tuple[int, int], Body] = field(default_factory=dict)  # fragment kept only on request
     holders: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)
     holder_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # t, row key id -> its ids, in row order
+    body_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # the same, of the bodies rows
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
     last_ready: ReadyRecord | None = None  # the entry read before, which the next must follow (schema.py: runs)
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
@@ -128,10 +129,11 @@ def _decode(txn: ReadTxn, fragments: bool) -> Snapshot:
 
 def _body(snap: Snapshot, record: BodyRecord, fragments: bool) -> None:
     """The payload is counted, and kept only on request: fsck holds indexes, not payloads."""
-    t, m, body = record
+    t, m, body, row = record
     if not snap.hidden(t, m):
         snap.fragment_bytes[t] += len(body.fragment)
     snap.bodies[t, m] = body if fragments else body._replace(fragment=b"")
+    snap.body_rows.setdefault((t, row), []).append(m)
 
 
 def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
@@ -207,7 +209,7 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
 def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
-    for find in (_staging_record_fits, _bodies_referenced, _holder_rows_tile_ids, _holders_point_at_places, _ready_points_at_messages,
+    for find in (_staging_record_fits, _bodies_referenced, _rows_tile_ids, _holders_point_at_places, _ready_points_at_messages,
                  _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
                  _due_points_at_delayed, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
         problems += find(snap, config)
@@ -251,16 +253,23 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
     return out
 
 
-def _holder_rows_tile_ids(snap: Snapshot, config: Config) -> list[str]:
-    """The rows of a topic tile its ids (schema.py): ascending in a row, none
-    below the row's key or at or above the next row's, so the writer, which
-    looks for a message in the row with the largest key at or below its id,
-    finds it there and nowhere else. A message whose holders are gone has left
-    its row."""
+def _rows_tile_ids(snap: Snapshot, config: Config) -> list[str]:
+    """The holders rows and the bodies rows of a topic each tile its ids
+    (schema.py): ascending in a row, none below the row's key or at or above
+    the next row's, so the writer, which looks for a message in the row with
+    the largest key at or below its id, finds it there and nowhere else. A
+    message whose holders are gone has left its holders row."""
+    out = _tiles("holders", snap.holder_rows, snap) + _tiles("bodies", snap.body_rows, snap)
+    for (t, row), ids in sorted(snap.holder_rows.items()):
+        out += [f"holders: {snap.msg(t, m)} is in row {row} but held by no subscriber" for m in ids if not snap.holders[t, m]]
+    return out
+
+
+def _tiles(db: str, rows_of: dict[tuple[int, int], list[int]], snap: Snapshot) -> list[str]:
     out = []
-    rows = sorted(snap.holder_rows.items())
+    rows = sorted(rows_of.items())
     for i, ((t, row), ids) in enumerate(rows):
-        where = f"holders: row {row} of topic {snap.topic(t)}"
+        where = f"{db}: row {row} of topic {snap.topic(t)}"
         upper = rows[i + 1][0][1] if i + 1 < len(rows) and rows[i + 1][0][0] == t else None
         if any(a >= b for a, b in zip(ids, ids[1:])):
             out.append(f"{where} holds ids {ids}, not ascending")
@@ -268,7 +277,6 @@ def _holder_rows_tile_ids(snap: Snapshot, config: Config) -> list[str]:
             out.append(f"{where} holds message {min(ids)}, below its key")
         if upper is not None and max(ids) >= upper:
             out.append(f"{where} holds message {max(ids)}, not below the next row's key {upper}")
-        out += [f"holders: {snap.msg(t, m)} is in row {row} but held by no subscriber" for m in ids if not snap.holders[t, m]]
     return out
 
 

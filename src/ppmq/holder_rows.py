@@ -12,24 +12,18 @@ below m: one cursor move finds it.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate, chain, islice
 from struct import Struct
 
-import lmdb
-
 from .queue_rows import QueueRows
-from .rows import floor_row
+from .rows import at_row
 from .schema import GROUP_MESSAGES, HOLDER, TM, encode_holders_row, holders_columns
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
-END = 1 << 64  # above every message id: the bound of a topic's last row
 
 Holders = dict[int, tuple[int, int]]  # S -> (prio, pos)
-# Changes a row (raw) for the wanted ids in its range (ascending): the new row,
-# b"" when it empties, and the wanted ids that leave it or that it does not hold.
-Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
 
 
 class HolderRows(QueueRows):
@@ -37,7 +31,7 @@ class HolderRows(QueueRows):
 
     def get_holders(self, t: int, m: int) -> Holders:
         with self.txn.cursor(db=self._holders) as cur:
-            if not _at_row(cur, t, m):
+            if not at_row(cur, t, m):
                 return {}
             raw = cur.value()
         ids, counts, base = holders_columns(raw)
@@ -51,7 +45,7 @@ class HolderRows(QueueRows):
         """m's holders become `holders` (none: m leaves its row). A message no
         row holds joins the row whose range it is in, or starts one below them."""
         with self.txn.cursor(db=self._holders) as cur:
-            key, raw = cur.item() if _at_row(cur, t, m) else (TM.pack(t, m), None)
+            key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
         if raw is None:
             ids, counts, entries = [], [], b""
         else:
@@ -97,7 +91,7 @@ class HolderRows(QueueRows):
         holds any more (and any no row holds). The path of every ack: each row
         is read, decoded and written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
-        return self._change_rows(t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+        return self._change_rows(self._holders, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
 
     def pop_holders(self, t: int, ms: list[int]) -> dict[int, Holders]:
         """Remove ms from their rows; return the holders each had (none for one no row holds)."""
@@ -115,45 +109,8 @@ class HolderRows(QueueRows):
                     entries.append(raw[start:end])
             return _row(kept, kept_counts, b"".join(entries)), wanted
 
-        self._change_rows(t, sorted(set(ms)), take)
+        self._change_rows(self._holders, t, sorted(set(ms)), take)
         return popped
-
-    def _change_rows(self, t: int, ms: list[int], change: Change) -> list[int]:
-        """Apply `change` to each row of t that ms (ascending) fall in, with the
-        ms in its range; return the ids it lets go, and those in no row's range."""
-        out: list[int] = []
-        i = 0
-        with self.txn.cursor(db=self._holders) as cur:
-            while i < len(ms):
-                if _at_row(cur, t, ms[i]):
-                    key, raw = cur.item()
-                    j = bisect_left(ms, _next_row(cur, t), i)
-                    new, gone = change(raw, ms[i:j])
-                    if new:
-                        self.txn.put(key, new, db=self._holders)
-                    else:
-                        self.txn.delete(key, db=self._holders)
-                    out += gone
-                else:  # below t's first row: no row holds these
-                    j = bisect_left(ms, _first_row(cur, t), i)
-                    out += ms[i:j]
-                i = j
-        return out
-
-
-def _at_row(cur: lmdb.Cursor, t: int, m: int) -> bool:
-    """Put cur on the row of t whose range holds m; False if t has none."""
-    return floor_row(cur, TM.pack(t, m), 4) is not None
-
-
-def _next_row(cur: lmdb.Cursor, t: int) -> int:
-    """The first id of the row after cur's (END if it is t's last): where cur's range ends."""
-    return TM.unpack(cur.key())[1] if cur.next() and TM.unpack(cur.key())[0] == t else END
-
-
-def _first_row(cur: lmdb.Cursor, t: int) -> int:
-    """The key id of t's first row (END if t has none)."""
-    return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
 
 
 def _bounds(counts: tuple[int, ...], base: int) -> tuple[list[int], islice]:

@@ -18,7 +18,7 @@ from itertools import groupby, islice
 
 import lmdb
 
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, GROUP_MESSAGES, HOLDER, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError, encode_holders_row
+from .schema import BODY_HEAD, BODY_ROW_BYTES, DTSM, FLIGHT_ENTRY, GROUP_MESSAGES, HOLDER, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError, encode_body_row, encode_holders_row
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def _holders_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) ->
     written over that id's old row. Returns the messages rewritten."""
     db, start, rewritten = dbs["holders"], b"", 0
     while start is not None:
-        runs, start = _old_holder_runs(txn, db, start)
+        runs, start = _old_runs(txn, db, start)
         for run in runs:
             ids = [TM.unpack(key)[1] for key, _ in run]
             counts = [len(value) // HOLDER.size for _, value in run]
@@ -107,7 +107,7 @@ def _holders_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) ->
     return rewritten
 
 
-def _old_holder_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) -> tuple[list[list[tuple[bytes, bytes]]], bytes | None]:
+def _old_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) -> tuple[list[list[tuple[bytes, bytes]]], bytes | None]:
     """Runs of consecutive ids of one topic, at most GROUP_MESSAGES long, of the
     old rows from key `start` on, about _CONVERT_ROWS of them; and the key to
     read on from (None: the end was reached). A read cut short leaves its last
@@ -127,6 +127,36 @@ def _old_holder_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) ->
     return runs, None
 
 
+def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """4 -> 5: the bodies of a run of consecutive ids of a topic (up to
+    GROUP_MESSAGES of them, and BODY_ROW_BYTES as a publish would write them)
+    become one row, keyed by the run's first id and written over that id's old
+    row, whose value was one body's record. Returns the messages rewritten."""
+    db, start, rewritten = dbs["bodies"], b"", 0
+    while start is not None:
+        runs, start = _old_runs(txn, db, start)
+        for run in runs:
+            for row in _by_bytes(run):
+                txn.put(row[0][0], encode_body_row([TM.unpack(key)[1] for key, _ in row], [value for _, value in row]), db=db)
+                for key, _ in row[1:]:
+                    txn.delete(key, db=db)
+            rewritten += len(run)
+    return rewritten
+
+
+def _by_bytes(run: list[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
+    """A run of old bodies rows cut where a publish would start a new row."""
+    rows: list[list[tuple[bytes, bytes]]] = [[]]
+    size = 0
+    for item in run:
+        if size >= BODY_ROW_BYTES:
+            rows.append([])
+            size = 0
+        rows[-1].append(item)
+        size += len(item[1])
+    return rows
+
+
 def _3_to_4(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
     """3 -> 4: a subscriber's ready queue is stored as runs of entries, and the
     holders of a run of messages share a row. Returns the entries rewritten."""
@@ -138,6 +168,7 @@ STEPS: dict[int, Callable[[lmdb.Transaction, dict[str, lmdb._Database]], int]] =
     1: _inflight_with_publish_ns,
     2: _inflight_by_batch,
     3: _3_to_4,
+    4: _bodies_as_groups,
 }
 
 

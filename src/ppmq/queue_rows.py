@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 
+from .body_rows import BodyFinder
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TM, TS, TSM, U64, Flight, Taken, make
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TS, TSM, U64, Flight, Taken, make
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
@@ -33,25 +34,27 @@ class QueueRows(ReadyRows):
         if taken is not None:  # the queue was in memory too: its bodies are not read
             self._into_flight(t, s, taken, deadline_ns)
             return taken, [], []
-        head_size, body_key, head = BODY_HEAD.size, TM.pack, BODY_HEAD.unpack_from
-        get, bodies = self.txn.get, self._bodies
+        head_size, head = BODY_HEAD.size, BODY_HEAD.unpack_from
         taken = []
         expired: list[int] = []
         missing: list[int] = []
 
         def choose(prio: int, pos: int, m: int, attempts: int) -> int:
-            raw = get(body_key(t, m), db=bodies)
-            if raw is None:
+            found = find(m)
+            if found is None:
                 missing.append(prio)
                 return DROP
-            _, publish_ns, expires_ns, klen = head(raw)
+            raw, start, end = found
+            _, publish_ns, expires_ns, klen = head(raw, start)
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP
-            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[head_size + klen :])))
+            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end])))
             return TAKE
 
-        self._take_runs(t, s, limit, choose)
+        with self.txn.cursor(db=self._bodies) as cur:
+            find = BodyFinder(cur, t).find
+            self._take_runs(t, s, limit, choose)
         self._into_flight(t, s, taken, deadline_ns)
         return taken, expired, missing
 

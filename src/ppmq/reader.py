@@ -33,11 +33,13 @@ from .schema import (
     TSM,
     TSPQ,
     U64,
+    body_columns,
     decode_body,
     holders_columns,
 )
 from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
+from .rows import floor_row
 from .store import Txn
 
 
@@ -104,11 +106,12 @@ class StoreReader:
 
 
 class BodyRecord(NamedTuple):
-    """bodies: message m of topic t."""
+    """bodies: message m of topic t; one per message of a bodies row."""
 
     t: int
     m: int
     body: Body
+    row: int  # the key id of the row it is in (schema.py: rows tile a topic's ids)
 
 
 class HoldersRecord(NamedTuple):
@@ -203,15 +206,27 @@ class Damaged(NamedTuple):
 Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | DelayedRecord | DueRecord | ExpiryRecord | DedupeRecord
 
 
-def _body_record(key: bytes, value: bytes) -> BodyRecord:
-    """A body decodes when its key fits in it and its fragment is the JSON object
-    the broker delivers, read as the broker reads it (numbers of any size pass)."""
-    klen = BODY_HEAD.unpack_from(value)[3]
-    if BODY_HEAD.size + klen > len(value):
-        raise ValueError(f"key length {klen} runs past the end")
-    body = decode_body(value)
-    fragment_payload(body.fragment)
-    return BodyRecord(*TM.unpack(key), body)
+def _body_records(key: bytes, value: bytes) -> list[BodyRecord]:
+    """A row's messages, decoded whole before any is yielded. A body decodes
+    when its key fits in its record and its fragment is the JSON object the
+    broker delivers, read as the broker reads it (numbers of any size pass)."""
+    t, row = TM.unpack(key)
+    ids, ends, base = body_columns(value)
+    if not ids:
+        raise ValueError("a row of no message")
+    if list(ends) != sorted(ends) or len(value) != base + ends[-1]:
+        raise ValueError(f"{len(value) - base} bytes of records where its ends say {ends[-1]}")
+    records, start = [], base
+    for m, end in zip(ids, ends):
+        record = value[start : base + end]
+        klen = BODY_HEAD.unpack_from(record)[3]
+        if BODY_HEAD.size + klen > len(record):
+            raise ValueError(f"message {m}: key length {klen} runs past the end of its record")
+        body = decode_body(record)
+        fragment_payload(body.fragment)
+        records.append(BodyRecord(t, m, body, row))
+        start = base + end
+    return records
 
 
 def _holders_records(key: bytes, value: bytes) -> list[HoldersRecord]:
@@ -253,7 +268,7 @@ def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
 
 
 _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
-    "bodies": _body_record,
+    "bodies": _body_records,  # a row per group of messages: a record per message
     "holders": _holders_records,  # a row per group of messages: a record per message
     "ready": _ready_records,  # a row per run: a record per entry
     "inflight": _flight_record,
@@ -287,21 +302,36 @@ class ReadTxn(Txn):
                 except (struct.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
                     yield Damaged(db, key, str(exc))
                     continue
-                if isinstance(decoded, list):  # a row of several messages (holders) or entries (a ready run)
+                if isinstance(decoded, list):  # a row of several messages (bodies, holders) or entries (a ready run)
                     yield from decoded
                 else:
                     yield decoded
 
     def message_ids(self, t: int) -> tuple[int, int] | None:
-        """The lowest and highest message id of topic t in bodies (staged ones
-        included), found in two cursor moves; None when it has none."""
+        """Bounds of the message ids of topic t in bodies (staged ones included):
+        the key of its first row, at or below its lowest id, and its highest id,
+        from its last row (that row's key if it does not decode: reading it then
+        names the damage); None when it has none."""
         with self.txn.cursor(db=self.store.dbs["bodies"]) as cur:
             if not cur.set_range(TM.pack(t, 0)) or TM.unpack(cur.key())[0] != t:
                 return None
             first = TM.unpack(cur.key())[1]
             if not (cur.prev() if cur.set_range(TM.pack(t + 1, 0)) else cur.last()):
                 return None
-            return first, TM.unpack(cur.key())[1]
+            last = TM.unpack(cur.key())[1]
+            try:
+                return first, max(last, body_columns(cur.value())[0][-1])
+            except (struct.error, IndexError):
+                return first, last
+
+    def messages(self, t: int, lo: int, hi: int) -> Iterator[BodyRecord | Damaged]:
+        """The records of topic t's messages with ids from lo up to hi (excluded),
+        staged ones included: those of the rows whose ranges meet [lo, hi)."""
+        with self.txn.cursor(db=self.store.dbs["bodies"]) as cur:
+            start = floor_row(cur, TM.pack(t, lo), 4) or TM.pack(t, lo)
+        for record in self.records("bodies", start, TM.pack(t, hi)):
+            if isinstance(record, Damaged) or lo <= record.m < hi:
+                yield record
 
     @property
     def id(self) -> int:

@@ -1,21 +1,27 @@
 """What every transaction on the store stands on: the databases, the way rows
 are put in key order, and the meta records (the staging record among them).
 
-Txn (store.py) is built on it in layers: QueueRows (queue_rows.py) for a
-subscription's ready and in-flight rows, HolderRows (holder_rows.py) for who
-holds each message, then the messages and their indexes.
+Txn (store.py) is built on it in layers: BodyRows (body_rows.py) for the
+messages, QueueRows (queue_rows.py) for a subscription's ready and in-flight
+rows, HolderRows (holder_rows.py) for who holds each message, then the
+messages' indexes.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import lmdb
 
-from .schema import STAGED, STAGING_KEY, TM, Staged
+from .schema import STAGED, STAGING_KEY, TM, Staged, group_last_id
+
+END = 1 << 64  # above every message id: the bound of a topic's last group row
+# Changes a group row (raw) for the wanted ids in its range (ascending): the new
+# row, b"" when it empties, and the wanted ids that leave it or that it does not hold.
+Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
 
 if TYPE_CHECKING:
     from .queue_rows import FlightWatch
@@ -35,6 +41,21 @@ def floor_row(cur: lmdb.Cursor, key: bytes, prefix: int) -> bytes | None:
     else:
         moved = cur.last()
     return cur.key() if moved and cur.key()[:prefix] == key[:prefix] else None
+
+
+def at_row(cur: lmdb.Cursor, t: int, m: int) -> bool:
+    """Put cur on the group row of t whose range holds m; False if t has none."""
+    return floor_row(cur, TM.pack(t, m), 4) is not None
+
+
+def next_row(cur: lmdb.Cursor, t: int) -> int:
+    """The first id of the group row after cur's (END if it is t's last): where cur's range ends."""
+    return TM.unpack(cur.key())[1] if cur.next() and TM.unpack(cur.key())[0] == t else END
+
+
+def first_row(cur: lmdb.Cursor, t: int) -> int:
+    """The key id of t's first group row (END if t has none)."""
+    return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
 
 
 class Rows:
@@ -76,6 +97,34 @@ class Rows:
             if i < len(items):
                 cur.putmulti(items[i:], append=True)
 
+    def _change_rows(self, db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
+        """Apply `change` to each group row of t in db (a database whose rows tile
+        a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
+        in its range; return the ids it lets go, and those in no row's range."""
+        out: list[int] = []
+        i = 0
+        with self.txn.cursor(db=db) as cur:
+            while i < len(ms):
+                if at_row(cur, t, ms[i]):
+                    key, raw = cur.item()
+                    j = bisect_right(ms, group_last_id(raw), i)
+                    moved = j < len(ms)
+                    if moved:  # ids past its last one may still be in its range: up to the next row's key
+                        j = bisect_left(ms, next_row(cur, t), j)
+                    new, gone = change(raw, ms[i:j])
+                    if new:
+                        self.txn.put(key, new, db=db)
+                    elif moved:
+                        self.txn.delete(key, db=db)
+                    else:  # cur is still on it
+                        cur.delete()
+                    out += gone
+                else:  # below t's first row: no row holds these
+                    j = bisect_left(ms, first_row(cur, t), i)
+                    out += ms[i:j]
+                i = j
+        return out
+
     def _walk(self, db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The rows of db from key `start` on, as long as their keys begin with `prefix`."""
         with self.txn.cursor(db=db) as cur:
@@ -114,15 +163,3 @@ class Rows:
         else:
             self.put_meta(STAGING_KEY, STAGED.pack(*staged))
         self._staged = staged
-
-    def staged_ids(self, staged: Staged, limit: int) -> list[int]:
-        """Up to `limit` ids of stored messages in the staged range, lowest first."""
-        out = []
-        with self.txn.cursor(db=self._bodies) as cur:
-            if cur.set_range(TM.pack(staged.t, staged.first)):
-                for key in cur.iternext(values=False):
-                    t, m = TM.unpack(key)
-                    if t != staged.t or m > staged.last or len(out) >= limit:
-                        break
-                    out.append(m)
-        return out

@@ -5,7 +5,8 @@ the values they decode to, shared by the writer (store.py) and the readers
 One environment under DataPath holds named databases. Keys are fixed-width
 big-endian integers, so a cursor walks them in the order the broker needs:
 
-    bodies    T M             -> Body header, key, message JSON   (stored once per topic)
+    bodies    T M0            -> n, the n message ids M (ascending), where each one's record ends,
+                                 then each record: Body header, key, message JSON (stored once per topic)
     holders   T M0            -> n, the n message ids M (ascending), the holder count of each,
                                  then each one's (S, prio, pos) for every subscriber not done with it
     ready     T S prio pos0   -> entries (pos, M, attempts) ...   (a run of a subscriber's queue)
@@ -47,6 +48,15 @@ most one row, the one with the largest key at or below its id. A message whose
 holders become empty leaves its row (whose key stays), and an emptied row is
 deleted.
 
+A bodies row is a group too, of the messages of one publish (up to
+GROUP_MESSAGES a row, fewer once their records pass BODY_ROW_BYTES), so that a
+publish writes a row per group and the last ack of a group deletes one, rather
+than a row per message each (body_rows.py). Its ids, then the end of each
+record (n a u16, each end a u32, counted from the first record), come first as
+columns, so that a message's record is found by a search of the ids and sliced
+out. Its rows tile a topic's ids as the holders rows do, and hold only stored
+messages: one that goes leaves its row, which is deleted when it empties.
+
 A publish too large for one transaction is stored over several (staging.py):
 while meta `staging` names its topic and id range, the rows in that range are
 hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
@@ -57,11 +67,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from functools import cache
+from itertools import accumulate
 from typing import NamedTuple
 
 # Bump when a key or value layout changes, and add the conversion to migrate.py.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
 # The NamedTuples below are made with `make(Cls, (field, ...))` where a path
@@ -87,6 +97,17 @@ HOLDER = struct.Struct(">HBQ")  # S, prio, pos: one holder of a message, in a ho
 # batch) is one row, and an ack that covers part of a row rewrites at most this
 # many messages' entries. 32 to 512 measured alike on publishes of 1,000 and 5,000.
 GROUP_MESSAGES = 128
+# Bytes of records at which a publish starts a new bodies row: a row is rewritten
+# whole when some of its messages go before the others, so one is kept small
+# enough for that to cost little (64 messages of 1 KiB, or 128 of 200 bytes).
+BODY_ROW_BYTES = 1 << 16
+U16 = struct.Struct(">H")  # n, the messages of a group row (holders, bodies)
+# The columns of a group row of n messages, as one Struct each, made once for
+# every n up to twice the most the broker writes in a row (a longer row is a
+# damaged one, and gets one made for it): a list is faster to index than a
+# cache to ask, and rows are decoded on every ack.
+_KEPT_COLUMNS = 2 * GROUP_MESSAGES
+_COLUMNS = {code: [struct.Struct(f">{n}{code}") for n in range(_KEPT_COLUMNS + 1)] for code in "QHI"}
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
 STAGING_KEY = b"staging"
@@ -178,16 +199,33 @@ def u32(t: int) -> bytes:
     return t.to_bytes(4, "big")
 
 
-@cache
 def _column(n: int, code: str) -> struct.Struct:
-    """n big-endian integers of struct code `code`, as one Struct (one per n, made once)."""
-    return struct.Struct(f">{n}{code}")
+    """n big-endian integers of struct code `code`, as one Struct."""
+    return _COLUMNS[code][n] if n <= _KEPT_COLUMNS else struct.Struct(f">{n}{code}")
+
+
+def group_last_id(raw: bytes) -> int:
+    """The largest id of a group row (holders, bodies: both begin with n and their n ids)."""
+    return U64.unpack_from(raw, 8 * U16.unpack_from(raw)[0] - 6)[0]
+
+
+def body_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """A bodies row's message ids, where each one's record ends (counted from
+    the first), and the offset of its first record; struct.error if too short."""
+    n = U16.unpack_from(raw)[0]
+    return _column(n, "Q").unpack_from(raw, 2), _column(n, "I").unpack_from(raw, 2 + 8 * n), 2 + 12 * n
+
+
+def encode_body_row(ids: Sequence[int], records: Sequence[bytes]) -> bytes:
+    """A bodies row: ids ascending, records[i] the encoded body of ids[i]."""
+    n = len(ids)
+    return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "I").pack(*accumulate(map(len, records))), *records))
 
 
 def holders_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A holders row's message ids, the holder count of each, and the offset of
     its first (S, prio, pos) entry; struct.error if the row is too short."""
-    n = int.from_bytes(raw[:2], "big")
+    n = U16.unpack_from(raw)[0]
     return _column(n, "Q").unpack_from(raw, 2), _column(n, "H").unpack_from(raw, 2 + 8 * n), 2 + 10 * n
 
 
@@ -195,4 +233,4 @@ def encode_holders_row(ids: Sequence[int], counts: Sequence[int], entries: bytes
     """A holders row: ids ascending, counts[i] holders of ids[i], and their
     HOLDER entries in that order."""
     n = len(ids)
-    return b"".join((n.to_bytes(2, "big"), _column(n, "Q").pack(*ids), _column(n, "H").pack(*counts), entries))
+    return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "H").pack(*counts), entries))

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from operator import itemgetter
 
 import lmdb
 
@@ -26,21 +25,17 @@ from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .room import Room
 from .schema import (
-    BODY_HEAD,
     Body,
     DBS,
+    GROUP_MESSAGES,
     ETM,
     SCHEMA_VERSION,
     StoreError,
     StoreFullError,
-    TM,
     U64,
-    decode_body,
-    encode_body,
     u32,
 )
 
-_VALUE = itemgetter(1)
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
 class Store:
@@ -202,29 +197,13 @@ class Txn(HolderRows):
         """Whether the store has reached MaxStoreBytes: publishes are refused (room.py)."""
         return self.store.room.full(self.used_bytes)
 
-    # --- bodies -------------------------------------------------------------------
-    def get_body(self, t: int, m: int) -> Body | None:
-        return decode_body(self.txn.get(TM.pack(t, m), db=self._bodies))
-
-    def publish_ns(self, t: int, m: int) -> int:
-        """When m was published (0 if it is gone); reads the header only."""
-        raw = self.txn.get(TM.pack(t, m), db=self._bodies)
-        return 0 if raw is None else BODY_HEAD.unpack_from(raw)[1]
-
-    def put_body(self, t: int, m: int, body: Body) -> None:
-        value = encode_body(body)
-        self.store.room.wrote(len(value), 1)
-        self._put_in_order(TM.pack(t, m), value, self._bodies)
-
-    def put_bodies(self, t: int, bodies: list[tuple[int, Body]]) -> None:
-        items = [(TM.pack(t, m), encode_body(body)) for m, body in bodies]
-        self.store.room.wrote(sum(map(len, map(_VALUE, items))), len(items))
-        self._put_all_in_order(items, self._bodies)
-
+    # --- messages and their indexes ------------------------------------------------
     def put_messages(self, t: int, bodies: list[tuple[int, Body]], *, dedupe: bool, expire: bool) -> None:
         """New messages with their index entries: the dedupe key of each on a
-        Dedupe topic, its expiry on an Expire topic."""
-        self.put_bodies(t, bodies)
+        Dedupe topic, its expiry on an Expire topic. A Dedupe topic's message
+        is replaced in place by its key's next version, and its bodies row
+        written again whole: so it has a row of its own."""
+        self.put_bodies(t, bodies, group=1 if dedupe else GROUP_MESSAGES)
         for m, body in bodies if dedupe or expire else ():
             if dedupe:
                 self.put_dedupe(t, body.key, m)
@@ -244,37 +223,13 @@ class Txn(HolderRows):
 
     def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> tuple[int, int]:
         """Delete each of ms with its index entries; return how many were stored
-        and the bytes of their delivered JSON, which is all the counters need.
-        The path of every last ack: one cursor pops them all, and each header is
-        read where it lies, with no object made per message."""
-        count = size = 0
-        head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
-        with self.txn.cursor(db=self._bodies) as cur:
-            for m in ms:
-                raw = cur.pop(TM.pack(t, m))
-                if raw is None:
-                    continue
-                _, _, expires_ns, klen = head(raw)
-                count += 1
-                size += len(raw) - head_size - klen
-                if expires_ns:
-                    self.remove_expiry(expires_ns, t, m)
-                if dedupe:
-                    self.delete_dedupe(t, raw[head_size : head_size + klen])
-        return count, size
-
-    def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
-        """Every stored message of topic t, by id; none of a publish being staged."""
-        prefix = u32(t)
-        staged = self.staged()
-        with self.txn.cursor(db=self._bodies) as cur:
-            if cur.set_range(prefix):
-                for key, raw in cur:
-                    if key[:4] != prefix:
-                        break
-                    m = TM.unpack(key)[1]
-                    if staged is None or not staged.hides(t, m):
-                        yield m, decode_body(raw)
+        and the bytes of their delivered JSON, which is all the counters need."""
+        popped = self.pop_bodies(t, ms, keys=dedupe)
+        for expires_ns, m in popped.expiries:
+            self.remove_expiry(expires_ns, t, m)
+        for key in popped.keys:
+            self.delete_dedupe(t, key)
+        return popped.count, popped.size
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:

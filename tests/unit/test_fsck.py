@@ -17,7 +17,7 @@ from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import FsckError, check, read_snapshot
 from ppmq.ledger import Ledger, load_state
-from ppmq.schema import HOLDER, TM, encode_holders_row, holders_columns
+from ppmq.schema import HOLDER, TM, body_columns, encode_body_row, encode_holders_row, holders_columns
 from ppmq.state import NS, State
 from ppmq.store import Store, Txn
 
@@ -131,8 +131,12 @@ def with_state(change: Callable[[State], None]) -> Callable[[Built], None]:
 
 
 def copy_first_body_to(m: int) -> Callable[[Txn, dict[str, int]], None]:
+    """A row of its own holding message m, a copy of the first stored message."""
+
     def put(txn: Txn, ids: dict[str, int]) -> None:
-        txn.txn.put(ids["g"].to_bytes(4, "big") + m.to_bytes(8, "big"), first_entry(txn, "bodies")[1], db=txn.store.dbs["bodies"])
+        row = first_entry(txn, "bodies")[1]
+        _, ends, base = body_columns(row)
+        txn.txn.put(ids["g"].to_bytes(4, "big") + m.to_bytes(8, "big"), encode_body_row([m], [row[base : base + ends[0]]]), db=txn.store.dbs["bodies"])
 
     return put
 
@@ -177,13 +181,14 @@ def holders_row(txn: Txn, t: int, m0: int) -> tuple[bytes, bytes]:
     return key, txn.txn.get(key, db=txn.store.dbs["holders"])
 
 
-def copy_holders_row(m0: int, to: int, *, move: bool = False) -> Callable[[Txn, dict[str, int]], None]:
-    """Topic g's holders row keyed m0, put under the key `to` (and gone from m0, `move`)."""
+def copy_row(db: str, m0: int, to: int, *, move: bool = False) -> Callable[[Txn, dict[str, int]], None]:
+    """Topic g's row of db (holders, bodies) keyed m0, put under the key `to` (and gone from m0, `move`)."""
     def put(txn: Txn, ids: dict[str, int]) -> None:
-        key, raw = holders_row(txn, ids["g"], m0)
+        key = TM.pack(ids["g"], m0)
+        raw = txn.txn.get(key, db=txn.store.dbs[db])
         if move:
-            txn.txn.delete(key, db=txn.store.dbs["holders"])
-        txn.txn.put(TM.pack(ids["g"], to), raw, db=txn.store.dbs["holders"])
+            txn.txn.delete(key, db=txn.store.dbs[db])
+        txn.txn.put(TM.pack(ids["g"], to), raw, db=txn.store.dbs[db])
 
     return put
 
@@ -227,8 +232,10 @@ DAMAGES = {
     "a ready run out of order": (rerun_first_ready(lambda k, v: (k, v + v[:20]), keep=True), "comes after the entry at"),
     "ready runs that overlap": (rerun_first_ready(lambda k, v: (shift_key(k, -1), v), keep=True), "but the run before holds"),
     "a holders row cut short": (truncate_first("holders"), "holders: entry"),
-    "a holders row keyed above its first message": (with_txn(copy_holders_row(1, 3, move=True)), "holds message 2, below its key"),
-    "a message in two holders rows": (with_txn(copy_holders_row(5, 4)), "holds message 5, not below the next row's key 5"),
+    "a holders row keyed above its first message": (with_txn(copy_row("holders", 1, 3, move=True)), "holds message 2, below its key"),
+    "a message in two holders rows": (with_txn(copy_row("holders", 5, 4)), "holds message 5, not below the next row's key 5"),
+    "a bodies row keyed above its first message": (with_txn(copy_row("bodies", 1, 3, move=True)), "bodies: row 3 of topic 'g' holds message 2, below its key"),
+    "a message in two bodies rows": (with_txn(copy_row("bodies", 5, 4)), "bodies: row 4 of topic 'g' holds message 5, not below the next row's key 5"),
     "a message left in its holders row without a holder": (with_txn(unhold_first_of_holders_row), "message 2 is in row 1 but held by no subscriber"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),

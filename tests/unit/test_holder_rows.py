@@ -4,9 +4,7 @@ GROUP_MESSAGES of them, and the rows of a topic tile its ids (schema.py)."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,16 +14,6 @@ from ppmq.store import Store, Txn
 
 T = 7  # a topic id
 A, B, C = 1, 2, 3  # subscriber ids
-
-
-@pytest.fixture
-def txn(tmp_path) -> Iterator[Txn]:
-    store = Store(str(tmp_path / "data"), sync=False, max_bytes=1 << 26)
-    try:
-        with store.write() as txn:
-            yield txn
-    finally:
-        store.close()
 
 
 def rows(txn: Txn, t: int = T) -> list[tuple[int, list[int]]]:

@@ -1,10 +1,11 @@
 """A store an older ppmq wrote is converted when it is opened (migrate.py), with
-nothing lost: tested on stores that ppmq itself wrote with schemas 1, 2 and 3
+nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 4
 (tests/data/make_old_store.py says how they were made)."""
 
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -15,7 +16,7 @@ from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.fsck import check, read_snapshot
 from ppmq.reader import StoreReader
-from ppmq.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, StoreError, holders_columns
+from ppmq.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, StoreError, body_columns, encode_body, holders_columns
 from ppmq.store import Store
 from tests.data.make_old_store import NOW, fixture_config
 
@@ -23,7 +24,7 @@ DATA = Path(__file__).parent.parent / "data"
 PUBLISHED_NS = NOW  # every message of the fixtures was published in their first step
 
 
-@pytest.fixture(params=[1, 2, 3], ids=["schema1", "schema2", "schema3"])
+@pytest.fixture(params=[1, 2, 3, 4], ids=["schema1", "schema2", "schema3", "schema4"])
 def old_store(request, tmp_path) -> str:
     """A store an older ppmq wrote (the same operations for each schema)."""
     with tarfile.open(DATA / f"schema{request.param}-store.tar.gz") as tar:
@@ -55,6 +56,8 @@ def test_an_old_store_is_converted_on_open_and_every_message_queue_and_counter_i
     assert len(snap.deadlines) == 2
     # and the holders of each topic's run of messages share one row, keyed by its first id
     assert snap.holder_rows == {(ids["jobs"], 1): list(range(1, 10)), (ids["latest"], 1): [1, 2]}
+    # and so do their bodies
+    assert snap.body_rows == snap.holder_rows
 
 
 def test_the_broker_goes_on_where_the_old_one_stopped(old_store):
@@ -112,21 +115,28 @@ def test_ppmq_migrate_converts_once_and_then_says_there_is_nothing_to_do(old_sto
     assert out == [f"{old_store}: converted to schema {SCHEMA_VERSION}", f"{old_store}: already has schema {SCHEMA_VERSION}"]
 
 
+def converted(path: Path, db: str, old: dict[tuple[int, int], bytes], step: Callable) -> dict[tuple[int, int], bytes]:
+    """The rows of database db, a row per message (t, m) as `old` has them,
+    after the conversion `step` converted every one; by (t, key id)."""
+    env = lmdb.open(str(path), max_dbs=1)
+    dbs = {db: env.open_db(db.encode())}
+    with env.begin(write=True) as txn:
+        for (t, m), value in old.items():
+            txn.put(TM.pack(t, m), value, db=dbs[db])
+        assert step(txn, dbs) == len(old)
+        rows = {TM.unpack(key): value for key, value in txn.cursor(db=dbs[db])}
+    env.close()
+    return rows
+
+
 @pytest.mark.parametrize("convert_rows", [200, 7])
 def test_holders_rows_become_one_row_per_run_of_consecutive_ids_however_the_reads_are_cut(tmp_path, monkeypatch, convert_rows):
     # Given schema 3 holders rows, a row per message: topic 1's ids 1..300 but 50, topic 2's 5 and 6
     old = {(1, m): HOLDER.pack(1, m % 3, m) + HOLDER.pack(2, m % 3, m) for m in range(1, 301) if m != 50}
     old.update({(2, m): HOLDER.pack(4, 0, m) for m in (5, 6)})
-    env = lmdb.open(str(tmp_path), max_dbs=1)
-    dbs = {"holders": env.open_db(b"holders")}
-    with env.begin(write=True) as txn:
-        for (t, m), value in old.items():
-            txn.put(TM.pack(t, m), value, db=dbs["holders"])
-        # When they are converted, read 200 rows at a time (a read cuts a run), or 7 (shorter than a run)
-        monkeypatch.setattr(migrate, "_CONVERT_ROWS", convert_rows)
-        assert migrate._holders_as_groups(txn, dbs) == len(old)
-        rows = {TM.unpack(key): holders_columns(value) + (value,) for key, value in txn.cursor(db=dbs["holders"])}
-    env.close()
+    # When they are converted, read 200 rows at a time (a read cuts a run), or 7 (shorter than a run)
+    monkeypatch.setattr(migrate, "_CONVERT_ROWS", convert_rows)
+    rows = {key: holders_columns(value) + (value,) for key, value in converted(tmp_path, "holders", old, migrate._holders_as_groups).items()}
     # Then each run of consecutive ids of a topic, up to GROUP_MESSAGES long, is one row keyed by its first id
     runs = [(1, list(range(1, 50))), (1, list(range(51, 51 + GROUP_MESSAGES))), (1, list(range(51 + GROUP_MESSAGES, 301))), (2, [5, 6])]
     assert [(t, list(ids)) for (t, _), (ids, _, _, _) in rows.items()] == runs
@@ -134,3 +144,27 @@ def test_holders_rows_become_one_row_per_run_of_consecutive_ids_however_the_read
     # with every message's holders as they were
     for (t, _), (ids, counts, start, value) in rows.items():
         assert value[start:] == b"".join(old[t, m] for m in ids) and set(counts) == {len(old[t, ids[0]]) // HOLDER.size}
+
+
+@pytest.mark.parametrize("convert_rows", [200, 7])
+def test_bodies_become_one_row_per_run_of_consecutive_ids_cut_where_a_publish_would_cut_it(tmp_path, monkeypatch, convert_rows):
+    # Given schema 4 bodies, a row per message: topic 1's ids 1..300 but 50 (of 100 bytes, but 10 of 40 KiB), topic 2's 5 and 6
+    def record(m: int, size: int) -> bytes:
+        return encode_body(Body(m % 3, NOW, 0, b"k%d" % m, b"x" * size))
+
+    old = {(1, m): record(m, 40_000 if 200 <= m < 210 else 100) for m in range(1, 301) if m != 50}
+    old.update({(2, m): record(m, 10) for m in (5, 6)})
+    # When they are converted, read 200 rows at a time (a read cuts a run), or 7 (shorter than a run)
+    monkeypatch.setattr(migrate, "_CONVERT_ROWS", convert_rows)
+    rows = converted(tmp_path, "bodies", old, migrate._bodies_as_groups)
+    # Then each run of consecutive ids of a topic, up to GROUP_MESSAGES long, is one row keyed by its first id,
+    # and a row ends once its records reach BODY_ROW_BYTES, as a publish ends it: after two of 40 KiB
+    rest = 51 + GROUP_MESSAGES
+    big = [(1, [m, m + 1]) for m in range(202, 210, 2)]
+    runs = [(1, list(range(1, 50))), (1, list(range(51, rest))), (1, list(range(rest, 202))), *big, (1, list(range(210, 301))), (2, [5, 6])]
+    assert [(t, list(body_columns(value)[0])) for (t, _), value in rows.items()] == runs
+    assert [m0 for _, m0 in rows] == [ids[0] for _, ids in runs]
+    # with every message's record as it was
+    for (t, _), value in rows.items():
+        ids, ends, base = body_columns(value)
+        assert value[base:] == b"".join(old[t, m] for m in ids) and ends[-1] == len(value) - base

@@ -3,26 +3,16 @@ at their places, and the runs keep schema.py's invariant whatever the order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
-import pytest
 
 from ppmq import migrate
 from ppmq.schema import READY_ENTRY, READY_RUN, TSPQ, Body, ReadyEntry, Staged
-from ppmq.store import Store, Txn
+from ppmq.store import Txn
 
 T, S = 1, 1
 R = READY_RUN
-
-
-@pytest.fixture
-def txn(tmp_path: Path) -> Iterator[Txn]:
-    store = Store(str(tmp_path), sync=False, max_bytes=1 << 26)
-    with store.write() as txn:
-        yield txn
-    store.close()
 
 
 def runs(txn: Txn) -> list[tuple[int, int, list[int]]]:
@@ -46,7 +36,8 @@ def assert_invariant(txn: Txn) -> None:
 
 def stored(txn: Txn, places: range | list[int], prio: int = 0) -> list[tuple[int, int, int]]:
     """Messages at `places` (each its own id), stored, as push_ready_many takes them."""
-    txn.put_bodies(T, [(m, Body(prio, 1, 0, b"%d" % m, b'{"Payload":%d}' % m)) for m in places])
+    for m in places:
+        txn.put_body(T, m, Body(prio, 1, 0, b"%d" % m, b'{"Payload":%d}' % m))
     return [(prio, m, m) for m in places]
 
 
@@ -141,7 +132,7 @@ def test_a_staged_publish_is_hidden_entry_by_entry_inside_runs_and_jumped_over_b
 def test_a_batch_takes_priorities_in_order_each_by_place(txn):
     txn.push_ready_many(T, S, stored(txn, range(1, 20, 2), prio=1) + stored(txn, range(2, 20, 2), prio=0))
     txn.push_ready(T, S, 1, 0, 0, 1)  # an entry back at an early place of priority 1
-    txn.put_bodies(T, [(0, Body(1, 1, 0, b"0", b"{}"))])
+    txn.put_body(T, 0, Body(1, 1, 0, b"0", b"{}"))
     taken, _, _ = txn.take_ready(T, S, 15, 0, 0)
     assert [(x.prio, x.pos) for x in taken] == [(0, pos) for pos in range(2, 20, 2)] + [(1, pos) for pos in (0, 1, 3, 5, 7, 9)]
     assert taken[9].attempts == 2 and taken[0].attempts == 1
@@ -149,7 +140,7 @@ def test_a_batch_takes_priorities_in_order_each_by_place(txn):
 
 def test_a_take_leaves_expired_entries_in_place_and_drops_those_whose_message_is_gone(txn):
     txn.push_ready_many(T, S, stored(txn, range(1, 6)))
-    txn.put_bodies(T, [(2, Body(0, 1, 50, b"2", b"{}"))])  # expires at 50
+    txn.put_body(T, 2, Body(0, 1, 50, b"2", b"{}"))  # expires at 50
     txn.delete_messages(T, [4], dedupe=False)
     taken, expired, missing = txn.take_ready(T, S, 2, 0, 100)
     assert ([x.m for x in taken], expired, missing) == ([1, 3], [2], [])

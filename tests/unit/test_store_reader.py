@@ -21,7 +21,7 @@ from ppmq.reader import (
     ReadyRecord,
     StoreReader,
 )
-from ppmq.schema import Flight
+from ppmq.schema import Flight, body_columns, encode_body_row
 from ppmq.store import Store
 
 NOW = 1_800_000_000 * NS
@@ -77,8 +77,10 @@ def test_a_row_that_does_not_decode_comes_back_as_damaged_among_the_others(store
     with store.write() as txn:
         (flight_key, flight), = txn.txn.cursor(db=store.dbs["inflight"])
         txn.txn.put(flight_key, flight[:5], db=store.dbs["inflight"])
-        (body_key, body), = txn.txn.cursor(db=store.dbs["bodies"])
-        txn.txn.put(body_key[:4] + (2).to_bytes(8, "big"), body[:17] + b"\xff\xff", db=store.dbs["bodies"])  # key length 65535
+        (body_key, row), = txn.txn.cursor(db=store.dbs["bodies"])
+        _, ends, base = body_columns(row)
+        record = row[base : base + ends[0]][:17] + b"\xff\xff"  # key length 65535
+        txn.txn.put(body_key[:4] + (2).to_bytes(8, "big"), encode_body_row([2], [record]), db=store.dbs["bodies"])
     store.close()
     # When the reader walks them, then each damaged row is a Damaged record, the sound body still a BodyRecord
     [damaged] = read(data_path, "inflight")

@@ -40,7 +40,7 @@ from ..config import load_config
 from ..protocol import fragment_payload
 from ..ledger import HEAD_KEY, load_state
 from ..reader import BodyRecord, Damaged, ReadTxn, StoreReader
-from ..schema import TM, StoreError
+from ..schema import StoreError
 from . import snapshot
 
 SNAPSHOT_SCHEMA = (
@@ -154,7 +154,7 @@ def _messages(txn: ReadTxn, part: IdRange) -> Iterator[BodyRecord]:
     publish being staged. A row that does not decode fails the read: a snapshot
     silently short of messages would pass for a true one (`ppmq fsck` lists them all)."""
     staged = txn.staged()
-    for record in txn.records("bodies", TM.pack(part.t, part.lo), TM.pack(part.t, part.hi)):
+    for record in txn.messages(part.t, part.lo, part.hi):
         if isinstance(record, Damaged):
             raise StoreError(f"ppmq: the store has a damaged message ({record.db} entry {record.key.hex()}: {record.reason})")
         if not (staged is not None and staged.hides(record.t, record.m)):
@@ -162,7 +162,7 @@ def _messages(txn: ReadTxn, part: IdRange) -> Iterator[BodyRecord]:
 
 
 def _row(txn: ReadTxn, topic: str, record: BodyRecord, subs: dict[int, str]) -> tuple:
-    t, m, body = record
+    t, m, body, _ = record
     payload_json = fragment_payload(body.fragment).decode()
     payload = msgspec.json.decode(payload_json) if payload_json.startswith('"') else payload_json
     holders = []
