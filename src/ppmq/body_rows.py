@@ -76,23 +76,27 @@ class BodyRows(Rows):
         self.store.room.wrote(len(row), len(ids))
         self.txn.put(key, row, db=self._bodies)
 
-    def put_bodies(self, t: int, bodies: list[tuple[int, Body]], *, group: int = GROUP_MESSAGES) -> None:
-        """New messages, ids ascending and new from the topic's sequence, so
-        above every stored one (a publish): rows of their own, `group`
-        messages a row at most. A message put anywhere else is put_body's."""
-        rows, ids, records, size, total = [], [], [], 0, 0
-        for m, body in bodies:
+    def put_records(self, t: int, first: int, records: list[bytes], *, group: int = GROUP_MESSAGES) -> None:
+        """New messages, the records (schema.body_record) of ids first, first + 1,
+        ...: ids new from the topic's sequence, so above every stored one (a
+        publish). They start rows of their own, `group` messages a row at most;
+        a message put anywhere else is put_body's."""
+        total, n = sum(map(len, records)), len(records)
+        self.store.room.wrote(total, n)
+        if not n:
+            return
+        if n <= group and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
+            self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
+            return
+        rows, ids, kept, size = [], [], [], 0
+        for m, record in enumerate(records, first):
             if len(ids) == group or size >= BODY_ROW_BYTES:
-                rows.append((TM.pack(t, ids[0]), encode_body_row(ids, records)))
-                ids, records, size = [], [], 0
-            record = encode_body(body)
+                rows.append((TM.pack(t, ids[0]), encode_body_row(ids, kept)))
+                ids, kept, size = [], [], 0
             ids.append(m)
-            records.append(record)
+            kept.append(record)
             size += len(record)
-            total += len(record)
-        if ids:
-            rows.append((TM.pack(t, ids[0]), encode_body_row(ids, records)))
-        self.store.room.wrote(total, len(bodies))
+        rows.append((TM.pack(t, ids[0]), encode_body_row(ids, kept)))
         self._put_all_in_order(rows, self._bodies)
 
     def pop_bodies(self, t: int, ms: list[int], *, keys: bool) -> Popped:

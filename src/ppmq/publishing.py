@@ -20,7 +20,7 @@ from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
 from .queues import Fresh
-from .schema import FLIGHT_ENTRY, Body, make
+from .schema import FLIGHT_ENTRY, Body, body_record, make
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared
@@ -131,7 +131,7 @@ class Publishing(Wired):
         """Store messages with new ids for `subs`, each store write once for the
         whole batch; return the journal's columns of them (empty without a journal)."""
         stats = self.state.topics[topic.name]
-        bodies, new, first = [], [], stats.seq + 1
+        records, new, first = [], [], stats.seq + 1
         prios, sizes, expiries = [], [], []
         journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
         # Only an open subscriber keeps them fresh, to be taken in this step: the
@@ -145,16 +145,16 @@ class Publishing(Wired):
             if topic.limited:
                 self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
             stats.stored_bytes += size
-            bodies.append((m, make(Body, (prio, now_ns, expires_ns, key, fragment))))
+            records.append(body_record(prio, now_ns, expires_ns, key, fragment))
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
             new.append(make(Fresh, (prio, m, fragment, size, flight, expires_ns)))  # one tuple shared by every queue
             if journaled:
                 prios.append(prio)
                 sizes.append(size)
                 expiries.append(expires_ns)
-        stats.seq = first + len(bodies) - 1
-        stats.stored += len(bodies)
-        txn.put_messages(t, bodies, dedupe=topic.dedupe, expire=topic.expire)
+        stats.seq = first + len(records) - 1
+        stats.stored += len(records)
+        txn.put_messages(t, first, records, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < msg.expires_ns <= now_ns for msg in batch] if topic.expire else None
         due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
@@ -162,7 +162,7 @@ class Publishing(Wired):
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, prio) for prio, m, _, _, _, _ in new])
-        return Stored(range(first, first + len(bodies)), prios, sizes, expiries)
+        return Stored(range(first, first + len(records)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 

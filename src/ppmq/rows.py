@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from .schema import STAGED, STAGING_KEY, TM, Staged, group_last_id
+from .schema import STAGED, STAGING_KEY, TM, Staged
 
 END = 1 << 64  # above every message id: the bound of a topic's last group row
 # Changes a group row (raw) for the wanted ids in its range (ascending): the new
@@ -107,17 +107,12 @@ class Rows:
             while i < len(ms):
                 if at_row(cur, t, ms[i]):
                     key, raw = cur.item()
-                    j = bisect_right(ms, group_last_id(raw), i)
-                    moved = j < len(ms)
-                    if moved:  # ids past its last one may still be in its range: up to the next row's key
-                        j = bisect_left(ms, next_row(cur, t), j)
+                    j = bisect_left(ms, next_row(cur, t), i)
                     new, gone = change(raw, ms[i:j])
                     if new:
                         self.txn.put(key, new, db=db)
-                    elif moved:
+                    else:
                         self.txn.delete(key, db=db)
-                    else:  # cur is still on it
-                        cur.delete()
                     out += gone
                 else:  # below t's first row: no row holds these
                     j = bisect_left(ms, first_row(cur, t), i)

@@ -38,7 +38,7 @@ from .config import TopicConfig
 from .events import Event
 from .room import refuse_when_full
 from .state import TopicStats
-from .schema import Body, Staged
+from .schema import Staged, body_record
 from .store import Txn
 from .validate import Prepared, delayed, prepare
 
@@ -174,7 +174,7 @@ class Staging:
         chunk = job.req.messages[job.done : job.done + CHUNK_MESSAGES]
         prepared = prepare(topic, chunk, max_message_bytes, job.arrived_ns, job.done)
         if subs:
-            _write(txn, job, topic, t, subs, [(job.staged.first + job.done + i, msg) for i, msg in enumerate(prepared)])
+            _write(txn, job, topic, t, subs, job.staged.first + job.done, prepared)
         job.done += len(chunk)
         if job.whole and subs:
             txn.put_staged(None)
@@ -192,25 +192,26 @@ class Staging:
             txn.put_staged(None)
 
 
-def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], chunk: list[tuple[int, Prepared]]) -> None:
-    """A chunk's rows, as a publish of them would write them, each store write once."""
-    bodies = []
-    for m, msg in chunk:
+def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], first: int, chunk: list[Prepared]) -> None:
+    """A chunk's rows, ids from `first` on, as a publish of them would write
+    them, each store write once."""
+    records, sizes = [], []
+    ids = range(first, first + len(chunk))
+    for m, msg in zip(ids, chunk):
         key = b"%d" % m  # generated keys: the message id (PROTOCOL §3 Keys)
         fragment = p.message_fragment(key, msg.payload, msg.prio, msg.expires_ns)
-        bodies.append((m, Body(msg.prio, job.arrived_ns, msg.expires_ns, key, fragment)))
-        if msg.expires_ns and topic.expire:
-            txn.add_expiry(msg.expires_ns, t, m)
+        records.append(body_record(msg.prio, job.arrived_ns, msg.expires_ns, key, fragment))
+        sizes.append(len(fragment))
         job.ready[msg.prio] += 1
-        job.stored_bytes += len(fragment)
-    txn.put_bodies(t, bodies)
+    job.stored_bytes += sum(sizes)
+    txn.put_messages(t, first, records, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
     for s in subs:
-        txn.push_ready_many(t, s, [(body.priority, m, m) for m, body in bodies])
-    txn.put_new_holders(t, subs, [(m, body.priority) for m, body in bodies])
+        txn.push_ready_many(t, s, [(msg.prio, m, m) for m, msg in zip(ids, chunk)])
+    txn.put_new_holders(t, subs, [(m, msg.prio) for m, msg in zip(ids, chunk)])
     if job.event is not None:
         e = job.event
-        e.ids += [m for m, _ in bodies]
-        e.prio += [body.priority for _, body in bodies]
-        e.bytes += [len(body.fragment) for _, body in bodies]
-        e.expires_ns += [body.expires_ns for _, body in bodies]
-        e.replaced += [False] * len(bodies)
+        e.ids += ids
+        e.prio += [msg.prio for msg in chunk]
+        e.bytes += sizes
+        e.expires_ns += [msg.expires_ns for msg in chunk]
+        e.replaced += [False] * len(chunk)

@@ -25,6 +25,7 @@ from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .room import Room
 from .schema import (
+    BODY_HEAD,
     Body,
     DBS,
     GROUP_MESSAGES,
@@ -198,17 +199,20 @@ class Txn(HolderRows):
         return self.store.room.full(self.used_bytes)
 
     # --- messages and their indexes ------------------------------------------------
-    def put_messages(self, t: int, bodies: list[tuple[int, Body]], *, dedupe: bool, expire: bool) -> None:
-        """New messages with their index entries: the dedupe key of each on a
-        Dedupe topic, its expiry on an Expire topic. A Dedupe topic's message
-        is replaced in place by its key's next version, and its bodies row
-        written again whole: so it has a row of its own."""
-        self.put_bodies(t, bodies, group=1 if dedupe else GROUP_MESSAGES)
-        for m, body in bodies if dedupe or expire else ():
+    def put_messages(self, t: int, first: int, records: list[bytes], *, dedupe: bool, expire: bool) -> None:
+        """New messages, the records (schema.body_record) of ids first, first + 1,
+        ..., with their index entries: the dedupe key of each on a Dedupe
+        topic, its expiry on an Expire topic. A Dedupe topic's message is
+        replaced in place by its key's next version, and its bodies row written
+        again whole: so it has a row of its own."""
+        self.put_records(t, first, records, group=1 if dedupe else GROUP_MESSAGES)
+        head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
+        for m, record in enumerate(records if dedupe or expire else (), first):
+            _, _, expires_ns, klen = head(record)
             if dedupe:
-                self.put_dedupe(t, body.key, m)
-            if expire and body.expires_ns:
-                self.add_expiry(body.expires_ns, t, m)
+                self.put_dedupe(t, record[head_size : head_size + klen], m)
+            if expire and expires_ns:
+                self.add_expiry(expires_ns, t, m)
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""

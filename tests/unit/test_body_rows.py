@@ -9,7 +9,7 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppmq.schema import BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, body_columns
+from ppmq.schema import BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, body_columns, encode_body
 from ppmq.store import Store, Txn
 
 T = 7  # a topic id
@@ -25,8 +25,8 @@ def rows(txn: Txn, t: int = T) -> list[tuple[int, list[int]]]:
         return [(TM.unpack(key)[1], list(body_columns(raw)[0])) for key, raw in cur if TM.unpack(key)[0] == t]
 
 
-def publish(txn: Txn, first: int, last: int, size: int = 10) -> None:
-    txn.put_bodies(T, [(m, body(m, size)) for m in range(first, last + 1)])
+def publish(txn: Txn, first: int, last: int, size: int = 10, t: int = T) -> None:
+    txn.put_records(t, first, [encode_body(body(m, size)) for m in range(first, last + 1)])
 
 
 def test_a_publish_is_stored_in_rows_of_at_most_GROUP_MESSAGES_keyed_by_their_first_id(txn):
@@ -45,7 +45,7 @@ def test_a_publish_of_large_messages_starts_a_row_once_one_reaches_BODY_ROW_BYTE
 
 def test_a_deleted_message_is_cut_out_of_its_row_and_an_emptied_row_is_deleted(txn):
     # Given two publishes, 1..5 (3 expiring, on a Dedupe topic's keys) and 6..10
-    txn.put_bodies(T, [(m, body(m, expires_ns=50 if m == 3 else 0)) for m in range(1, 6)])
+    txn.put_records(T, 1, [encode_body(body(m, expires_ns=50 if m == 3 else 0)) for m in range(1, 6)])
     publish(txn, 6, 10)
     # When 2..7 are popped (and 99, which is not stored)
     popped = txn.pop_bodies(T, [7, 2, 3, 4, 5, 6, 99], keys=True)
@@ -81,14 +81,15 @@ def test_put_body_splits_a_row_that_an_insert_takes_past_GROUP_MESSAGES(txn):
 
 
 def test_a_dedupe_topics_messages_have_a_row_each_so_a_new_version_rewrites_one(txn):
-    txn.put_messages(T, [(m, body(m)) for m in range(1, 4)], dedupe=True, expire=False)
+    txn.put_messages(T, 1, [encode_body(body(m)) for m in range(1, 4)], dedupe=True, expire=False)
     assert rows(txn) == [(1, [1]), (2, [2]), (3, [3])]
+    assert [txn.get_dedupe(T, b"k%d" % m) for m in range(1, 4)] == [1, 2, 3]
 
 
 def test_topics_keep_to_their_own_rows(txn):
     publish(txn, 1, 3)
-    txn.put_bodies(T + 1, [(m, body(m)) for m in (1, 2)])
-    txn.put_bodies(T - 1, [(9, body(9))])
+    publish(txn, 1, 2, t=T + 1)
+    publish(txn, 9, 9, t=T - 1)
     assert rows(txn) == [(1, [1, 2, 3])] and rows(txn, T + 1) == [(1, [1, 2])]
     assert [m for m, _ in txn.bodies_of(T)] == [1, 2, 3] and txn.get_body(T + 1, 3) is None
 
@@ -119,7 +120,7 @@ def test_any_sequence_of_operations_keeps_what_a_dict_would_and_rows_that_tile_t
                 for op in ops:
                     if op[0] == "publish":
                         new = [(m, body(m, op[2])) for m in range(seq + 1, seq + op[1] + 1)]
-                        txn.put_bodies(T, new)
+                        txn.put_records(T, seq + 1, [encode_body(b) for _, b in new])
                         model.update(new)
                         seq += op[1]
                     elif op[0] == "pop":

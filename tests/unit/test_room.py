@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ppmq.room import BODY_FACTOR, BODY_OVERHEAD, RECOUNT_BYTES
-from ppmq.schema import Body
+from ppmq.schema import Body, encode_body
 from ppmq.state import NS
 from ppmq.store import Store, Txn
 
@@ -34,7 +34,7 @@ def fill(txn: Txn, size: int) -> int:
     """Bodies of `size` bytes until a publish would be refused; how many."""
     m = 0
     while not txn.full():
-        txn.put_bodies(T, [(m, body(size))])
+        txn.put_records(T, m, [encode_body(body(size))])
         m += 1
     return m
 
@@ -44,8 +44,8 @@ def test_a_store_far_from_full_is_counted_once_a_recount_of_bodies(store: Store)
     with store.write() as txn:
         for m in range(n):
             assert not txn.full()
-            txn.put_bodies(T, [(m, body(size))])
-        txn.put_bodies(T, [(m, body(size)) for m in range(n, 2 * n)])
+            txn.put_records(T, m, [encode_body(body(size))])
+        txn.put_records(T, n, [encode_body(body(size))] * n)
         assert not txn.full()
     most = 2 * n * (BODY_FACTOR * size + BODY_OVERHEAD) // RECOUNT_BYTES + 2
     assert 2 <= store.room.counts <= most, "counted at every publish, or never again"
@@ -61,7 +61,7 @@ def test_a_publish_is_refused_when_and_only_when_the_pages_in_use_reach_the_limi
             if refused:
                 break
             # sizes on both sides of half a page, where bodies move to overflow pages
-            txn.put_bodies(T, [(m, body(rng.choice((rng.randrange(10, 2_000), rng.randrange(2_000, 30_000)))))])
+            txn.put_records(T, m, [encode_body(body(rng.choice((rng.randrange(10, 2_000), rng.randrange(2_000, 30_000)))))])
         assert refused, "never full"
         counts = store.room.counts
     assert counts < m / 2, "counted at every publish"
