@@ -137,12 +137,13 @@ class Publishing(Wired):
         # Only an open subscriber keeps them fresh, to be taken in this step: the
         # in-flight entries are packed for it, not for a backlog nobody reads now.
         takes_fresh = not self._open.isdisjoint(subs)
+        limited = topic.limited  # a property: asked once, not per message
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None:
                 key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
             fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
             size = len(fragment)
-            if topic.limited:
+            if limited:
                 self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
             stats.stored_bytes += size
             records.append(body_record(prio, now_ns, expires_ns, key, fragment))

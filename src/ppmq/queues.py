@@ -26,6 +26,7 @@ from .store import Txn
 
 log = logging.getLogger(__name__)
 _PRIO, _M, _FLIGHT = itemgetter(0), itemgetter(1), itemgetter(4)  # of a Fresh, read in C
+_ATTEMPTS = itemgetter(3)  # of a Taken
 
 
 class Fresh(NamedTuple):
@@ -162,7 +163,7 @@ class Queue:
             # the truth, and a count they do not back would make every step come back.
             log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, ready)
             self.stats.ready = [0] * len(ready)
-        self._count_delivered(len(taken), sum(x.attempts > 1 for x in taken))
+        self._count_delivered(len(taken), len(taken) - [*map(_ATTEMPTS, taken)].count(1))  # delivered before: more than 1
         return Pulled(taken, expired)
 
     def _count_delivered(self, n: int, again: int) -> None:
