@@ -113,20 +113,20 @@ class BodyRows(Rows):
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id; none of a publish being staged."""
         staged = self.staged()
-        for m, raw, start, end in self._body_records(t, 0):
+        for m, raw, start, end in self._records_from(t, 0):
             if staged is None or not staged.hides(t, m):
                 yield m, decode_body(raw[start:end])
 
     def staged_ids(self, staged: Staged, limit: int) -> list[int]:
         """Up to `limit` ids of stored messages in the staged range, lowest first."""
         out = []
-        for m, *_ in self._body_records(staged.t, staged.first):
+        for m, *_ in self._records_from(staged.t, staged.first):
             if m > staged.last or len(out) >= limit:
                 break
             out.append(m)
         return out
 
-    def _body_records(self, t: int, first: int) -> Iterator[tuple[int, bytes, int, int]]:
+    def _records_from(self, t: int, first: int) -> Iterator[tuple[int, bytes, int, int]]:
         """Each stored message of t from id `first` on, by id: (m, row, start, end)."""
         prefix = u32(t)
         with self.txn.cursor(db=self._bodies) as cur:
