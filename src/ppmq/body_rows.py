@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import lmdb
 
 from .rows import Rows, at_row
-from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, decode_body, encode_body, encode_body_row, u32
+from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, u32
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 
@@ -88,15 +88,8 @@ class BodyRows(Rows):
         if n <= group and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
             self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
             return
-        rows, ids, kept, size = [], [], [], 0
-        for m, record in enumerate(records, first):
-            if len(ids) == group or size >= BODY_ROW_BYTES:
-                rows.append((TM.pack(t, ids[0]), encode_body_row(ids, kept)))
-                ids, kept, size = [], [], 0
-            ids.append(m)
-            kept.append(record)
-            size += len(record)
-        rows.append((TM.pack(t, ids[0]), encode_body_row(ids, kept)))
+        spans = body_row_spans(list(map(len, records)), group)
+        rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
         self._put_all_in_order(rows, self._bodies)
 
     def pop_bodies(self, t: int, ms: list[int], *, keys: bool) -> Popped:

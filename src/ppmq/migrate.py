@@ -18,7 +18,7 @@ from itertools import groupby, islice
 
 import lmdb
 
-from .schema import BODY_HEAD, BODY_ROW_BYTES, DTSM, FLIGHT_ENTRY, GROUP_MESSAGES, HOLDER, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError, encode_body_row, encode_holders_row
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, GROUP_MESSAGES, HOLDER, READY_ENTRY, READY_RUN, SCHEMA_VERSION, TM, TSM, TSPQ, U64, StoreError, body_row_spans, encode_body_row, encode_holders_row
 
 log = logging.getLogger(__name__)
 
@@ -136,25 +136,13 @@ def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> 
     while start is not None:
         runs, start = _old_runs(txn, db, start)
         for run in runs:
-            for row in _by_bytes(run):
+            for a, b in body_row_spans([len(value) for _, value in run]):
+                row = run[a:b]
                 txn.put(row[0][0], encode_body_row([TM.unpack(key)[1] for key, _ in row], [value for _, value in row]), db=db)
                 for key, _ in row[1:]:
                     txn.delete(key, db=db)
             rewritten += len(run)
     return rewritten
-
-
-def _by_bytes(run: list[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
-    """A run of old bodies rows cut where a publish would start a new row."""
-    rows: list[list[tuple[bytes, bytes]]] = [[]]
-    size = 0
-    for item in run:
-        if size >= BODY_ROW_BYTES:
-            rows.append([])
-            size = 0
-        rows[-1].append(item)
-        size += len(item[1])
-    return rows
 
 
 def _3_to_4(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
