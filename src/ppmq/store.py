@@ -92,6 +92,14 @@ class Store:
         self.ready_tails.clear()
         self.room.forget()
 
+    def undo(self, txn: lmdb.Transaction, exc: BaseException) -> None:
+        """Abort txn (a step's, or a savepoint's), which `exc` ended, and forget
+        what memory keeps of its rows; an LMDB error goes on as the store's own."""
+        txn.abort()
+        self.forget()
+        if isinstance(exc, lmdb.Error):
+            raise self.translate(exc) from None
+
     def committed_meta(self, name: bytes) -> bytes | None:
         """A meta record as the last commit left it (in a read transaction of its own)."""
         with self.env.begin(db=self.dbs["meta"]) as txn:
@@ -149,10 +157,7 @@ class Writing:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         store, txn = self._store, self._txn
         if exc is not None:
-            txn.abort()
-            store.forget()
-            if isinstance(exc, lmdb.Error):
-                raise store.translate(exc) from None
+            store.undo(txn, exc)
             return
         try:
             txn.commit()
@@ -172,12 +177,9 @@ class Txn(HolderRows):
         try:
             yield
         except BaseException as exc:
-            self.txn.abort()
-            self.store.forget()
             if self._watch is not None:
                 self._watch.undo(noted)
-            if isinstance(exc, lmdb.Error) and isinstance(self.store, Store):
-                raise self.store.translate(exc) from None
+            self.store.undo(self.txn, exc)
             raise
         else:
             self.txn.commit()
