@@ -11,7 +11,7 @@ message leaves no trace.
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 import msgspec
@@ -28,6 +28,7 @@ from .wiring import Wired
 
 
 _DUE = attrgetter("due_ns")
+_PRIO = itemgetter(1)  # of a Prepared, read in C
 
 
 class Stored(NamedTuple):
@@ -50,7 +51,12 @@ class Publishing(Wired):
         if not subs:
             pass  # nobody to deliver to, like a fanout exchange without queues
         elif not topic.dedupe and not topic.limited:
-            stored = self._store_new(txn, topic, t, prepared, now_ns, subs)  # the whole batch at once
+            # The whole batch at once, its ids by priority, then by place in the
+            # publish: delivery order is the same (priority, then publish order),
+            # but a batch of one priority then takes a run of consecutive ids,
+            # which its ack releases and deletes as whole rows (schema.py)
+            # instead of cutting every third id out of them. Sorted stably, in C.
+            stored = self._store_new(txn, topic, t, sorted(prepared, key=_PRIO), now_ns, subs)
             if self._events.journaled:
                 self._events.publish(topic.name, *stored, False)
         elif not topic.limited:

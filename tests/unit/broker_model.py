@@ -115,6 +115,16 @@ class TopicModel:
         self.published += 1
         return True
 
+    def publish_all(self, entries: list[tuple[object, Msg, int]]) -> int | None:
+        """A whole publish of (ident, msg, due_ns): the index of the first
+        message the topic had no room for (the broker then refuses all of it),
+        None when all are stored. One stored at once (no Dedupe, no limits)
+        takes its ids by priority, then by place in the publish (docs/protocol.md Keys)."""
+        order = list(range(len(entries)))
+        if not self.config.dedupe and not self.config.limited:
+            order.sort(key=lambda i: entries[i][1].prio)
+        return next((i for i in order if not self.publish(*entries[i])), None)
+
     def _replace(self, ident: object, msg: Msg, due_ns: int) -> None:
         """A new version keeps the place of a waiting one at the same or a higher
         priority number; anywhere else it goes to the end of its priority."""

@@ -200,7 +200,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
                 return
             trial = copy.deepcopy(tm)
-            full_at = next((i for i, entry in enumerate(idents) if not trial.publish(*entry)), None)
+            full_at = trial.publish_all(idents)
             if full_at is None:
                 assert (reply.status, reply.accepted) == (200, len(spec))
                 self.model[topic] = trial

@@ -220,28 +220,28 @@ def full_window_and_a_tail(pair: Pair, topic: str = "plain", **fields: object) -
 def test_a_batch_the_publishes_before_left_in_the_queue_is_taken_from_memory_in_queue_order(tmp_path, monkeypatch):
     pair = Pair(tmp_path, monkeypatch)
     # Given s1's Window full and two publishes of mixed priorities behind it
-    full_window_and_a_tail(pair)  # ids 4, 5, 6 at priorities 2, 0, 1
-    pair.publish(0, 2, 1)  # ids 7, 8, 9
+    full_window_and_a_tail(pair)  # priorities 2, 0, 1: ids 4, 5, 6 at 0, 1, 2 (a publish's ids go by priority)
+    pair.publish(0, 2, 1)  # ids 7, 8, 9 at priorities 0, 1, 2
     # When s1 acks its batch, and then the next
     pair.keep_acking(3)
     # Then both batches came from memory, by priority then position, as from the rows
-    assert pair.taken == [[5, 7, 6], [9, 4, 8]]
+    assert pair.taken == [[4, 7, 5], [8, 6, 9]]
     pair.close()
 
 
 def test_a_long_queue_in_memory_gives_its_batches_by_priority_then_position_across_publishes_cut_anywhere(tmp_path, monkeypatch):
     pair = Pair(tmp_path, monkeypatch)
     # Given s1's Window full and three publishes of mixed priorities behind it
-    full_window_and_a_tail(pair)  # ids 4, 5, 6 at priorities 2, 0, 1
+    full_window_and_a_tail(pair)  # ids 4, 5, 6 at priorities 0, 1, 2
     pair.publish(1, 1, 1)  # ids 7, 8, 9
-    pair.publish(0, 0, 2)  # ids 10, 11, 12
+    pair.publish(0, 0, 2)  # ids 10, 11, 12 at priorities 0, 0, 2
     # When s1 acks its batch twice, a fourth publish comes, and s1 goes on acking
     pair.keep_acking(2)
     pair.publish(1)  # id 13
     pair.keep_acking(3)
     # Then each batch came from memory: a priority's publishes in order, the
     # second batch cutting the publish of 7, 8, 9 after 8, and 13 behind 9
-    assert pair.taken == [[5, 10, 11], [6, 7, 8], [9, 13, 4], [12]]
+    assert pair.taken == [[4, 10, 11], [5, 7, 8], [9, 13, 6], [12]]
     pair.close()
 
 
