@@ -95,12 +95,14 @@ def test_topics_keep_to_their_own_rows(txn):
 
 
 # A sequence of operations on one topic, compared with a dict: publishes of new
-# ids (above every stored one), pops of any ids, new versions of stored ones,
+# ids (above every stored one), pops of any ids or of a run, new versions of stored ones,
 # and puts of ids anywhere.
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("publish"), st.integers(1, 300), st.sampled_from([5, 300, BODY_ROW_BYTES // 3])),
         st.tuples(st.just("pop"), st.lists(st.integers(0, 1_500), max_size=80), st.booleans()),
+        # stored messages one after another (from the i-th on), as the last ack of a batch of one priority pops
+        st.tuples(st.just("pop stored"), st.integers(0, 600), st.integers(1, 150), st.booleans()),
         st.tuples(st.just("version"), st.integers(0, 1_500), st.integers(1, 2_000)),
         st.tuples(st.just("put"), st.integers(0, 1_500), st.integers(1, 2_000)),
     ),
@@ -123,7 +125,9 @@ def test_any_sequence_of_operations_keeps_what_a_dict_would_and_rows_that_tile_t
                         txn.put_records(T, seq + 1, [encode_body(b) for _, b in new])
                         model.update(new)
                         seq += op[1]
-                    elif op[0] == "pop":
+                    elif op[0] in ("pop", "pop stored"):
+                        if op[0] == "pop stored":
+                            op = ("pop", sorted(model)[op[1] : op[1] + op[2]], op[3])
                         popped = txn.pop_bodies(T, op[1], keys=op[2])
                         gone = sorted(set(op[1]) & model.keys())
                         assert (popped.count, popped.size) == (len(gone), sum(len(model[m].fragment) for m in gone))
