@@ -36,10 +36,13 @@ def test_a_backlog_published_before_the_subscriber_appears_arrives_by_priority_t
         c.publish("t", [{"Payload": i, "Priority": (i * 7) % 3} for i in range(60)])
     assert b.sub_status("t", "s")["Ready"] == [20, 20, 20]
     sub = broker_factory.subscriber(b, "s")
-    got = [m["Payload"] for m in sub.wait_messages(60)]
+    msgs = sub.wait_messages(60)
     expected = sorted(range(60), key=lambda i: ((i * 7) % 3, i))
-    assert got == expected
+    assert [m["Payload"] for m in msgs] == expected
     assert all(len(batch["Messages"]) <= 7 for batch in sub.batches)
+    # and the publish's generated keys go the same way: by priority, then order (docs/protocol.md Keys)
+    keys = [int(m["Key"]) for m in msgs]
+    assert keys == list(range(keys[0], keys[0] + 60))
 
 
 def test_generated_keys_are_unique_and_never_reused_across_a_restart(broker_factory):
