@@ -111,7 +111,7 @@ class Filling(Laning):
                 self._expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
-            ids, _, _, attempts, pub_ns, fragments = zip(*pulled.entries)
+            ids, _, _, attempts, pub_ns, fragments, _ = zip(*pulled.entries)
             sizes = map(len, fragments)  # taken only by the journal
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, sizes)

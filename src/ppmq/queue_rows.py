@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
+from operator import itemgetter
 
 from .body_rows import BodyFinder
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
 from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TS, TSM, U64, Flight, Taken, make
 
 log = logging.getLogger(__name__)
+_M, _FLIGHT = itemgetter(0), itemgetter(6)  # of a Taken, read in C
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
@@ -34,7 +36,7 @@ class QueueRows(ReadyRows):
         if taken is not None:  # the queue was in memory too: its bodies are not read
             self._into_flight(t, s, taken, deadline_ns)
             return taken, [], []
-        head_size, head = BODY_HEAD.size, BODY_HEAD.unpack_from
+        head_size, head, entry = BODY_HEAD.size, BODY_HEAD.unpack_from, FLIGHT_ENTRY.pack
         taken = []
         expired: list[int] = []
         missing: list[int] = []
@@ -49,7 +51,8 @@ class QueueRows(ReadyRows):
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP
-            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end])))
+            flight = entry(m, prio, pos, attempts + 1, publish_ns)
+            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end], flight)))
             return TAKE
 
         with self.txn.cursor(db=self._bodies) as cur:
@@ -60,8 +63,7 @@ class QueueRows(ReadyRows):
 
     def _into_flight(self, t: int, s: int, taken: list[Taken], deadline_ns: int) -> None:
         if taken:
-            entry = FLIGHT_ENTRY.pack
-            self.put_flight(t, s, [entry(*x[:5]) for x in taken], deadline_ns, [x.m for x in taken])
+            self.put_flight(t, s, list(map(_FLIGHT, taken)), deadline_ns, list(map(_M, taken)))
 
     # --- in flight --------------------------------------------------------------------
     def watch_flights(self, watch: FlightWatch) -> None:

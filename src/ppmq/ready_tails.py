@@ -34,7 +34,7 @@ from bisect import bisect_right
 from collections import deque
 from operator import itemgetter
 
-from .schema import Taken, make
+from .schema import FLIGHT_ENTRY, Taken, make
 
 BUDGET_BYTES = 4 << 20  # message bytes in every tail together
 _PRIO, _SIZE, _EXPIRES = itemgetter(0), itemgetter(3), itemgetter(5)  # of a queues.Fresh
@@ -74,7 +74,11 @@ class ReadyTails:
         tail = self._tails.get((t, s))
         if tail is None:
             return
-        entries = [make(Taken, (m, prio, m, 1, publish_ns, fragment)) for prio, m, fragment, _, _, _ in sorted(fresh, key=_PRIO)]
+        pack = FLIGHT_ENTRY.pack
+        entries = [
+            make(Taken, (m, prio, m, 1, publish_ns, fragment, flight or pack(m, prio, m, 1, publish_ns)))
+            for prio, m, fragment, _, flight, _ in sorted(fresh, key=_PRIO)
+        ]  # fmt: skip
         i = 0
         while i < len(entries):  # a slice per priority: most publishes have one
             prio = entries[i].prio

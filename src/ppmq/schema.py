@@ -161,7 +161,7 @@ class Delayed(NamedTuple):
 
 class Taken(NamedTuple):
     """A ready entry a batch moved into flight, with what the batch and the journal
-    need; its first five fields are its Flight."""
+    need; its first five fields are its Flight, and `flight` is them packed."""
 
     m: int
     prio: int
@@ -169,6 +169,7 @@ class Taken(NamedTuple):
     attempts: int  # deliveries so far, this one included
     publish_ns: int
     fragment: bytes
+    flight: bytes  # FLIGHT_ENTRY: a publish's first deliveries share the one it packed (queues.Fresh)
 
 
 class Staged(NamedTuple):
