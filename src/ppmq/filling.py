@@ -18,13 +18,14 @@ from .lanes import Lanes, room
 from .laning import Laning
 from .ledger import Ledger
 from .ops import Delivery
-from .queues import Fresh, Queue, space
+from .queues import Queue, space
+from .schema import Taken
 from .state import NS
 from .store import Txn
 
 
 class Filling(Laning):
-    _fresh: dict[tuple[str, str], list[Fresh]]  # (topic, subscriber) -> its fresh messages, oldest first
+    _fresh: dict[tuple[str, str], list[Taken]]  # (topic, subscriber) -> its fresh messages, oldest first
     _open: set[str]  # the subscribers that can take a batch in this step
     _ledger: Ledger
     # subscriber -> the topics where it had messages ready when the last step ended:
@@ -59,7 +60,7 @@ class Filling(Laning):
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
-        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, self._events.now_ns if fresh else 0)
+        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, keep_tail=fresh)
 
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic may be pushed to sub now: with lanes, to its
@@ -99,11 +100,11 @@ class Filling(Laning):
         messages when they are its whole queue, else from the ready rows;
         expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), now_ns)
+        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), keep_tail=True)
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline)
         if taken is not None:  # published in this very step
-            _, ids, fragments, sizes, _, _ = zip(*taken)
+            ids, _, _, _, _, fragments, _, _ = zip(*taken)
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         else:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
@@ -111,10 +112,9 @@ class Filling(Laning):
                 self._expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
-            ids, _, _, attempts, pub_ns, fragments, _ = zip(*pulled.entries)
-            sizes = map(len, fragments)  # taken only by the journal
+            ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*pulled.entries)
         if self._events.journaled:
-            self._events.deliver(topic.name, sub, ids, pub_ns, attempts, sizes)
+            self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
         if self.sub_configs[sub].metadata:
             fragments = list(map(p.with_metadata, fragments, entries(attempts, len(ids)), entries(pub_ns, len(ids))))
         return list(ids), list(fragments)
@@ -131,6 +131,6 @@ class Filling(Laning):
             self._settle(txn, key, fresh)
         self._fresh = {}
 
-    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Fresh]) -> None:
+    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Taken]) -> None:
         topic, sub = key
-        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, self._events.now_ns).settle()
+        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, keep_tail=True).settle()

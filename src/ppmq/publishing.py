@@ -19,8 +19,7 @@ import msgspec
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
-from .queues import Fresh
-from .schema import FLIGHT_ENTRY, Body, body_record, make
+from .schema import FLIGHT_ENTRY, Body, Taken, body_record, make
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared
@@ -154,7 +153,7 @@ class Publishing(Wired):
             stats.stored_bytes += size
             records.append(body_record(prio, now_ns, expires_ns, key, fragment))
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
-            new.append(make(Fresh, (prio, m, fragment, size, flight, expires_ns)))  # one tuple shared by every queue
+            new.append(make(Taken, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one tuple shared by every queue
             if journaled:
                 prios.append(prio)
                 sizes.append(size)
@@ -168,7 +167,7 @@ class Publishing(Wired):
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [(m, prio) for prio, m, _, _, _, _ in new])
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [f[:2] for f in new])  # (m, prio)
         return Stored(range(first, first + len(records)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------

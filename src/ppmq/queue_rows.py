@@ -52,7 +52,7 @@ class QueueRows(ReadyRows):
                 expired.append(m)
                 return KEEP
             flight = entry(m, prio, pos, attempts + 1, publish_ns)
-            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end], flight)))
+            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end], flight, expires_ns)))
             return TAKE
 
         with self.txn.cursor(db=self._bodies) as cur:

@@ -25,19 +25,7 @@ from .schema import Delayed, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
-_PRIO, _M, _FLIGHT = itemgetter(0), itemgetter(1), itemgetter(4)  # of a Fresh, read in C
-_ATTEMPTS = itemgetter(3)  # of a Taken
-
-
-class Fresh(NamedTuple):
-    """A message published in this step, not yet in the ready rows."""
-
-    prio: int
-    m: int  # message id, and its queue position
-    fragment: bytes
-    size: int  # len(fragment), known when it was stored: the journal's Bytes of its delivery
-    flight: bytes  # its in-flight entry as a first delivery in this step, packed once for every subscriber (b"": none open)
-    expires_ns: int  # 0: never
+_M, _PRIO, _ATTEMPTS, _FLIGHT = itemgetter(0), itemgetter(1), itemgetter(3), itemgetter(6)  # of a Taken, read in C
 
 
 class Pulled(NamedTuple):
@@ -60,16 +48,15 @@ def space(stats: SubStats, batch_size: int, window: int) -> int:
 class Queue:
     """One subscription's entries and counters, inside one transaction."""
 
-    __slots__ = ("_txn", "t", "s", "stats", "fresh", "tail_ns")
+    __slots__ = ("_txn", "t", "s", "stats", "fresh", "keep_tail")
 
-    def __init__(self, txn: Txn, t: int, s: int, stats: SubStats, fresh: list[Fresh] | None = None, tail_ns: int = 0) -> None:
+    def __init__(self, txn: Txn, t: int, s: int, stats: SubStats, fresh: list[Taken] | None = None, keep_tail: bool = False) -> None:
         self._txn = txn
         self.t, self.s = t, s
         self.stats = stats
         self.fresh = fresh  # the step's fresh list of this subscription, for a publish or a batch
-        # When fresh messages get ready rows, the queue keeps them in memory too
-        # (ready_tails.py), as published at tail_ns (the step's time); 0: it does not.
-        self.tail_ns = tail_ns
+        # When fresh messages get ready rows, the queue keeps them in memory too (ready_tails.py).
+        self.keep_tail = keep_tail
 
     # --- reading ---------------------------------------------------------------------
 
@@ -85,7 +72,7 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[Fresh], may_stay_fresh: list[bool] | None, open_: bool, due: list[int] | None = None) -> None:
+    def add_new(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, open_: bool, due: list[int] | None = None) -> None:
         """New messages at the end of the queue. While the subscriber is open and
         has nothing older queued they stay fresh (those `may_stay_fresh` allows;
         None: all), else they get ready rows; those with a due time (`due`, 0:
@@ -109,7 +96,7 @@ class Queue:
             if due is None or not due[i]:
                 ready[f.prio] += 1
         if queued:
-            self._txn.push_fresh(self.t, self.s, queued, self.tail_ns, start=False)
+            self._txn.push_fresh(self.t, self.s, queued, self.keep_tail, start=False)
 
     def reveal(self, counts: list[int]) -> None:
         """A staged publish (staging.py) whose ready rows were written hidden is whole:
@@ -122,12 +109,12 @@ class Queue:
         left as it was (the broker drops it): a request undone keeps a prefix of
         it, so lists only ever grow."""
         if self.fresh:
-            self._txn.push_fresh(self.t, self.s, self.fresh, self.tail_ns, start=self.ready == len(self.fresh))
+            self._txn.push_fresh(self.t, self.s, self.fresh, self.keep_tail, start=self.ready == len(self.fresh))
         self.fresh = None
 
     # --- delivery ------------------------------------------------------------------------
 
-    def take_fresh(self, limit: int, deadline_ns: int) -> list[Fresh] | None:
+    def take_fresh(self, limit: int, deadline_ns: int) -> list[Taken] | None:
         """When the fresh messages (published in this step) are the whole queue:
         the first `limit` of them in queue order, now in flight; the rest settle.
         None otherwise."""
@@ -291,8 +278,8 @@ class Queue:
         return msgs
 
 
-def _count(ready: list[int], msgs: Iterable[Fresh], sign: int) -> None:
+def _count(ready: list[int], msgs: Iterable[Taken], sign: int) -> None:
     """Add (sign 1) or take (-1) msgs to the ready counters of their priorities.
     A plain loop indexing the tuple: cheaper than Counter, or than `f.prio`."""
     for f in msgs:
-        ready[f[0]] += sign
+        ready[f[1]] += sign

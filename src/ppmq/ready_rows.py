@@ -51,19 +51,20 @@ class ReadyRows(DelayedRows):
             items = _joined(cur, t, s, prio, [(pos, m, attempts)])
         self._put_all_in_order(items, self._ready)
 
-    def push_fresh(self, t: int, s: int, fresh: list[tuple], publish_ns: int, start: bool) -> None:
-        """Messages just published (queues.Fresh) into s's queue, after all it
-        holds: they start its tail (`start`: it holds nothing else) or join the
-        one it has (ready_tails.py); publish_ns 0: no tail is kept. Nor is one
-        while a publish is being staged, whose hidden entries the runs hold
-        below the tail's, and which shows them all at once when it is whole."""
-        if not publish_ns or self.staged() is not None:
+    def push_fresh(self, t: int, s: int, fresh: list[Taken], keep_tail: bool, start: bool) -> None:
+        """Messages just published (their first deliveries, queues.py) into s's
+        queue, after all it holds: with `keep_tail`, they start its tail
+        (`start`: it holds nothing else) or join the one it has (ready_tails.py).
+        No tail is kept while a publish is being staged, whose hidden entries
+        the runs hold below the tail's, and which shows them all at once when
+        it is whole."""
+        if not keep_tail or self.staged() is not None:
             self._tails.drop(t, s)
         elif start:
-            self._tails.start(t, s, fresh, publish_ns)
+            self._tails.start(t, s, fresh)
         else:
-            self._tails.extend(t, s, fresh, publish_ns)
-        self._push_many(t, s, [(f[0], f[1], f[1]) for f in fresh])
+            self._tails.extend(t, s, fresh)
+        self._push_many(t, s, [(f[1], f[2], f[0]) for f in fresh])
 
     def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
         """(prio, pos, m) entries, first attempts, into s's queue."""

@@ -34,11 +34,10 @@ from bisect import bisect_right
 from collections import deque
 from operator import itemgetter
 
-from .schema import FLIGHT_ENTRY, Taken, make
+from .schema import Taken
 
 BUDGET_BYTES = 4 << 20  # message bytes in every tail together
-_PRIO, _SIZE, _EXPIRES = itemgetter(0), itemgetter(3), itemgetter(5)  # of a queues.Fresh
-TAKEN_PRIO, _FRAGMENT = itemgetter(1), itemgetter(5)  # of a Taken
+TAKEN_PRIO, _FRAGMENT, _FLIGHT, _EXPIRES = itemgetter(1), itemgetter(5), itemgetter(6), itemgetter(7)  # of a Taken
 
 
 class _Tail:
@@ -61,24 +60,26 @@ class ReadyTails:
         self.budget_bytes = budget_bytes  # 0 keeps none: every queue is read from its rows
         self.disagreed = 0  # tails found not to be what their rows hold: a bug, which tests look for
 
-    def start(self, t: int, s: int, fresh: list[tuple], publish_ns: int) -> None:
-        """(t, s)'s queue was empty, and now holds the `fresh` messages
-        (queues.Fresh, in position order) published at publish_ns."""
+    def start(self, t: int, s: int, fresh: list[Taken]) -> None:
+        """(t, s)'s queue was empty, and now holds the `fresh` messages (the
+        first deliveries their publish made, in position order)."""
         self.drop(t, s)
         self._tails[t, s] = _Tail()
-        self.extend(t, s, fresh, publish_ns)
+        self.extend(t, s, fresh)
 
-    def extend(self, t: int, s: int, fresh: list[tuple], publish_ns: int) -> None:
+    def extend(self, t: int, s: int, fresh: list[Taken]) -> None:
         """The `fresh` messages joined the end of (t, s)'s queue: kept as the
-        entries a batch takes if it has a tail."""
+        entries a batch takes if it has a tail. They are the publish's own
+        tuples, shared with every other subscriber's tail: nothing is made per
+        message and subscriber. One without its in-flight entry packed (no
+        subscriber was open when it was published) cannot be taken from here."""
         tail = self._tails.get((t, s))
         if tail is None:
             return
-        pack = FLIGHT_ENTRY.pack
-        entries = [
-            make(Taken, (m, prio, m, 1, publish_ns, fragment, flight or pack(m, prio, m, 1, publish_ns)))
-            for prio, m, fragment, _, flight, _ in sorted(fresh, key=_PRIO)
-        ]  # fmt: skip
+        if not all(map(_FLIGHT, fresh)):
+            self.drop(t, s)
+            return
+        entries = sorted(fresh, key=TAKEN_PRIO)
         i = 0
         while i < len(entries):  # a slice per priority: most publishes have one
             prio = entries[i].prio
@@ -88,7 +89,7 @@ class ReadyTails:
         soonest = min(filter(None, map(_EXPIRES, fresh)), default=0)
         if soonest and (not tail.expires_ns or soonest < tail.expires_ns):
             tail.expires_ns = soonest
-        added = sum(map(_SIZE, fresh))
+        added = sum(map(len, map(_FRAGMENT, fresh)))
         tail.size += added
         self._size += added
         if self._size > self.budget_bytes:

@@ -160,8 +160,11 @@ class Delayed(NamedTuple):
 
 
 class Taken(NamedTuple):
-    """A ready entry a batch moved into flight, with what the batch and the journal
-    need; its first five fields are its Flight, and `flight` is them packed."""
+    """A queue entry as a batch takes it into flight, with what the batch and
+    the journal need; its first five fields are its Flight, and `flight` is
+    them packed. A publish makes one per message (its first delivery), shared
+    by every subscriber's queue: fresh in the step (queues.py) and kept in
+    memory after it (ready_tails.py). A batch from the ready rows makes its own."""
 
     m: int
     prio: int
@@ -169,7 +172,8 @@ class Taken(NamedTuple):
     attempts: int  # deliveries so far, this one included
     publish_ns: int
     fragment: bytes
-    flight: bytes  # FLIGHT_ENTRY: a publish's first deliveries share the one it packed (queues.Fresh)
+    flight: bytes  # FLIGHT_ENTRY; b"" for a publish that no open subscriber may take in its step
+    expires_ns: int  # 0: never
 
 
 class Staged(NamedTuple):

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from ppmq.schema import StoreFullError
+from ppmq.schema import FLIGHT_ENTRY, StoreFullError, Taken
 from ppmq.store import Store
 
 T, S = 1, 1  # a topic id, a subscriber id
-FRESH = (0, 1, b'{"Key":"1"}', 11, b"", 0)  # a fresh message as a ready tail keeps it (queues.Fresh)
+# a message's first delivery, as a publish makes it and a ready tail keeps it
+FRESH = Taken(1, 0, 1, 1, 1_000, b'{"Key":"1"}', FLIGHT_ENTRY.pack(1, 0, 1, 1, 1_000), 0)
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def test_a_block_that_ends_cleanly_is_committed(store: Store) -> None:
 
 
 def test_a_block_that_raises_is_undone_with_what_memory_keeps_and_its_exception_goes_on(store: Store) -> None:
-    store.ready_tails.start(T, S, [FRESH], 0)
+    store.ready_tails.start(T, S, [FRESH])
     with pytest.raises(ValueError, match="a bug"):
         with store.write() as txn:
             txn.put_meta(b"test", b"undone")
