@@ -80,9 +80,12 @@ class Queue:
         fresh = self.fresh
         caught_up = open_ and fresh is not None and self.ready == len(fresh)
         ready = self.stats.ready
-        if caught_up and due is None and (may_stay_fresh is None or all(may_stay_fresh)):
-            fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+        if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
             _count(ready, msgs, 1)
+            if caught_up:
+                fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+            else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
+                self._txn.push_fresh(self.t, self.s, msgs, self.keep_tail, start=False)
             return
         queued = []
         for i, (f, may) in enumerate(zip(msgs, may_stay_fresh or repeat(True))):
