@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from itertools import chain, groupby
 from operator import itemgetter
@@ -60,26 +60,27 @@ class ReadyRows(DelayedRows):
         No tail is kept while a publish is being staged, whose hidden entries
         the runs hold below the tail's, and which shows them all at once when
         it is whole."""
+        fresh = sorted(fresh, key=TAKEN_PRIO)  # queue order: they come in position order, and the sort is stable
         if not keep_tail or self.staged() is not None:
             self._tails.drop(t, s)
         elif start:
             self._tails.start(t, s, fresh)
         else:
             self._tails.extend(t, s, fresh)
-        self._push_many(t, s, [(f[1], f[2], f[0]) for f in fresh])
+        self._push_runs(t, s, ((prio, [(f[2], f[0], 0) for f in group]) for prio, group in groupby(fresh, key=TAKEN_PRIO)))
 
     def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
         """(prio, pos, m) entries, first attempts, into s's queue."""
         self._tails.drop(t, s)
-        self._push_many(t, s, entries)
+        self._push_runs(t, s, ((prio, [(pos, m, 0) for _, pos, m in group]) for prio, group in groupby(sorted(entries), key=itemgetter(0))))
 
-    def _push_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
-        """Per priority, the run the entries join rewritten once, and a new run per
-        READY_RUN entries past it."""
+    def _push_runs(self, t: int, s: int, by_prio: Iterable[tuple[int, list[tuple[int, int, int]]]]) -> None:
+        """Per priority, its (pos, m, attempts) entries in ascending pos: the run
+        they join rewritten once, and a new run per READY_RUN entries past it."""
         items: list[tuple[bytes, bytes]] = []
         with self.txn.cursor(db=self._ready) as cur:
-            for prio, group in groupby(sorted(entries), key=itemgetter(0)):
-                items += _joined(cur, t, s, prio, [(pos, m, 0) for _, pos, m in group])
+            for prio, adds in by_prio:
+                items += _joined(cur, t, s, prio, adds)
         self._put_all_in_order(items, self._ready)
 
     # --- single entries out -----------------------------------------------------------------

@@ -62,14 +62,15 @@ class ReadyTails:
 
     def start(self, t: int, s: int, fresh: list[Taken]) -> None:
         """(t, s)'s queue was empty, and now holds the `fresh` messages (the
-        first deliveries their publish made, in position order)."""
+        first deliveries their publish made, in queue order)."""
         self.drop(t, s)
         self._tails[t, s] = _Tail()
         self.extend(t, s, fresh)
 
     def extend(self, t: int, s: int, fresh: list[Taken]) -> None:
-        """The `fresh` messages joined the end of (t, s)'s queue: kept as the
-        entries a batch takes if it has a tail. They are the publish's own
+        """The `fresh` messages (in queue order: by priority, then position)
+        joined the end of (t, s)'s queue: kept as the entries a batch takes if
+        it has a tail. They are the publish's own
         tuples, shared with every other subscriber's tail: nothing is made per
         message and subscriber. One without its in-flight entry packed (no
         subscriber was open when it was published) cannot be taken from here."""
@@ -79,12 +80,11 @@ class ReadyTails:
         if not all(map(_FLIGHT, fresh)):
             self.drop(t, s)
             return
-        entries = sorted(fresh, key=TAKEN_PRIO)
         i = 0
-        while i < len(entries):  # a slice per priority: most publishes have one
-            prio = entries[i].prio
-            j = bisect_right(entries, prio, lo=i, key=TAKEN_PRIO)
-            tail.prios.setdefault(prio, deque()).append(entries[i:j] if i or j < len(entries) else entries)
+        while i < len(fresh):  # a slice per priority: most publishes have one
+            prio = fresh[i].prio
+            j = bisect_right(fresh, prio, lo=i, key=TAKEN_PRIO)
+            tail.prios.setdefault(prio, deque()).append(fresh[i:j] if i or j < len(fresh) else fresh)
             i = j
         soonest = min(filter(None, map(_EXPIRES, fresh)), default=0)
         if soonest and (not tail.expires_ns or soonest < tail.expires_ns):
