@@ -10,14 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
-from operator import itemgetter
 
 from .body_rows import BodyFinder
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TS, TSM, U64, Flight, Taken, make
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken, make
 
 log = logging.getLogger(__name__)
-_M, _FLIGHT = itemgetter(0), itemgetter(6)  # of a Taken, read in C
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
@@ -63,7 +61,7 @@ class QueueRows(ReadyRows):
 
     def _into_flight(self, t: int, s: int, taken: list[Taken], deadline_ns: int) -> None:
         if taken:
-            self.put_flight(t, s, list(map(_FLIGHT, taken)), deadline_ns, list(map(_M, taken)))
+            self.put_flight(t, s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
 
     # --- in flight --------------------------------------------------------------------
     def watch_flights(self, watch: FlightWatch) -> None:

@@ -17,15 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from operator import itemgetter
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import Delayed, Flight, ReadyEntry, Taken
+from .schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken
 from .store import Txn
 
 log = logging.getLogger(__name__)
-_M, _PRIO, _ATTEMPTS, _FLIGHT = itemgetter(0), itemgetter(1), itemgetter(3), itemgetter(6)  # of a Taken, read in C
 
 
 class Pulled(NamedTuple):
@@ -126,9 +124,9 @@ class Queue:
             return None
         # Queue order is priority, then position: the list is in position order
         # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
-        fresh = sorted(fresh, key=_PRIO)
+        fresh = sorted(fresh, key=TAKEN_PRIO)
         taken, self.fresh = fresh[:limit], fresh[limit:]
-        self._txn.put_flight(self.t, self.s, list(map(_FLIGHT, taken)), deadline_ns, list(map(_M, taken)))
+        self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
         _count(self.stats.ready, taken, -1)
         self._count_delivered(len(taken), 0)
         self.settle()
@@ -153,7 +151,7 @@ class Queue:
             # the truth, and a count they do not back would make every step come back.
             log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, ready)
             self.stats.ready = [0] * len(ready)
-        self._count_delivered(len(taken), len(taken) - [*map(_ATTEMPTS, taken)].count(1))  # delivered before: more than 1
+        self._count_delivered(len(taken), len(taken) - [*map(TAKEN_ATTEMPTS, taken)].count(1))  # delivered before: more than 1
         return Pulled(taken, expired)
 
     def _count_delivered(self, n: int, again: int) -> None:

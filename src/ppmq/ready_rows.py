@@ -33,9 +33,8 @@ from struct import Struct
 import lmdb
 
 from .delayed_rows import DelayedRows
-from .ready_tails import TAKEN_PRIO
 from .rows import floor_row
-from .schema import READY_ENTRY, READY_RUN, TS, TSPQ, U64, ReadyEntry, Staged, Taken
+from .schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken
 
 log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size

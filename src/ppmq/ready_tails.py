@@ -32,12 +32,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from operator import itemgetter
 
-from .schema import Taken
+from .schema import TAKEN_EXPIRES, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_PRIO, Taken
 
 BUDGET_BYTES = 4 << 20  # message bytes in every tail together
-TAKEN_PRIO, _FRAGMENT, _FLIGHT, _EXPIRES = itemgetter(1), itemgetter(5), itemgetter(6), itemgetter(7)  # of a Taken
 
 
 class _Tail:
@@ -77,7 +75,7 @@ class ReadyTails:
         tail = self._tails.get((t, s))
         if tail is None:
             return
-        if not all(map(_FLIGHT, fresh)):
+        if not all(map(TAKEN_FLIGHT, fresh)):
             self.drop(t, s)
             return
         i = 0
@@ -86,10 +84,10 @@ class ReadyTails:
             j = bisect_right(fresh, prio, lo=i, key=TAKEN_PRIO)
             tail.prios.setdefault(prio, deque()).append(fresh[i:j] if i or j < len(fresh) else fresh)
             i = j
-        soonest = min(filter(None, map(_EXPIRES, fresh)), default=0)
+        soonest = min(filter(None, map(TAKEN_EXPIRES, fresh)), default=0)
         if soonest and (not tail.expires_ns or soonest < tail.expires_ns):
             tail.expires_ns = soonest
-        added = sum(map(len, map(_FRAGMENT, fresh)))
+        added = sum(map(len, map(TAKEN_FRAGMENT, fresh)))
         tail.size += added
         self._size += added
         if self._size > self.budget_bytes:
@@ -116,7 +114,7 @@ class ReadyTails:
                 del tail.prios[prio]
             if len(taken) == limit:
                 break
-        size = sum(map(len, map(_FRAGMENT, taken)))
+        size = sum(map(len, map(TAKEN_FRAGMENT, taken)))
         tail.size -= size
         self._size -= size
         return taken
