@@ -59,8 +59,10 @@ class Filling(Laning):
 
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
+        # Queue's arguments are positional on these paths: a keyword call to a
+        # class builds a dict, which a message a publish paid some 1% for.
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
-        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, keep_tail=fresh)
+        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, fresh)
 
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic may be pushed to sub now: with lanes, to its
@@ -100,7 +102,7 @@ class Filling(Laning):
         messages when they are its whole queue, else from the ready rows;
         expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), keep_tail=True)
+        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), True)
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline)
         if taken is not None:  # published in this very step
@@ -133,4 +135,4 @@ class Filling(Laning):
 
     def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Taken]) -> None:
         topic, sub = key
-        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, keep_tail=True).settle()
+        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, True).settle()
