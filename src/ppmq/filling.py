@@ -59,8 +59,6 @@ class Filling(Laning):
 
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
-        # Queue's arguments are positional on these paths: a keyword call to a
-        # class builds a dict, which a message a publish paid some 1% for.
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
         return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, fresh)
 
@@ -105,16 +103,17 @@ class Filling(Laning):
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), True)
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline)
-        if taken is not None:  # published in this very step
-            ids, _, _, _, _, fragments, _, _ = zip(*taken)
-            pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
-        else:
+        fresh = taken is not None  # published in this very step
+        if not fresh:
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
             for m in pulled.expired:
                 self._expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
-            ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*pulled.entries)
+            taken = pulled.entries
+        ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*taken)
+        if fresh:
+            pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
         if self.sub_configs[sub].metadata:

@@ -49,8 +49,9 @@ class QueueRows(ReadyRows):
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP
-            flight = entry(m, prio, pos, attempts + 1, publish_ns)
-            taken.append(make(Taken, (m, prio, pos, attempts + 1, publish_ns, raw[start + head_size + klen : end], flight, expires_ns)))
+            attempts += 1  # this delivery
+            flight = entry(m, prio, pos, attempts, publish_ns)
+            taken.append(make(Taken, (m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns)))
             return TAKE
 
         with self.txn.cursor(db=self._bodies) as cur:

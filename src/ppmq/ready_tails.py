@@ -68,10 +68,10 @@ class ReadyTails:
     def extend(self, t: int, s: int, fresh: list[Taken]) -> None:
         """The `fresh` messages (in queue order: by priority, then position)
         joined the end of (t, s)'s queue: kept as the entries a batch takes if
-        it has a tail. They are the publish's own
-        tuples, shared with every other subscriber's tail: nothing is made per
-        message and subscriber. One without its in-flight entry packed (no
-        subscriber was open when it was published) cannot be taken from here."""
+        it has a tail. They are the publish's own tuples, shared with every
+        other subscriber's tail: nothing is made per message and subscriber.
+        One without its in-flight entry packed (no subscriber was open when it
+        was published) cannot be taken from here."""
         tail = self._tails.get((t, s))
         if tail is None:
             return
