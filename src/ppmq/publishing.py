@@ -134,10 +134,11 @@ class Publishing(Wired):
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> Stored:
         """Store messages with new ids for `subs`, each store write once for the
-        whole batch; return the journal's columns of them (empty without a journal)."""
+        whole batch; return the journal's columns of them (sizes and expiries
+        empty without a journal)."""
         stats = self.state.topics[topic.name]
         records, new, first = [], [], stats.seq + 1
-        prios, sizes, expiries = [], [], []
+        sizes, expiries = [], []
         journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
         # Only an open subscriber keeps them fresh, to be taken in this step: the
         # in-flight entries are packed for it, not for a backlog nobody reads now.
@@ -155,7 +156,6 @@ class Publishing(Wired):
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
             new.append(make(Taken, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one tuple shared by every queue
             if journaled:
-                prios.append(prio)
                 sizes.append(size)
                 expiries.append(expires_ns)
         stats.seq = first + len(records) - 1
@@ -167,7 +167,8 @@ class Publishing(Wired):
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], [f[:2] for f in new])  # (m, prio)
+        prios = list(map(_PRIO, batch))
+        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], first, prios)
         return Stored(range(first, first + len(records)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------

@@ -25,16 +25,14 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from functools import lru_cache
 from itertools import chain, groupby
 from operator import itemgetter
-from struct import Struct
 
 import lmdb
 
 from .delayed_rows import DelayedRows
 from .rows import floor_row
-from .schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken
+from .schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken, repeated
 
 log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size
@@ -260,7 +258,7 @@ def _cut(t: int, s: int, prio: int, key: bytes | None, raw: bytes, adds: list[tu
     was); another splits past 2 x READY_RUN."""
     appended = not raw or adds[0][0] > U64.unpack_from(raw, len(raw) - ENTRY)[0]
     if appended:
-        body = raw + _entries(len(adds)).pack(*chain.from_iterable(adds))
+        body = raw + repeated(READY_ENTRY, len(adds)).pack(*chain.from_iterable(adds))
     else:
         merged = {e[0]: e for e in READY_ENTRY.iter_unpack(raw)} | {e[0]: e for e in adds}
         body = b"".join([READY_ENTRY.pack(*merged[pos]) for pos in sorted(merged)])
@@ -272,12 +270,6 @@ def _cut(t: int, s: int, prio: int, key: bytes | None, raw: bytes, adds: list[tu
     rows = [(key or TSPQ.pack(t, s, prio, adds[0][0]), body[:keep])]
     rows += [(TSPQ.pack(t, s, prio, U64.unpack_from(body, at)[0]), body[at : at + run]) for at in range(keep, size, run)]
     return rows
-
-
-@lru_cache(maxsize=256)
-def _entries(n: int) -> Struct:
-    """n READY_ENTRY entries as one Struct: a run's new entries packed in one call."""
-    return Struct(">" + READY_ENTRY.format.lstrip(">") * n)
 
 
 def _hides_some(staged: Staged, t: int, raw: bytes) -> bool:

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate
 from operator import itemgetter
 from typing import NamedTuple
@@ -212,6 +213,12 @@ def encode_body(body: Body) -> bytes:
 
 def u32(t: int) -> bytes:
     return t.to_bytes(4, "big")
+
+
+@lru_cache(maxsize=256)
+def repeated(entry: struct.Struct, n: int) -> struct.Struct:
+    """n entries of `entry` as one Struct: a row's new entries packed in one call."""
+    return struct.Struct(">" + entry.format.lstrip(">") * n)
 
 
 def _column(n: int, code: str) -> struct.Struct:

@@ -207,7 +207,7 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     txn.put_messages(t, first, records, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
     for s in subs:
         txn.push_ready_many(t, s, [(msg.prio, m, m) for m, msg in zip(ids, chunk)])
-    txn.put_new_holders(t, subs, [(m, msg.prio) for m, msg in zip(ids, chunk)])
+    txn.put_new_holders(t, subs, first, [msg.prio for msg in chunk])
     if job.event is not None:
         e = job.event
         e.ids += ids

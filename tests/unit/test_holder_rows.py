@@ -23,7 +23,7 @@ def rows(txn: Txn, t: int = T) -> list[tuple[int, list[int]]]:
 
 
 def publish(txn: Txn, first: int, last: int, subs: tuple[int, ...] = (A, B)) -> None:
-    txn.put_new_holders(T, list(subs), [(m, m % 3) for m in range(first, last + 1)])
+    txn.put_new_holders(T, list(subs), first, [m % 3 for m in range(first, last + 1)])
 
 
 def test_a_publish_is_stored_in_rows_of_at_most_GROUP_MESSAGES_keyed_by_their_first_id(txn):
@@ -114,7 +114,7 @@ def test_pop_holders_takes_messages_out_of_their_rows_with_their_holders(txn):
 
 def test_topics_keep_to_their_own_rows(txn):
     publish(txn, 1, 3)
-    txn.put_new_holders(T + 1, [A], [(1, 0), (2, 0)])
+    txn.put_new_holders(T + 1, [A], 1, [0, 0])
     txn.put_holders(T + 1, 0, {A: (0, 0)})
     assert txn.release_holders(T, A, [1, 2, 3]) == []
     assert rows(txn) == [(1, [1, 2, 3])] and rows(txn, T + 1) == [(0, [0]), (1, [1, 2])]
@@ -158,7 +158,7 @@ def run_against_model(txn: Txn, ops: list[tuple]) -> None:
         if op == "publish":
             subs, n = args
             new = [(m, m % 3) for m in range(seq + 1, seq + n + 1)]
-            txn.put_new_holders(T, subs, new)
+            txn.put_new_holders(T, subs, seq + 1, [prio for _, prio in new])
             model.update((m, {s: (prio, m) for s in subs}) for m, prio in new)
             seq += n
         elif op == "release":
