@@ -360,6 +360,12 @@ def format_expires(ns: int) -> str:
 _str_encoder = msgspec.json.Encoder()
 
 
+GENERATED_FRAGMENT = b'{"Key":"%d","Payload":%s,"Priority":%d}'
+"""message_fragment of a message whose key the broker generated (its id), with
+no Expires and no Origin: formatted from (id, payload, priority) in one step,
+the publish's common case."""
+
+
 def message_fragment(key: bytes, payload: bytes, priority: int, expires: int, origin: bytes | None = None) -> bytes:
     """A delivered message's JSON object, built once at publish and stored as is,
     from its key as stored (UTF-8); a dead-letter copy carries its `Origin`

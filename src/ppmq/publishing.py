@@ -11,7 +11,8 @@ message leaves no trace.
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -19,14 +20,13 @@ import msgspec
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
-from .schema import FLIGHT_ENTRY, Body, Taken, body_record, make
+from .schema import FLIGHT_ENTRY, Body, Taken, body_records, make
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared
 from .wiring import Wired
 
 
-_DUE = attrgetter("due_ns")
 _PRIO = itemgetter(1)  # of a Prepared, read in C
 
 
@@ -34,9 +34,9 @@ class Stored(NamedTuple):
     """The journal's columns of messages just stored, in the order of its `publish` record."""
 
     ids: range  # consecutive: the topic's next
-    prio: list[int]
-    size: list[int]  # of their JSON as delivered
-    expires_ns: list[int]
+    prio: Sequence[int]
+    size: Sequence[int]  # of their JSON as delivered
+    expires_ns: Sequence[int]
 
 
 class Publishing(Wired):
@@ -134,40 +134,41 @@ class Publishing(Wired):
 
     def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> Stored:
         """Store messages with new ids for `subs`, each store write once for the
-        whole batch; return the journal's columns of them (sizes and expiries
-        empty without a journal)."""
+        whole batch; return the journal's columns of them."""
         stats = self.state.topics[topic.name]
-        records, new, first = [], [], stats.seq + 1
-        sizes, expiries = [], []
-        journaled, flight_entry = self._events.journaled, FLIGHT_ENTRY.pack
+        keys, fragments, new, first = [], [], [], stats.seq + 1
+        flight_entry, plain = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT
         # Only an open subscriber keeps them fresh, to be taken in this step: the
         # in-flight entries are packed for it, not for a backlog nobody reads now.
         takes_fresh = not self._open.isdisjoint(subs)
-        limited = topic.limited  # a property: asked once, not per message
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
-            if key is None:
-                key = b"%d" % m  # generated keys: the message id, unique per topic, never reused
-            fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
-            size = len(fragment)
-            if limited:
-                self._make_room(txn, topic, t, size)  # may refuse: nothing is changed before it
-            stats.stored_bytes += size
-            records.append(body_record(prio, now_ns, expires_ns, key, fragment))
+            if key is None and not expires_ns and origin is None:  # the common message, in one step
+                key, fragment = b"%d" % m, plain % (m, payload, prio)
+            else:
+                key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
+                fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
+            keys.append(key)
+            fragments.append(fragment)
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
             new.append(make(Taken, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one tuple shared by every queue
-            if journaled:
-                sizes.append(size)
-                expiries.append(expires_ns)
+        sizes = list(map(len, fragments))
+        if topic.limited:  # room for each in turn; may drop older ones, or refuse before anything is written
+            for size in sizes:
+                self._make_room(txn, topic, t, size)
+                stats.stored_bytes += size
+        else:
+            stats.stored_bytes += sum(sizes)
+        _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
+        records = body_records(prios, now_ns, expiries, keys, fragments)
         stats.seq = first + len(records) - 1
         stats.stored += len(records)
         txn.put_messages(t, first, records, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
-        may_stay_fresh = [not 0 < msg.expires_ns <= now_ns for msg in batch] if topic.expire else None
-        due = [msg.due_ns for msg in batch] if any(map(_DUE, batch)) else None
+        may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
+        due = dues if any(dues) else None
         for name in subs:
             is_open = name in self._open
             self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
-        prios = list(map(_PRIO, batch))
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], first, prios)
         return Stored(range(first, first + len(records)), prios, sizes, expiries)
 

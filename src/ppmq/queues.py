@@ -15,7 +15,7 @@ being written, walked and deleted. `settle` writes the ones no batch took.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
@@ -73,7 +73,7 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, open_: bool, due: list[int] | None = None) -> None:
+    def add_new(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, open_: bool, due: Sequence[int] | None = None) -> None:
         """New messages at the end of the queue. While the subscriber is open and
         has nothing older queued they stay fresh (those `may_stay_fresh` allows;
         None: all), else they get ready rows; those with a due time (`due`, 0:

@@ -201,14 +201,16 @@ class StoreFullError(StoreError):
     """LMDB's map is full: the transaction was rolled back."""
 
 
-def body_record(prio: int, publish_ns: int, expires_ns: int, key: bytes, fragment: bytes) -> bytes:
-    """A message as its bodies row holds it: what decode_body reads back. A
-    publish builds it straight from the message's parts, with no Body made."""
-    return b"".join((BODY_HEAD.pack(prio, publish_ns, expires_ns, len(key)), key, fragment))
-
-
 def encode_body(body: Body) -> bytes:
-    return body_record(*body)
+    """A message as its bodies row holds it: what decode_body reads back."""
+    return BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key)) + body.key + body.fragment
+
+
+def body_records(prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]) -> list[bytes]:
+    """encode_body of messages published together, from the publish's columns,
+    in one call and with no Body made."""
+    head = BODY_HEAD.pack
+    return [head(prio, publish_ns, expires_ns, len(key)) + key + fragment for prio, expires_ns, key, fragment in zip(prios, expiries, keys, fragments)]
 
 
 def u32(t: int) -> bytes:

@@ -38,7 +38,7 @@ from .config import TopicConfig
 from .events import Event
 from .room import refuse_when_full
 from .state import TopicStats
-from .schema import Staged, body_record
+from .schema import Staged, body_records
 from .store import Txn
 from .validate import Prepared, delayed, prepare
 
@@ -195,23 +195,23 @@ class Staging:
 def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], first: int, chunk: list[Prepared]) -> None:
     """A chunk's rows, ids from `first` on, as a publish of them would write
     them, each store write once."""
-    records, sizes = [], []
     ids = range(first, first + len(chunk))
-    for m, msg in zip(ids, chunk):
-        key = b"%d" % m  # generated keys: the message id (PROTOCOL §3 Keys)
-        fragment = p.message_fragment(key, msg.payload, msg.prio, msg.expires_ns)
-        records.append(body_record(msg.prio, job.arrived_ns, msg.expires_ns, key, fragment))
-        sizes.append(len(fragment))
-        job.ready[msg.prio] += 1
+    keys = [b"%d" % m for m in ids]  # generated keys: the message id (PROTOCOL §3 Keys)
+    prios, expiries = [msg.prio for msg in chunk], [msg.expires_ns for msg in chunk]
+    fragments = list(map(p.message_fragment, keys, [msg.payload for msg in chunk], prios, expiries))
+    records = body_records(prios, job.arrived_ns, expiries, keys, fragments)
+    sizes = list(map(len, fragments))
+    for prio in prios:
+        job.ready[prio] += 1
     job.stored_bytes += sum(sizes)
     txn.put_messages(t, first, records, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
     for s in subs:
         txn.push_ready_many(t, s, [(msg.prio, m, m) for m, msg in zip(ids, chunk)])
-    txn.put_new_holders(t, subs, first, [msg.prio for msg in chunk])
+    txn.put_new_holders(t, subs, first, prios)
     if job.event is not None:
         e = job.event
         e.ids += ids
-        e.prio += [msg.prio for msg in chunk]
+        e.prio += prios
         e.bytes += sizes
-        e.expires_ns += [msg.expires_ns for msg in chunk]
+        e.expires_ns += expiries
         e.replaced += [False] * len(chunk)

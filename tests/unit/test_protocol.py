@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from msgspec import UNSET, Raw
 
 from ppmq.protocol import (
+    GENERATED_FRAGMENT,
     BadRequest,
     NotFound,
     Reply,
@@ -357,6 +358,11 @@ def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
     fragment = message_fragment(*args)
     assert msgspec.json.decode(fragment) == expected
     assert args[1] in fragment  # the payload's bytes, unchanged
+
+
+@pytest.mark.parametrize("m, payload, prio", [(1, b"0", 0), (18446744073709551615, b'{"a": [1, "x"]}', 2)])
+def test_the_generated_fragment_is_the_message_fragment_of_a_generated_key(m, payload, prio):
+    assert GENERATED_FRAGMENT % (m, payload, prio) == message_fragment(b"%d" % m, payload, prio, 0)
 
 
 def test_a_batch_frame_is_one_json_line_carrying_the_fragments_in_order():
