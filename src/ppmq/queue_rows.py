@@ -106,8 +106,28 @@ class QueueRows(ReadyRows):
         tuple (the path of every ack builds no Flight), or None if it was not in
         flight or was named before. One row read and rewritten or deleted per
         batch touched, whatever the number of messages."""
-        where = self._flights(t, s).where
-        fs = list(map(where.pop, ms, repeat(None)))  # each one's batch, out of the index; None for a repeat
+        return self._pop_located(t, s, ms, self._locate(t, s, ms))
+
+    def ack_flights(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """Take each of ms out of flight to s; return those that were, each once,
+        in the order of ms. An ack of one whole batch, what an ack mostly is,
+        deletes its row without reading its entries: the index says that each
+        of ms is in it, and the row's size that nothing else is."""
+        fs = self._locate(t, s, ms)
+        f = fs[0] if fs else None
+        if f is not None and fs.count(f) == len(fs) and self._drop_whole(t, s, f, len(ms)):
+            if self._watch is not None:
+                self._watch.note(True, t, s, ms)
+            return list(ms)
+        return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
+
+    def _locate(self, t: int, s: int, ms: list[int]) -> list[int | None]:
+        """Each of ms's batch (F), out of the index now; None for one not in
+        flight, or named before."""
+        return list(map(self._flights(t, s).where.pop, ms, repeat(None)))
+
+    def _pop_located(self, t: int, s: int, ms: list[int], fs: list[int | None]) -> list[tuple[int, int, int, int, int] | None]:
+        """pop_flights of ms, whose batches are fs (_locate)."""
         wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
         if fs and fs[0] is not None and fs.count(fs[0]) == len(fs):
             wanted[fs[0]] = dict(zip(ms, range(len(ms))))  # all of one batch: what an ack mostly is
@@ -121,6 +141,15 @@ class QueueRows(ReadyRows):
         for f, found in wanted.items():
             self._take_from_row(t, s, f, found, out)
         return out
+
+    def _drop_whole(self, t: int, s: int, f: int, n: int) -> bool:
+        """Delete batch f, with its deadline, if it holds n entries; whether it did."""
+        key = TSM.pack(t, s, f)
+        raw = self.txn.get(key, db=self._inflight)
+        if raw is None or len(raw) != HEAD + n * FLIGHT_ENTRY.size:
+            return False
+        self._drop_row(t, s, f, key, raw)
+        return True
 
     def _take_from_row(self, t: int, s: int, f: int, found: dict[int, int], out: list) -> None:
         """The messages `found` (m -> index in out) leave batch f: their entries go
@@ -140,6 +169,10 @@ class QueueRows(ReadyRows):
         if kept:
             self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self._inflight)
             return
+        self._drop_row(t, s, f, key, raw)
+
+    def _drop_row(self, t: int, s: int, f: int, key: bytes, raw: bytes) -> None:
+        """Delete batch f's row (`key`, holding `raw`) and its deadline."""
         self.txn.delete(key, db=self._inflight)
         deadline_ns = U64.unpack_from(raw)[0]
         if deadline_ns:

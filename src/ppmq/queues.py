@@ -169,7 +169,7 @@ class Queue:
         returns those that were in flight. Acks of anything else are counted as
         ignored (PROTOCOL §3 Acks)."""
         named = [m for m in ms if m is not None]
-        acked = [f[0] for f in self._txn.pop_flights(self.t, self.s, named) if f is not None]
+        acked = self._txn.ack_flights(self.t, self.s, named)
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)
         self.stats.ignored_acks += len(ms) - len(acked)
