@@ -4,34 +4,15 @@ rows, and a batch acked whole goes without its entries being read."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from ppmq.schema import FLIGHT_ENTRY
-from ppmq.store import Store, Txn
+from ppmq.store import Txn
+
+from .conftest import writing
 
 T, S = 1, 1  # a topic id, a subscriber id
 DEADLINE_NS = 5_000
-
-
-@contextmanager
-def writing(path: Path) -> Iterator[Txn]:
-    """A write transaction on a new store at path."""
-    store = Store(str(path), sync=False, max_bytes=1 << 24)
-    try:
-        with store.write() as txn:
-            yield txn
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def txn(tmp_path: Path) -> Iterator[Txn]:
-    with writing(tmp_path / "data") as txn:
-        yield txn
 
 
 def push(txn: Txn, ms: list[int], deadline_ns: int = DEADLINE_NS) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import msgspec
@@ -20,6 +20,8 @@ from ppmq.ledger import Ledger, load_state
 from ppmq.schema import HOLDER, TM, body_columns, encode_body_row, encode_holders_row, holders_columns
 from ppmq.state import NS, State
 from ppmq.store import Store, Txn
+
+from .conftest import writing
 
 NOW = 1_800_000_000 * NS
 
@@ -47,14 +49,8 @@ class Built:
     def __init__(self, config: Config, ids: dict[str, int]) -> None:
         self.config, self.path, self.ids = config, config.data_path, ids
 
-    @contextmanager
-    def write(self) -> Iterator[Txn]:
-        store = Store(self.path, sync=False, max_bytes=1 << 24)
-        try:
-            with store.write() as txn:
-                yield txn
-        finally:
-            store.close()
+    def write(self) -> AbstractContextManager[Txn]:
+        return writing(self.path)
 
 
 @pytest.fixture
