@@ -59,6 +59,14 @@ def test_a_deleted_message_is_cut_out_of_its_row_and_an_emptied_row_is_deleted(t
     assert rows(txn) == [(6, [8, 9, 10])]
 
 
+def test_a_row_popped_whole_gives_the_counts_expiries_and_keys_of_all_it_held(txn):
+    txn.put_records(T, 1, [encode_body(body(m, size=m, expires_ns=50 if m == 2 else 0)) for m in range(1, 4)])
+    popped = txn.pop_bodies(T, [3, 1, 2, 99], keys=True)
+    assert rows(txn) == []
+    assert (popped.count, popped.size) == (3, sum(len(body(m, size=m).fragment) for m in range(1, 4)))
+    assert popped.expiries == [(50, 2)] and popped.keys == [b"k1", b"k2", b"k3"]
+
+
 def test_a_new_version_takes_the_old_ones_place_in_its_row(txn):
     publish(txn, 1, 5)
     txn.put_body(T, 3, body(3, size=500))
