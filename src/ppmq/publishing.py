@@ -10,9 +10,9 @@ message leaves no trace.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec

@@ -103,9 +103,9 @@ class QueueRows(ReadyRows):
 
     def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int, int, int, int] | None]:
         """Take each of ms out of flight to s; per m, its Flight fields as a plain
-        tuple (the path of every ack builds no Flight), or None if it was not in
-        flight or was named before. One row read and rewritten or deleted per
-        batch touched, whatever the number of messages."""
+        tuple, or None if it was not in flight or was named before. One row read
+        and rewritten or deleted per batch touched, whatever the number of
+        messages."""
         return self._pop_located(t, s, ms, self._locate(t, s, ms))
 
     def ack_flights(self, t: int, s: int, ms: list[int]) -> list[int]:
@@ -130,7 +130,7 @@ class QueueRows(ReadyRows):
         """pop_flights of ms, whose batches are fs (_locate)."""
         wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
         if fs and fs[0] is not None and fs.count(fs[0]) == len(fs):
-            wanted[fs[0]] = dict(zip(ms, range(len(ms))))  # all of one batch: what an ack mostly is
+            wanted[fs[0]] = dict(zip(ms, range(len(ms))))  # all of one batch, no step per message
         else:
             for i, (m, f) in enumerate(zip(ms, fs)):
                 if f is not None:

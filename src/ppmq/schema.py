@@ -201,16 +201,17 @@ class StoreFullError(StoreError):
     """LMDB's map is full: the transaction was rolled back."""
 
 
-def encode_body(body: Body) -> bytes:
-    """A message as its bodies row holds it: what decode_body reads back."""
-    return BODY_HEAD.pack(body.priority, body.publish_ns, body.expires_ns, len(body.key)) + body.key + body.fragment
-
-
 def body_records(prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]) -> list[bytes]:
-    """encode_body of messages published together, from the publish's columns,
-    in one call and with no Body made."""
+    """Messages published together as their bodies rows hold them, each what
+    decode_body reads back: from the publish's columns, in one call and with
+    no Body made."""
     head = BODY_HEAD.pack
     return [head(prio, publish_ns, expires_ns, len(key)) + key + fragment for prio, expires_ns, key, fragment in zip(prios, expiries, keys, fragments)]
+
+
+def encode_body(body: Body) -> bytes:
+    """One message as its bodies row holds it."""
+    return body_records((body.priority,), body.publish_ns, (body.expires_ns,), (body.key,), (body.fragment,))[0]
 
 
 def u32(t: int) -> bytes:
