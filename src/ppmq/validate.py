@@ -24,7 +24,7 @@ class Prepared(NamedTuple):
     key: bytes | None  # the client's, on dedupe topics; None: the broker assigns one
     prio: int
     expires_ns: int  # 0: never
-    payload: bytes | Raw  # raw JSON, exactly as received
+    payload: bytes | Raw  # raw JSON, exactly as received (a Raw: a view of the request's frame)
     due_ns: int = 0  # not delivered before (PROTOCOL §8 Delay, NotBefore); 0: at once
     origin: bytes | None = None  # a dead-letter copy's Origin object (PROTOCOL §8), delivered with it
 
@@ -39,7 +39,7 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
         # The common message is checked without naming it: only an error does (_where).
         if not 0 <= m.priority < topic.priorities:
             raise p.BadRequest(f"{_where(i)}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
-        payload = m.payload  # not copied: a view of the request's frame (bytes), used within its step
+        payload = m.payload  # not copied: a view of the request's frame, which is bytes (never changed) and which the view keeps alive
         if len(payload) > max_message_bytes:
             raise p.TooLarge(f"{_where(i)}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
         expires = _expires(m, i, now_ns) if m.expires is not None or m.ttl_s is not None else 0
