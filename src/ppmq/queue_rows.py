@@ -110,15 +110,15 @@ class QueueRows(ReadyRows):
 
     def ack_flights(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Take each of ms out of flight to s; return those that were, each once,
-        in the order of ms. An ack of one whole batch, what an ack mostly is,
+        in the order of ms (ms itself when all were). An ack of one whole batch, what an ack mostly is,
         deletes its row without reading its entries: the index says that each
         of ms is in it, and the row's size that nothing else is."""
         fs = self._locate(t, s, ms)
-        f = fs[0] if fs else None
-        if f is not None and fs.count(f) == len(fs) and self._drop_whole(t, s, f, len(ms)):
+        f = _one_batch(fs)
+        if f is not None and self._drop_whole(t, s, f, len(ms)):
             if self._watch is not None:
                 self._watch.note(True, t, s, ms)
-            return list(ms)
+            return ms
         return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
 
     def _locate(self, t: int, s: int, ms: list[int]) -> list[int | None]:
@@ -129,8 +129,9 @@ class QueueRows(ReadyRows):
     def _pop_located(self, t: int, s: int, ms: list[int], fs: list[int | None]) -> list[tuple[int, int, int, int, int] | None]:
         """pop_flights of ms, whose batches are fs (_locate)."""
         wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
-        if fs and fs[0] is not None and fs.count(fs[0]) == len(fs):
-            wanted[fs[0]] = dict(zip(ms, range(len(ms))))  # all of one batch, no step per message
+        one = _one_batch(fs)
+        if one is not None:
+            wanted[one] = dict(zip(ms, range(len(ms))))  # all of one batch, no step per message
         else:
             for i, (m, f) in enumerate(zip(ms, fs)):
                 if f is not None:
@@ -295,3 +296,11 @@ class FlightWatch:
             if left:
                 out.setdefault((t, s), []).append(m)
         return out
+
+
+def _one_batch(fs: list[int | None]) -> int | None:
+    """The one batch that all the messages named are in, given each one's
+    batch fs (_locate: a message named twice has None the second time); None
+    if they are not all in one."""
+    f = fs[0] if fs else None
+    return f if f is not None and fs.count(f) == len(fs) else None

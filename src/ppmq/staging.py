@@ -206,7 +206,7 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     job.stored_bytes += sum(sizes)
     txn.put_messages(t, first, records, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
     for s in subs:
-        txn.push_ready_many(t, s, [(msg.prio, m, m) for m, msg in zip(ids, chunk)])
+        txn.push_ready_many(t, s, list(zip(prios, ids, ids)))  # (prio, pos, m): a new message's place is its id
     txn.put_new_holders(t, subs, first, prios)
     if job.event is not None:
         e = job.event
