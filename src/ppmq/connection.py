@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from msgspec import UNSET
 
 from . import protocol as p
+from .waiters import Waiters
 from .writer import ReplySink
 
 if TYPE_CHECKING:
@@ -175,9 +176,7 @@ class ReplyChannel:
         self.outstanding = 0
         self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
         self._frame_bytes: deque[int] = deque()  # of each of them, oldest first
-        self._answered = asyncio.Event()  # set by every reply: admit looks again
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._replied = Waiters()  # woken by every reply: admit and settled look again
         self._last_log = 0.0
         self._unlogged = 0
 
@@ -189,8 +188,7 @@ class ReplyChannel:
     async def admit(self, frame_bytes: int, alone: bool) -> None:
         """Wait until a request of `frame_bytes` fits."""
         while not self._fits(frame_bytes, alone):
-            self._answered.clear()
-            await self._answered.wait()
+            await self._replied.wait()
         # Not drain() alone: a delivery connection drains only when its buffer is
         # empty (see delivery), and its acks must not wait for a batch in transit.
         while self.out.unsent > MAX_UNSENT_BYTES:
@@ -210,15 +208,12 @@ class ReplyChannel:
         self.outstanding += 1
         self.outstanding_bytes += frame_bytes
         self._frame_bytes.append(frame_bytes)
-        self._idle.clear()
         return self._reply
 
     def _reply(self, reply: p.Reply) -> None:
         self.outstanding -= 1
         self.outstanding_bytes -= self._frame_bytes.popleft()  # replies come in the order of the requests
-        self._answered.set()
-        if not self.outstanding:
-            self._idle.set()
+        self._replied.wake()
         if reply.id is not UNSET:
             self.send(reply)
         elif reply.status != 200:
@@ -230,7 +225,8 @@ class ReplyChannel:
 
     async def settled(self) -> None:
         """Wait until every request of this connection has had its reply."""
-        await self._idle.wait()
+        while self.outstanding:
+            await self._replied.wait()
 
     def _log_one_way_error(self, reply: p.Reply) -> None:
         """ppMQ's one-way mode has nobody to tell: log, at most once a second per connection."""

@@ -65,6 +65,10 @@ class Framer:
         """
         if self.too_large is not None:
             return []
+        if not self._buf:
+            line = _lone_line(data)
+            if line is not None and len(line) <= self.max_frame_bytes:
+                return [line]
         self._buf += data
         frames: list[bytes] = []
         while (frame := self._next_frame()) is not None:
@@ -179,6 +183,16 @@ class _Scanner:
                 self.depth -= 1
                 if self.depth == 0:
                     return self.pos
+
+
+def _lone_line(data: bytes) -> bytes | None:
+    """The read is one whole NDJSON object and its newline, as a client that
+    waits for each reply sends it: the frame the buffer would give, without
+    going through it. None for anything else, which the buffer then takes."""
+    if type(data) is not bytes or data[:1] != b"{" or data.find(b"\n") != len(data) - 1:
+        return None
+    line = data.rstrip(_SPACE)
+    return line if line[-1:] == b"}" and _is_one_value(line) else None
 
 
 def _is_one_value(line: bytes) -> bool:

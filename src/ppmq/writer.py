@@ -36,6 +36,7 @@ from .events import Event
 from .lanes import Lanes
 from .ops import Delivery, Op, Returned, Written, request_of
 from .staging import Answer
+from .waiters import Waiters
 
 ReplySink = Callable[[p.Reply], None]
 EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
@@ -96,7 +97,7 @@ class Writer:
         self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
         self._heartbeat = time.monotonic()  # last time the loop below went round
         self._busy_since: float | None = None  # a step is running on the thread since then
-        self._stepped = asyncio.Event()  # set after each step, then replaced
+        self._stepped = Waiters()  # woken after each step
         self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
 
     def healthy(self, max_age_s: float) -> bool:
@@ -222,8 +223,7 @@ class Writer:
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
                 self._free(step.left)
-                self._stepped.set()
-                self._stepped = asyncio.Event()
+                self._stepped.wake()
                 for watcher in self._watchers:
                     watcher()
                 self._write_journal()  # the step before's, unless this one's batches took them

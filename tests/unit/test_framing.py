@@ -271,3 +271,24 @@ def test_any_split_of_the_stream_into_reads_gives_the_same_frames_as_one_read(cu
     framer = Framer(LIMIT)
     assert feed_in_pieces(framer, STREAM, cuts) == frames_of(STREAM)
     assert not framer.pending and framer.too_large is None
+
+
+def test_the_mixed_stream_read_a_line_at_a_time_gives_the_same_frames_as_one_read():
+    # A client that waits for each reply sends one whole line a read, which skips the buffer
+    framer = Framer(LIMIT)
+    ends = [i + 1 for i, byte in enumerate(STREAM) if byte == ord("\n")]
+    assert feed_in_pieces(framer, STREAM, ends) == frames_of(STREAM)
+    assert not framer.pending and framer.too_large is None
+
+
+def test_a_lone_line_over_the_limit_sets_too_large():
+    framer = Framer(64)
+    assert framer.feed(big_line(65) + b"\n") == []
+    assert isinstance(framer.too_large, TooLarge)
+
+
+@pytest.mark.parametrize("read", [bytes, bytearray], ids=["bytes", "bytearray"])
+def test_frames_are_bytes_whatever_the_read_was(read):
+    # a payload is kept as a view of its frame: the frame must not change under it
+    frames = Framer(LIMIT).feed(read(b'{"a":1}\n'))
+    assert frames == [b'{"a":1}'] and type(frames[0]) is bytes
