@@ -245,14 +245,36 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
     def _apply(self, txn: Txn, op: Op, now_ns: int, guarded: bool = True) -> p.Reply | None:
         """One op's effect and reply. A request that fails is answered with its
         error, its writes undone (`guarded`), or raises _Replay (not guarded)."""
-        taker = op.taker if isinstance(op, Take) else None
-        if isinstance(op, (Guarded, Take)):
+        taker = None
+        if type(op) is not p.Request:  # the usual op is a bare request
+            if not isinstance(op, (Guarded, Take)):
+                return self._apply_internal(txn, op, now_ns)
+            taker = op.taker if isinstance(op, Take) else None
             try:
                 if op.check is not None:
                     op.check(op.request)
             except p.Forbidden as exc:
                 return self._apply(txn, Invalid(exc, op.request.id), now_ns)
             op = op.request
+        if not guarded:
+            try:
+                return self._events.of_request(lambda: self._request(txn, op, now_ns, taker))
+            except Exception as exc:
+                raise _Replay from exc
+        try:
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
+        except p.RequestError as exc:
+            error = exc
+        except StoreFullError as exc:
+            error = p.StoreFull(f"store full: {exc}")
+        except Exception as exc:  # a bug must cost one request, not the broker
+            log.exception("internal error on a request")
+            error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
+        self.state.rejected += 1
+        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+
+    def _apply_internal(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
+        """An op the broker made itself, not a client's request."""
         if isinstance(op, Abandoned):
             self._abandon(txn, op.taker, now_ns)
             return None
@@ -275,22 +297,8 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 return self._requeue_at_end(txn, op, now_ns)
             except p.RequestError as exc:  # counted and journaled as any refused request
                 return self._apply(txn, Invalid(exc, UNSET), now_ns)
-        if not guarded:
-            try:
-                return self._events.of_request(lambda: self._request(txn, op, now_ns, taker))
-            except Exception as exc:
-                raise _Replay from exc
-        try:
-            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
-        except p.RequestError as exc:
-            error = exc
-        except StoreFullError as exc:
-            error = p.StoreFull(f"store full: {exc}")
-        except Exception as exc:  # a bug must cost one request, not the broker
-            log.exception("internal error on a request")
-            error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
-        self.state.rejected += 1
-        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+        log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
+        return p.error_reply(p.RequestError(f"internal error: not an op: {type(op).__name__}"))
 
     def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
         """apply(), whose writes, counters, config and fresh messages all vanish if
@@ -343,6 +351,8 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         """PROTOCOL §8: Nacks, Rejects and Touch, in this order; how many keys applied."""
         if req.delay is not None and req.nacks is None:
             raise p.BadRequest("Delay: only with Nacks (a message waits with its own Delay or NotBefore)")
+        if req.nacks is None and req.rejects is None and req.touch is None:  # a publish or an ack: the usual
+            return 0
         applied = 0
         for field, keys in (("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
             if keys is None:

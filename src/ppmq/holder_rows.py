@@ -183,14 +183,22 @@ def _release_run(raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...]
         return None
     start = base + SIZE * sum(counts[:lo])
     end = start + each * (hi - lo)
-    place = next((i for i in range(start, start + each, SIZE) if raw[i : i + 2] == sub), None)
-    if place is None or raw[place:end:each] != sub[:1] * (hi - lo) or raw[place + 1 : end : each] != sub[1:] * (hi - lo):
+    place = _place(raw, sub, start, start + each)
+    if place < 0 or raw[place:end:each] != sub[:1] * (hi - lo) or raw[place + 1 : end : each] != sub[1:] * (hi - lo):
         return None
-    if n == 1:  # the run's last holder: it leaves the row
-        return _row(ids[:lo] + ids[hi:], counts[:lo] + counts[hi:], raw[base:start] + raw[end:]), wanted
+    if n == 1:  # the run's last holder: it leaves the row (the whole row, often)
+        return (b"" if hi - lo == len(ids) else _row(ids[:lo] + ids[hi:], counts[:lo] + counts[hi:], raw[base:start] + raw[end:])), wanted
     cut = _cutter(each, place - start)
     kept = b"".join(chain.from_iterable(cut.iter_unpack(raw[start:end])))
     return encode_holders_row(ids, counts[:lo] + (n - 1,) * (hi - lo) + counts[hi:], raw[base:start] + kept + raw[end:]), []
+
+
+def _place(raw: bytes, sub: bytes, start: int, end: int) -> int:
+    """Where, among the entries between start and end, subscriber sub's begins; -1 if none."""
+    at = raw.find(sub, start, end)
+    while at >= 0 and (at - start) % SIZE:  # two bytes of an entry's other fields
+        at = raw.find(sub, at + 1, end)
+    return at
 
 
 @cache

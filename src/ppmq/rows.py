@@ -107,7 +107,8 @@ class Rows:
             while i < len(ms):
                 if at_row(cur, t, ms[i]):
                     key, raw = cur.item()
-                    j = bisect_left(ms, next_row(cur, t), i)
+                    # the last id left is in this row: no need to find where it ends (an ack of one message)
+                    j = i + 1 if i + 1 == len(ms) else bisect_left(ms, next_row(cur, t), i)
                     new, gone = change(raw, ms[i:j])
                     if new:
                         self.txn.put(key, new, db=db)

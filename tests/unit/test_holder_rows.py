@@ -188,3 +188,12 @@ def assert_rows_tile(found: list[tuple[int, list[int]]], model: dict[int, dict])
         if i + 1 < len(found):
             assert ids[-1] < found[i + 1][0]
     assert sorted(m for _, ids in found for m in ids) == sorted(model)
+
+
+def test_a_release_finds_the_subscribers_own_entry_when_its_id_bytes_appear_in_another_entry(txn):
+    # Given messages held by C then A, at a position whose bytes include A's id (00 01)
+    txn.put_holders(T, 1, {C: (0, 0x0001_0001), A: (1, 0x0001_0001)})
+    txn.put_holders(T, 2, {C: (0, 0x0001_0002), A: (1, 0x0001_0002)})
+    # When A lets go of both, C's entries stay whole
+    assert txn.release_holders(T, A, [1, 2]) == []
+    assert txn.get_holders(T, 1) == {C: (0, 0x0001_0001)} and txn.get_holders(T, 2) == {C: (0, 0x0001_0002)}
