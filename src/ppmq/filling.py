@@ -65,9 +65,12 @@ class Filling(Laning):
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic may be pushed to sub now: with lanes, to its
         least loaded lane, and all lanes' Windows cap what is in flight in all."""
+        stats = self.state.subs.peek(topic.name)[sub]
+        if not any(stats.ready):  # nothing to push, whatever room there is: the usual answer after a batch
+            return 0
         sc = self.sub_configs[sub]
         window = self.config.window(sc)
-        limit = space(self.state.subs.peek(topic.name)[sub], sc.batch_size, window * sc.connections)
+        limit = space(stats, sc.batch_size, window * sc.connections)
         return limit if lanes is None else min(limit, room(lanes, topic.name, window)[1])
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
