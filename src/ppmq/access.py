@@ -226,9 +226,11 @@ def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
 
 def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
     """A subscriber's `Users` decide who may ack, nack, reject, touch, RECONNECT or TAKE as it."""
+    rule = rules.users.get(req.subscriber)  # most subscribers have no Users: nothing to work out
+    if rule is None or rule.allows(peer):
+        return
     field = _acting_field(req)
-    rule = rules.users.get(req.subscriber) if field is not None else None
-    if rule is not None and not rule.allows(peer):
+    if field is not None:
         raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
 
 
@@ -249,7 +251,7 @@ def _check_delivery(req: p.Request, own: str) -> None:
         field = "Messages"
     elif req.command is not None and _command(req) not in DELIVERY_COMMANDS:
         field = "Command"
-    elif _acting_field(req) is not None and req.subscriber not in (None, own):
+    elif req.subscriber not in (None, own) and _acting_field(req) is not None:
         field = "Subscriber"
     else:
         return
