@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import lmdb
@@ -175,6 +176,8 @@ def _cut(raw: bytes, want: set[int], keys: bool, popped: Popped) -> tuple[bytes,
     """`raw` without the records of `want`, whose counts, sizes, expiries and
     keys are added to `popped`; b"" when nothing is left."""
     ids, ends, base = body_columns(raw)
+    if len(want) >= len(ids) and want.issuperset(ids):  # ids the row does not hold are none of its business
+        return _pop_row(raw, ids, ends, base, keys, popped)
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
     kept_ids, kept = [], []
     count = size = 0
@@ -196,3 +199,18 @@ def _cut(raw: bytes, want: set[int], keys: bool, popped: Popped) -> tuple[bytes,
     popped.count += count
     popped.size += size
     return (encode_body_row(kept_ids, kept) if kept_ids else b""), []
+
+
+def _pop_row(raw: bytes, ids: tuple[int, ...], ends: tuple[int, ...], base: int, keys: bool, popped: Popped) -> tuple[bytes, list[int]]:
+    """_cut of every record of the row, what the last ack of a whole publish
+    is: their heads read by columns, with no step per message in Python."""
+    size = BODY_HEAD.size
+    starts = list(map(base.__add__, (0, *ends[:-1])))
+    _, _, expiries, klens = zip(*map(BODY_HEAD.unpack_from, repeat(raw), starts))
+    popped.count += len(ids)
+    popped.size += ends[-1] - size * len(ids) - sum(klens)
+    if any(expiries):
+        popped.expiries += [(expires_ns, m) for expires_ns, m in zip(expiries, ids) if expires_ns]
+    if keys:
+        popped.keys += [raw[start + size : start + size + klen] for start, klen in zip(starts, klens)]
+    return b"", []

@@ -168,7 +168,7 @@ class Queue:
         """The subscriber is done with ms (None: a key that names no message);
         returns those that were in flight. Acks of anything else are counted as
         ignored (PROTOCOL §3 Acks)."""
-        named = [m for m in ms if m is not None]
+        named = ms if None not in ms else [m for m in ms if m is not None]
         acked = self._txn.ack_flights(self.t, self.s, named)
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)

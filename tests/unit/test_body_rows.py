@@ -60,11 +60,12 @@ def test_a_deleted_message_is_cut_out_of_its_row_and_an_emptied_row_is_deleted(t
 
 
 def test_a_row_popped_whole_gives_the_counts_expiries_and_keys_of_all_it_held(txn):
-    txn.put_records(T, 1, [encode_body(body(m, size=m, expires_ns=50 if m == 2 else 0)) for m in range(1, 4)])
-    popped = txn.pop_bodies(T, [3, 1, 2, 99], keys=True)
+    # keys of one and of two digits: the records' heads differ in length
+    txn.put_records(T, 8, [encode_body(body(m, size=m, expires_ns=50 if m in (9, 11) else 0)) for m in range(8, 12)])
+    popped = txn.pop_bodies(T, [11, 8, 10, 9, 99], keys=True)
     assert rows(txn) == []
-    assert (popped.count, popped.size) == (3, sum(len(body(m, size=m).fragment) for m in range(1, 4)))
-    assert popped.expiries == [(50, 2)] and popped.keys == [b"k1", b"k2", b"k3"]
+    assert (popped.count, popped.size) == (4, sum(len(body(m, size=m).fragment) for m in range(8, 12)))
+    assert popped.expiries == [(50, 9), (50, 11)] and popped.keys == [b"k8", b"k9", b"k10", b"k11"]
 
 
 def test_a_new_version_takes_the_old_ones_place_in_its_row(txn):
