@@ -285,7 +285,7 @@ class Writer:
         MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
         out the ops of connections whose staged publish is not answered yet, or
         that come after a publish large enough to be staged."""
-        waiting = {sink for _, sink in self._later.values()}
+        waiting = {sink for _, sink in self._later.values()} if self._later else set()
         batch, kept, messages = [], [], 0
         for i, (op, sink) in enumerate(self._pending):
             if len(batch) >= MAX_OPS_PER_STEP or (batch and messages >= MAX_MESSAGES_PER_STEP):

@@ -50,3 +50,22 @@ def test_the_temp_file_is_not_named_like_a_textfile(tmp_path: Path) -> None:
     # Then what was left behind is a temp file that node_exporter's collector skips
     left = [p.name for p in tmp_path.iterdir() if p != target]
     assert len(left) == 1 and not left[0].endswith(".prom")
+
+
+def test_commit_times_count_as_prometheus_clients_own_histogram_does() -> None:
+    # Given the same durations observed by CommitTimes and by prometheus_client's Histogram,
+    # bounds themselves among them (a bucket holds what is at most its bound)
+    from prometheus_client import Histogram
+
+    from ppmq.metrics import COMMIT_BUCKETS_S, CommitTimes
+
+    ours, theirs = CommitTimes(), Histogram("h", "h", buckets=COMMIT_BUCKETS_S, registry=None)
+    for seconds in (0.0001, 0.0005, 0.0007, 0.001, 0.003, 0.003, 0.5, 9.9, 10.0, 11.0, 60.0):
+        ours.observe(seconds)
+        theirs.observe(seconds)
+    # Then the bodies have the same cumulative buckets, labelled alike, and the same sum
+    samples = theirs.collect()[0].samples
+    expected = {s.labels["le"]: int(s.value) for s in samples if s.name.endswith("_bucket")}
+    body = ours.body()
+    assert body["Buckets"] == expected and list(body["Buckets"]) == list(expected)
+    assert body["Sum"] == pytest.approx(next(s.value for s in samples if s.name.endswith("_sum")))
