@@ -19,7 +19,7 @@ from struct import Struct
 
 from .queue_rows import QueueRows
 from .rows import at_row
-from .schema import GROUP_MESSAGES, HOLDER, TM, encode_holders_row, holders_columns, repeated
+from .schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
 PACKED_FROM = 10  # new messages whose entries are packed in one call
@@ -149,6 +149,10 @@ def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
 def _release(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
     """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
     those of wanted that nobody holds any more, or that the row does not hold."""
+    if len(wanted) == 1:
+        one = _release_one(raw, sub, wanted)
+        if one is not None:
+            return one
     ids, counts, base = holders_columns(raw)
     run = _release_run(raw, sub, wanted, ids, counts, base)
     if run is not None:
@@ -168,6 +172,22 @@ def _release(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int
     if missing:
         done = sorted(done + list(missing))
     return _row(kept, kept_counts, b"".join(entries)), done
+
+
+def _release_one(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]] | None:
+    """`_release` of a row of one message (a publish of one, as at a paced
+    rate), read and written without its columns; None for any other row, or
+    if `sub` is not among the message's holders."""
+    n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
+    if n != 1 or wanted[0] != m:
+        return None
+    base = ONE_HOLDERS_HEAD.size
+    place = _place(raw, sub, base, len(raw))
+    if place < 0:
+        return None
+    if count == 1:  # its last holder: the row goes
+        return b"", wanted
+    return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
 
 
 def _release_run(raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...], counts: tuple[int, ...], base: int) -> tuple[bytes, list[int]] | None:

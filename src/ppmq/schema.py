@@ -95,6 +95,7 @@ READY_ENTRY = struct.Struct(">QQI")  # pos, M, attempts: one entry of a ready ru
 READY_RUN = 64  # entries a run is built with (see ready_rows.py for why this many)
 FLIGHT_ENTRY = struct.Struct(">QBQIQ")  # M, prio, pos, attempts, publish_ns: one message of an inflight row
 HOLDER = struct.Struct(">HBQ")  # S, prio, pos: one holder of a message, in a holders row
+ONE_HOLDERS_HEAD = struct.Struct(">HQH")  # 1, M, holders: the columns of a holders row of one message
 # Most messages of one publish that share a holders row: a publish of 100 (a
 # batch) is one row, and an ack that covers part of a row rewrites at most this
 # many messages' entries. 32 to 512 measured alike on publishes of 1,000 and 5,000.

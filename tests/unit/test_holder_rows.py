@@ -197,3 +197,19 @@ def test_a_release_finds_the_subscribers_own_entry_when_its_id_bytes_appear_in_a
     # When A lets go of both, C's entries stay whole
     assert txn.release_holders(T, A, [1, 2]) == []
     assert txn.get_holders(T, 1) == {C: (0, 0x0001_0001)} and txn.get_holders(T, 2) == {C: (0, 0x0001_0002)}
+
+
+def test_a_message_published_alone_is_let_go_of_by_each_holder_in_turn(txn):
+    # Given a publish of one message, held by A, B and C, in a row of its own;
+    # its position's bytes hold B's id (00 02), before B's own entry
+    txn.put_new_holders(T, [C, B, A], 0x0002_0002, [1])
+    m = 0x0002_0002
+    # When B, then a subscriber that does not hold it, then C let go of it, it is not done
+    assert txn.release_holders(T, B, [m]) == []
+    assert txn.get_holders(T, m) == {C: (1, m), A: (1, m)}
+    assert txn.release_holders(T, B, [m]) == []
+    assert txn.release_holders(T, C, [m]) == []
+    assert txn.get_holders(T, m) == {A: (1, m)}
+    # And when A, its last holder, lets go of it, it is done and its row goes
+    assert txn.release_holders(T, A, [m]) == [m]
+    assert rows(txn) == []
