@@ -15,6 +15,7 @@ being written, walked and deleted. `settle` writes the ones no batch took.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
@@ -130,7 +131,7 @@ class Queue:
         fresh = sorted(fresh, key=TAKEN_PRIO)
         taken, self.fresh = fresh[:limit], fresh[limit:]
         self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
-        _count(self.stats.ready, taken, -1)
+        _count_in_order(self.stats.ready, taken, -1)
         self._count_delivered(len(taken), 0)
         self.settle()
         return taken
@@ -144,8 +145,7 @@ class Queue:
         self.settle()
         taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns)
         ready = self.stats.ready
-        for x in taken:
-            ready[x.prio] -= 1
+        _count_in_order(ready, taken, -1)  # taken in queue order
         for prio in missing:
             log.error("store: a ready entry of topic %d subscriber %d points at a missing message", self.t, self.s)
             ready[prio] -= 1
@@ -287,3 +287,14 @@ def _count(ready: list[int], msgs: Iterable[Taken], sign: int) -> None:
     A plain loop indexing the tuple: cheaper than Counter, or than `f.prio`."""
     for f in msgs:
         ready[f[1]] += sign
+
+
+def _count_in_order(ready: list[int], msgs: list[Taken], sign: int) -> None:
+    """_count of msgs in queue order (by priority, as a batch takes them): a
+    bisect per priority instead of a step per message."""
+    lo, n = 0, len(msgs)
+    while lo < n:
+        prio = msgs[lo][1]
+        hi = bisect_right(msgs, prio, lo, key=TAKEN_PRIO)
+        ready[prio] += sign * (hi - lo)
+        lo = hi
