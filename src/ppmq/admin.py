@@ -16,7 +16,7 @@ from .config import TopicConfig
 from .peek import Cursor, limit_of, parts_of, peek
 from .state import NS
 from .store import Txn
-from .validate import Prepared
+from .validate import prepared
 from .version import ppmq_version
 from .wiring import Wired
 
@@ -119,7 +119,7 @@ class Admin(Wired):
         if key is not None and txn.get_dedupe(self.state.topic_ids[target.name], key) is not None:
             return False  # a newer version of the key waits there already: newest wins
         prio = min(body.priority, target.priorities - 1)
-        self._publish(txn, target, [Prepared(key, prio, 0, payload)], now_ns, [origin.subscriber])
+        self._publish(txn, target, [prepared(key, prio, 0, payload)], now_ns, [origin.subscriber])
         self._remove_copies(txn, dead.name, t, m, None, None)
         if self._events.journaled:
             self._events.batch(ev.REDRIVE, target.name, origin.subscriber).ids.append(self.state.topics[target.name].seq)

@@ -22,7 +22,7 @@ from .queues import Queue
 from .schema import Body, Flight
 from .state import NS, SubStats
 from .store import Txn
-from .validate import MAX_KEY_BYTES, Prepared
+from .validate import MAX_KEY_BYTES, prepared
 from .wiring import Wired
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class Completion(Wired):
         if target is None:
             return False
         origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key)
-        copy = Prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment), origin=origin)
+        copy = prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment), origin=origin)
         try:
             self._publish(txn, target, [copy], now_ns)
         except p.StoreFull as exc:

@@ -20,10 +20,10 @@ import msgspec
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
-from .schema import FLIGHT_ENTRY, Body, Taken, body_records, make
+from .schema import FLIGHT_ENTRY, Body, body_records
 from .staging import Staging
 from .store import Txn
-from .validate import Prepared
+from .validate import Prepared, prepared
 from .wiring import Wired
 
 
@@ -63,7 +63,8 @@ class Publishing(Wired):
         else:
             journaled = []  # (id, prio, size, expires_ns, replaced) of each message stored
             for i, msg in enumerate(prepared):  # one by one: a limit may drop, and what it drops depends on the last
-                old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+                key = msg[0]
+                old = txn.get_dedupe(t, key) if key is not None else None
                 if old is not None:
                     journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
                     continue
@@ -92,13 +93,14 @@ class Publishing(Wired):
                 keys.clear()
 
         for msg in prepared:
-            if msg.key in keys:
+            key = msg[0]
+            if key in keys:
                 store_run()
-            old = txn.get_dedupe(t, msg.key) if msg.key is not None else None
+            old = txn.get_dedupe(t, key) if key is not None else None
             if old is None:
                 run.append(msg)
-                if msg.key is not None:
-                    keys.add(msg.key)
+                if key is not None:
+                    keys.add(key)
                 continue
             store_run()
             journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
@@ -108,7 +110,8 @@ class Publishing(Wired):
 
     def _replace_row(self, txn: Txn, topic: TopicConfig, t: int, old: int, msg: Prepared, now_ns: int) -> tuple[int, int, int, int, bool]:
         """msg replaces message `old` of its key; its row of the journal's columns."""
-        return old, msg.prio, self._replace(txn, topic, t, old, msg, now_ns), msg.expires_ns, True
+        _, prio, expires_ns, *_ = msg
+        return old, prio, self._replace(txn, topic, t, old, msg, now_ns), expires_ns, True
 
     def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
         """A publish too large for one step: queued on arrival, then one chunk per
@@ -150,7 +153,7 @@ class Publishing(Wired):
             keys.append(key)
             fragments.append(fragment)
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
-            new.append(make(Taken, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one tuple shared by every queue
+            new.append((m, prio, m, 1, now_ns, fragment, flight, expires_ns))  # one tuple shared by every queue
         sizes = list(map(len, fragments))
         if topic.limited:  # room for each in turn; may drop older ones, or refuse before anything is written
             for size in sizes:
@@ -213,6 +216,7 @@ class Publishing(Wired):
         """PROTOCOL §3 Dedupe: the newest version wins, and each subscriber's queue
         decides where it goes (Queue.requeue_version). Returns the size of the new
         version's JSON."""
+        key, prio, expires_ns, _, due_ns, _ = msg
         self._settle_fresh(txn, topic.name)  # the old version may be fresh: its place must be a row
         stats = self.state.topics[topic.name]
         stats.replaced += 1
@@ -226,10 +230,10 @@ class Publishing(Wired):
         holders = txn.get_holders(t, m)
         for name in topic.subscribers:
             queue = self._queue_of(txn, topic.name, name)
-            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), msg.prio, next_pos, msg.due_ns)
+            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), prio, next_pos, due_ns)
         txn.put_holders(t, m, holders)
-        fragment = _fragment(msg.key, msg)
-        self._put_version(txn, topic, t, m, Body(msg.prio, now_ns, msg.expires_ns, msg.key, fragment))
+        fragment = _fragment(key, msg)
+        self._put_version(txn, topic, t, m, Body(prio, now_ns, expires_ns, key, fragment))
         return len(fragment)
 
     def _retime(self, txn: Txn, topic: TopicConfig, t: int, m: int, expires_ns: int) -> None:
@@ -239,7 +243,7 @@ class Publishing(Wired):
         if body is None:
             return
         payload, origin = p.fragment_parts(body.fragment)
-        fragment = _fragment(body.key, Prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
+        fragment = _fragment(body.key, prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
         self._put_version(txn, topic, t, m, body._replace(expires_ns=expires_ns, fragment=fragment))
 
     def _put_version(self, txn: Txn, topic: TopicConfig, t: int, m: int, body: Body) -> None:
@@ -259,4 +263,5 @@ class Publishing(Wired):
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:
     """A message's JSON as delivered, under the key it is stored with."""
-    return p.message_fragment(key, msg.payload, msg.prio, msg.expires_ns, msg.origin)
+    _, prio, expires_ns, payload, _, origin = msg
+    return p.message_fragment(key, payload, prio, expires_ns, origin)

@@ -13,7 +13,7 @@ from itertools import repeat
 
 from .body_rows import BodyFinder
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken, make
+from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
@@ -51,7 +51,7 @@ class QueueRows(ReadyRows):
                 return KEEP
             attempts += 1  # this delivery
             flight = entry(m, prio, pos, attempts, publish_ns)
-            taken.append(make(Taken, (m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns)))
+            taken.append((m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns))
             return TAKE
 
         with self.txn.cursor(db=self._bodies) as cur:

@@ -91,15 +91,16 @@ class Queue:
             return
         queued = []
         for i, (f, may) in enumerate(zip(msgs, may_stay_fresh or repeat(True))):
+            m, prio = f[0], f[1]
             if due is not None and due[i]:
-                self._delay(Delayed(f.prio, f.m, f.m, 0, due[i]))
+                self._delay(Delayed(prio, m, m, 0, due[i]))
             elif caught_up and may:
                 fresh.append(f)
             else:
                 caught_up = False
                 queued.append(f)
             if due is None or not due[i]:
-                ready[f.prio] += 1
+                ready[prio] += 1
         if queued:
             self._txn.push_fresh(self.t, self.s, queued, self.keep_tail, start=False)
 
@@ -284,7 +285,7 @@ class Queue:
 
 def _count(ready: list[int], msgs: Iterable[Taken], sign: int) -> None:
     """Add (sign 1) or take (-1) msgs to the ready counters of their priorities.
-    A plain loop indexing the tuple: cheaper than Counter, or than `f.prio`."""
+    A plain loop indexing the tuple: cheaper than Counter."""
     for f in msgs:
         ready[f[1]] += sign
 

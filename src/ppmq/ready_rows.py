@@ -36,6 +36,7 @@ from .schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntr
 
 log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size
+_pos_m = itemgetter(2, 0)  # a Taken's (pos, m), as a ready entry begins
 KEEP, TAKE, DROP = 0, 1, 2  # what a walk does with an entry: leave it, take it (counted), delete it (not counted)
 
 
@@ -185,7 +186,7 @@ class ReadyRows(DelayedRows):
             for key, raw in self._walk(self._ready, start[:7], start):
                 n = min(len(raw) // ENTRY, len(want))
                 first, last = READY_ENTRY.unpack_from(raw), READY_ENTRY.unpack_from(raw, (n - 1) * ENTRY)
-                if first[:2] != (want[0].pos, want[0].m) or last[:2] != (want[n - 1].pos, want[n - 1].m):
+                if first[:2] != _pos_m(want[0]) or last[:2] != _pos_m(want[n - 1]):
                     return None
                 edits.append((key, raw[n * ENTRY :]))
                 del want[:n]

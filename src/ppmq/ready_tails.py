@@ -80,7 +80,7 @@ class ReadyTails:
             return
         i = 0
         while i < len(fresh):  # a slice per priority: most publishes have one
-            prio = fresh[i].prio
+            prio = fresh[i][1]
             j = bisect_right(fresh, prio, lo=i, key=TAKEN_PRIO)
             tail.prios.setdefault(prio, deque()).append(fresh[i:j] if i or j < len(fresh) else fresh)
             i = j

@@ -197,8 +197,8 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     them, each store write once."""
     ids = range(first, first + len(chunk))
     keys = [b"%d" % m for m in ids]  # generated keys: the message id (PROTOCOL §3 Keys)
-    prios, expiries = [msg.prio for msg in chunk], [msg.expires_ns for msg in chunk]
-    fragments = list(map(p.message_fragment, keys, [msg.payload for msg in chunk], prios, expiries))
+    _, prios, expiries, payloads, _, _ = zip(*chunk)  # the chunk's columns, in C
+    fragments = list(map(p.message_fragment, keys, payloads, prios, expiries))
     records = body_records(prios, job.arrived_ns, expiries, keys, fragments)
     sizes = list(map(len, fragments))
     for prio in prios:

@@ -8,7 +8,7 @@ from pathlib import Path
 import lmdb
 
 from ppmq import migrate
-from ppmq.schema import READY_ENTRY, READY_RUN, TSPQ, Body, ReadyEntry, Staged
+from ppmq.schema import READY_ENTRY, READY_RUN, TAKEN_ATTEMPTS, TSPQ, Body, ReadyEntry, Staged
 from ppmq.store import Txn
 
 T, S = 1, 1
@@ -48,7 +48,7 @@ def test_a_publish_appends_runs_of_ready_run_entries_and_a_take_crosses_them(txn
     # When a batch takes a run and a half
     taken, expired, missing = txn.take_ready(T, S, R + R // 2, 0, 0)
     # Then it took them in order, deleted the first run and cut the second, which keeps its key
-    assert [x.m for x in taken] == list(range(1, R + R // 2 + 1)) and not expired and not missing
+    assert [m for m, *_ in taken] == list(range(1, R + R // 2 + 1)) and not expired and not missing
     assert [(first, places[0], len(places)) for _, first, places in runs(txn)] == [(R + 1, R + R // 2 + 1, R // 2), (2 * R + 1, 2 * R + 1, R // 2)]
     assert_invariant(txn)
 
@@ -122,7 +122,7 @@ def test_a_staged_publish_is_hidden_entry_by_entry_inside_runs_and_jumped_over_b
     assert [e.pos for e in txn.ready_of(T, S)] == visible
     assert txn.first_ready(T, S, 0) == ReadyEntry(0, 1, 1, 0)
     taken, _, _ = txn.take_ready(T, S, 100, 0, 0)
-    assert [x.m for x in taken] == visible
+    assert [m for m, *_ in taken] == visible
     # and the staged entries are all still there, in their runs
     assert [pos for _, _, places in runs(txn) for pos in places] == list(range(11, last + 1))
     assert txn.first_ready(T, S, 0) is None
@@ -134,8 +134,8 @@ def test_a_batch_takes_priorities_in_order_each_by_place(txn):
     txn.push_ready(T, S, 1, 0, 0, 1)  # an entry back at an early place of priority 1
     txn.put_body(T, 0, Body(1, 1, 0, b"0", b"{}"))
     taken, _, _ = txn.take_ready(T, S, 15, 0, 0)
-    assert [(x.prio, x.pos) for x in taken] == [(0, pos) for pos in range(2, 20, 2)] + [(1, pos) for pos in (0, 1, 3, 5, 7, 9)]
-    assert taken[9].attempts == 2 and taken[0].attempts == 1
+    assert [(prio, pos) for _, prio, pos, *_ in taken] == [(0, pos) for pos in range(2, 20, 2)] + [(1, pos) for pos in (0, 1, 3, 5, 7, 9)]
+    assert TAKEN_ATTEMPTS(taken[9]) == 2 and TAKEN_ATTEMPTS(taken[0]) == 1
 
 
 def test_a_take_leaves_expired_entries_in_place_and_drops_those_whose_message_is_gone(txn):
@@ -143,9 +143,9 @@ def test_a_take_leaves_expired_entries_in_place_and_drops_those_whose_message_is
     txn.put_body(T, 2, Body(0, 1, 50, b"2", b"{}"))  # expires at 50
     txn.delete_messages(T, [4], dedupe=False)
     taken, expired, missing = txn.take_ready(T, S, 2, 0, 100)
-    assert ([x.m for x in taken], expired, missing) == ([1, 3], [2], [])
+    assert ([m for m, *_ in taken], expired, missing) == ([1, 3], [2], [])
     taken, expired, missing = txn.take_ready(T, S, 2, 0, 100)
-    assert ([x.m for x in taken], expired, missing) == ([5], [2], [0])
+    assert ([m for m, *_ in taken], expired, missing) == ([5], [2], [0])
     assert runs(txn) == [(0, 1, [2])]
 
 

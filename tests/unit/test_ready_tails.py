@@ -179,7 +179,7 @@ class Pair:
 
     def _note(self, taken, tails):
         if taken is not None and tails is self.machine.stores[0].ready_tails:
-            self.taken.append([x.m for x in taken])
+            self.taken.append([m for m, *_ in taken])
         return taken
 
     def publish(self, *prios: int, topic: str = "plain", subs: frozenset = frozenset({"s1"}), **fields: object) -> None:

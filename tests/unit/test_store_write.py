@@ -13,7 +13,7 @@ from ppmq.store import Store
 
 T, S = 1, 1  # a topic id, a subscriber id
 # a message's first delivery, as a publish makes it and a ready tail keeps it
-FRESH = Taken(1, 0, 1, 1, 1_000, b'{"Key":"1"}', FLIGHT_ENTRY.pack(1, 0, 1, 1, 1_000), 0)
+FRESH: Taken = (1, 0, 1, 1, 1_000, b'{"Key":"1"}', FLIGHT_ENTRY.pack(1, 0, 1, 1, 1_000), 0)
 
 
 @pytest.fixture
