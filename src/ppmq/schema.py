@@ -173,7 +173,7 @@ class Delayed(NamedTuple):
 Taken = tuple[int, int, int, int, int, bytes, bytes, int]
 
 # A field of every Taken of a batch, read in C (map, sorted, groupby) where a per-message path needs one.
-TAKEN_M, TAKEN_PRIO, TAKEN_POS, TAKEN_ATTEMPTS, TAKEN_FRAGMENT, TAKEN_FLIGHT, TAKEN_EXPIRES = map(itemgetter, (0, 1, 2, 3, 5, 6, 7))
+TAKEN_M, TAKEN_PRIO, TAKEN_ATTEMPTS, TAKEN_FRAGMENT, TAKEN_FLIGHT, TAKEN_EXPIRES = map(itemgetter, (0, 1, 3, 5, 6, 7))
 
 
 class Staged(NamedTuple):
