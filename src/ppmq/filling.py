@@ -18,7 +18,7 @@ from .lanes import Lanes, room
 from .laning import Laning
 from .ledger import Ledger
 from .ops import Delivery
-from .queues import Queue, space
+from .queues import Queue
 from .schema import Taken
 from .state import NS
 from .store import Txn
@@ -63,14 +63,18 @@ class Filling(Laning):
         return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, fresh)
 
     def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
-        """How many messages of topic may be pushed to sub now: with lanes, to its
-        least loaded lane, and all lanes' Windows cap what is in flight in all."""
+        """How many messages of topic sub's next batch may take now (PROTOCOL §3
+        Batches and window): with lanes, to its least loaded lane, and all lanes'
+        Windows cap what is in flight in all; 0 also when a reload lowered Window
+        below what is in flight, and while it is paused (PROTOCOL §8). Read from
+        the counters alone, so the writer can ask it between steps; they are read
+        first, since after a batch there is mostly nothing ready."""
         stats = self.state.subs.peek(topic.name)[sub]
-        if not any(stats.ready):  # nothing to push, whatever room there is: the usual answer after a batch
+        if stats.paused or not any(stats.ready):
             return 0
         sc = self.sub_configs[sub]
         window = self.config.window(sc)
-        limit = space(stats, sc.batch_size, window * sc.connections)
+        limit = max(0, min(sc.batch_size, window * sc.connections - stats.inflight))
         return limit if lanes is None else min(limit, room(lanes, topic.name, window)[1])
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:

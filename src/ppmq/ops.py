@@ -120,9 +120,7 @@ def request_of(op: Op) -> p.Request | None:
     """The client's request an op carries; None for internal ops."""
     if type(op) is p.Request:  # the usual op, asked about a few times a step
         return op
-    if isinstance(op, (Guarded, Take)):
-        return op.request
-    return op if isinstance(op, p.Request) else None
+    return op.request if isinstance(op, (Guarded, Take)) else None
 
 
 def request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:

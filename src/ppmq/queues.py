@@ -34,16 +34,6 @@ class Pulled(NamedTuple):
     expired: list[int]  # left in the queue: the caller expires them everywhere
 
 
-def space(stats: SubStats, batch_size: int, window: int) -> int:
-    """How many messages a subscription's next batch may take (PROTOCOL §3 Batches
-    and window); 0 also when a reload lowered Window below what is in flight, and
-    while it is paused (PROTOCOL §8).
-    Read from the counters alone, so the writer can ask it between steps."""
-    if stats.paused or not any(stats.ready):
-        return 0
-    return max(0, min(batch_size, window - stats.inflight))
-
-
 class Queue:
     """One subscription's entries and counters, inside one transaction.
 
