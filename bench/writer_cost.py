@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
@@ -24,6 +24,8 @@ events and encodes them as the broker's journal does, `events` builds them only,
 each acked on its own): what a step costs beyond its messages. `--drain` is the
 backlog workload's second half: --messages of 1 KiB published while nobody
 reads, then taken from the store and acked until none is left (only that timed).
+`--dedupe` gives the topic Dedupe and every message a Key of its own (`ppmq
+bench --dedupe`): what a producer that may resend sends, acked by those Keys.
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ SUBS = ["a", "b"]
 
 
 @contextmanager
-def bench_broker(sync: bool, window: int, journal: str) -> Iterator[Broker]:
+def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False) -> Iterator[Broker]:
     """A broker on a new store of its own: topic `bench`, priorities 0-2, subscribers SUBS."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
             server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
             subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
-            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3)],
+            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe)],
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
         try:
@@ -68,9 +70,10 @@ def payload_of(size: int) -> msgspec.Raw:
     return msgspec.Raw(b'"' + b"x" * (size - 2) + b'"')
 
 
-def messages(i: int, count: int, payload: msgspec.Raw) -> list[p.Message]:
-    """The messages of publish i (its first message's number), priorities 0-2 in turn."""
-    return [p.Message(payload=payload, priority=(i + j) % 3) for j in range(count)]
+def messages(i: int, count: int, payload: msgspec.Raw, keyed: bool = False) -> list[p.Message]:
+    """The messages of publish i (its first message's number), priorities 0-2 in
+    turn; `keyed`: each with a Key of its own."""
+    return [p.Message(payload=payload, priority=(i + j) % 3, key=f"k{i + j}" if keyed else None) for j in range(count)]
 
 
 def encoder(journal: str) -> Callable[[list[Event]], object]:
@@ -83,17 +86,17 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
-def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0) -> dict[str, float]:
+def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False) -> dict[str, float]:
     encode = encoder(journal)
-    with bench_broker(sync, window, journal) as broker:
+    with bench_broker(sync, window, journal, dedupe) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
-            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload))], set(SUBS), time.time_ns())
+            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload, dedupe))], set(SUBS), time.time_ns())
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
-            publish = p.Request(topic="bench", messages=messages(i, batch, payload), id=msgspec.Raw(b"1"))
+            publish = p.Request(topic="bench", messages=messages(i, batch, payload, dedupe), id=msgspec.Raw(b"1"))
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([publish], set(SUBS), time.time_ns())
@@ -143,11 +146,12 @@ def main() -> None:
     ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
+    ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
     args = ap.parse_args()
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
