@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import lmdb
 
 from .rows import Rows, at_row
-from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, u32
+from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, replace_body_record, u32
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 
@@ -51,20 +51,33 @@ class BodyRows(Rows):
         with self.txn.cursor(db=self._bodies) as cur:
             return BodyFinder(cur, t).find(m)
 
-    def put_body(self, t: int, m: int, body: Body) -> None:
-        """m's body: a new version takes the old one's place in its row, a new
-        message joins the row whose range it is in (or starts one below them).
-        The row is written again whole: a topic whose messages are replaced in
-        place (Dedupe) keeps a message a row (Txn.put_messages)."""
+    def put_body(self, t: int, m: int, body: Body) -> Body | None:
+        """m's body; returns the version it replaced, if any. A new version
+        takes the old one's place in its row, spliced in (a Dedupe topic's
+        replacement: the rest of the row is copied, not taken apart); a new
+        message joins the row whose range it is in (or starts one below them)."""
         record = encode_body(body)
         with self.txn.cursor(db=self._bodies) as cur:
             key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
-        ids, records = ([], []) if raw is None else _split(raw)
+        if raw is None:
+            self._write_body_row(key, [m], [record])
+            return None
+        ids, ends, base = body_columns(raw)
         i = bisect_left(ids, m)
-        present = int(i < len(ids) and ids[i] == m)
-        ids[i : i + present] = [m]
-        records[i : i + present] = [record]
-        self._write_body_row(key, ids, records)
+        if i < len(ids) and ids[i] == m:
+            old = decode_body(raw[base + (ends[i - 1] if i else 0) : base + ends[i]])
+            if ends[-1] + len(record) <= 2 * BODY_ROW_BYTES:  # no split needed
+                row = replace_body_record(raw, ids, ends, base, i, record)
+                self.store.room.wrote(len(row), len(ids))
+                self.txn.put(key, row, db=self._bodies)
+                return old
+        else:
+            old = None
+        all_ids, records = _split(raw)
+        all_ids[i : i + (old is not None)] = [m]
+        records[i : i + (old is not None)] = [record]
+        self._write_body_row(key, all_ids, records)
+        return old
 
     def _write_body_row(self, key: bytes, ids: list[int], records: list[bytes]) -> None:
         """Put a row; one that an insert took past GROUP_MESSAGES, or past twice

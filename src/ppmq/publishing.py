@@ -228,10 +228,12 @@ class Publishing(Wired):
             return new_pos[0]
 
         holders = txn.get_holders(t, m)
+        places = dict(holders)
         for name in topic.subscribers:
             queue = self._queue_of(txn, topic.name, name)
             holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), prio, next_pos, due_ns)
-        txn.put_holders(t, m, holders)
+        if holders != places:  # a version that waits where the old one did changes no holder
+            txn.put_holders(t, m, holders)
         fragment = _fragment(key, msg)
         self._put_version(txn, topic, t, m, Body(prio, now_ns, expires_ns, key, fragment))
         return len(fragment)

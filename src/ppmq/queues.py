@@ -237,6 +237,8 @@ class Queue:
         `prio`. Still waiting (ready, or delayed) at the same or a higher priority
         number it keeps its place; otherwise it goes to the end of its priority.
         It waits there until `due_ns` if given (PROTOCOL §8). Returns its place."""
+        if place is not None and not due_ns and prio >= place[0] and self._txn.restart_ready(self.t, self.s, *place):
+            return place  # ready, and stays where it is: the usual replacement of a message waiting in a backlog
         kept = place is not None and self._leave_place(m, place) and prio >= place[0]
         place = place if kept else (prio, new_pos())
         if due_ns:

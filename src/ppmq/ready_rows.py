@@ -90,6 +90,22 @@ class ReadyRows(DelayedRows):
         found = self._find(t, s, prio, pos)
         return None if found is None else READY_ENTRY.unpack_from(found[1], found[2] * ENTRY)[2]
 
+    def restart_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
+        """The ready entry at (prio, pos) starts its attempts anew where it is
+        (a new version of its message took its place: PROTOCOL §3 Dedupe); its
+        run is rewritten only if it had been delivered before. False if there
+        is no such entry."""
+        found = self._find(t, s, prio, pos)
+        if found is None:
+            return False
+        key, raw, i = found
+        at = i * ENTRY
+        _, m, attempts = READY_ENTRY.unpack_from(raw, at)
+        if attempts:
+            self._tails.drop(t, s)
+            self._rewrite(key, raw[:at] + READY_ENTRY.pack(pos, m, 0) + raw[at + ENTRY :])
+        return True
+
     def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Remove a ready entry; return its attempts so far, or None if there was none.
         Its run keeps its key, or goes with its last entry."""

@@ -251,6 +251,16 @@ def encode_body_row(ids: Sequence[int], records: Sequence[bytes]) -> bytes:
     return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "I").pack(*accumulate(map(len, records))), *records))
 
 
+def replace_body_record(raw: bytes, ids: Sequence[int], ends: Sequence[int], base: int, i: int, record: bytes) -> bytes:
+    """The bodies row `raw` (whose columns are ids, ends and base) with its i-th
+    record replaced by `record`: the ids and the other records copied as they
+    are, the ends from i on moved by the change in size."""
+    n = len(ids)
+    start, end = base + (ends[i - 1] if i else 0), base + ends[i]
+    moved = map((len(record) - (end - start)).__add__, ends[i:])
+    return b"".join((raw[: 2 + 8 * n], _column(n, "I").pack(*ends[:i], *moved), raw[base:start], record, raw[end:]))
+
+
 def holders_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A holders row's message ids, the holder count of each, and the offset of
     its first (S, prio, pos) entry; struct.error if the row is too short."""

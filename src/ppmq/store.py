@@ -28,7 +28,6 @@ from .schema import (
     BODY_HEAD,
     Body,
     DBS,
-    GROUP_MESSAGES,
     ETM,
     SCHEMA_VERSION,
     StoreError,
@@ -204,10 +203,8 @@ class Txn(HolderRows):
     def put_messages(self, t: int, first: int, records: list[bytes], *, dedupe: bool, expire: bool) -> None:
         """New messages, the records (schema.body_record) of ids first, first + 1,
         ..., with their index entries: the dedupe key of each on a Dedupe
-        topic, its expiry on an Expire topic. A Dedupe topic's message is
-        replaced in place by its key's next version, and its bodies row written
-        again whole: so it has a row of its own."""
-        self.put_records(t, first, records, group=1 if dedupe else GROUP_MESSAGES)
+        topic, its expiry on an Expire topic."""
+        self.put_records(t, first, records)
         head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
         for m, record in enumerate(records if dedupe or expire else (), first):
             _, _, expires_ns, klen = head(record)
@@ -219,10 +216,9 @@ class Txn(HolderRows):
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""
         self._tails.drop_topic(t)
-        old = self.get_body(t, m)
+        old = self.put_body(t, m, body)
         if old is not None and old.expires_ns:
             self.remove_expiry(old.expires_ns, t, m)
-        self.put_body(t, m, body)
         if expire and body.expires_ns:
             self.add_expiry(body.expires_ns, t, m)
         return old

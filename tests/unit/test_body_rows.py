@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from ppmq.schema import BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, body_columns, encode_body
 from ppmq.store import Store, Txn
 
+from .conftest import writing
+
 T = 7  # a topic id
 
 
@@ -70,9 +72,31 @@ def test_a_row_popped_whole_gives_the_counts_expiries_and_keys_of_all_it_held(tx
 
 def test_a_new_version_takes_the_old_ones_place_in_its_row(txn):
     publish(txn, 1, 5)
-    txn.put_body(T, 3, body(3, size=500))
+    assert txn.put_body(T, 3, body(3, size=500)) == body(3)
     assert rows(txn) == [(1, [1, 2, 3, 4, 5])]
     assert [b for _, b in txn.bodies_of(T)] == [body(1), body(2), body(3, size=500), body(4), body(5)]
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 300)), max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_new_versions_spliced_into_a_row_leave_every_other_record_as_it_was(versions):
+    """Each new version, larger or smaller, first or last in its row, is cut in
+    where the old one was: the row reads back as if written whole."""
+    with tempfile.TemporaryDirectory() as d, writing(d) as txn:
+        publish(txn, 1, 5)
+        expected = {m: body(m) for m in range(1, 6)}
+        for m, size in versions:
+            assert txn.put_body(T, m, body(m, size=size)) == expected[m]
+            expected[m] = body(m, size=size)
+        assert rows(txn) == [(1, [1, 2, 3, 4, 5])]
+        assert dict(txn.bodies_of(T)) == expected
+
+
+def test_a_new_version_too_large_for_its_row_splits_it(txn):
+    publish(txn, 1, 4, size=BODY_ROW_BYTES // 2)
+    txn.put_body(T, 4, body(4, size=BODY_ROW_BYTES))
+    assert rows(txn) == [(1, [1, 2]), (3, [3, 4])]
+    assert dict(txn.bodies_of(T)) == {1: body(1, BODY_ROW_BYTES // 2), 2: body(2, BODY_ROW_BYTES // 2), 3: body(3, BODY_ROW_BYTES // 2), 4: body(4, BODY_ROW_BYTES)}
 
 
 def test_put_body_of_a_message_in_no_row_joins_the_row_below_it_or_starts_one_below_all(txn):
@@ -89,9 +113,9 @@ def test_put_body_splits_a_row_that_an_insert_takes_past_GROUP_MESSAGES(txn):
     assert rows(txn) == [(1, list(range(1, half + 1))), (half + 1, list(range(half + 1, GROUP_MESSAGES + 2)))]
 
 
-def test_a_dedupe_topics_messages_have_a_row_each_so_a_new_version_rewrites_one(txn):
+def test_a_dedupe_topics_publish_shares_a_row_as_any_other_and_indexes_each_key(txn):
     txn.put_messages(T, 1, [encode_body(body(m)) for m in range(1, 4)], dedupe=True, expire=False)
-    assert rows(txn) == [(1, [1]), (2, [2]), (3, [3])]
+    assert rows(txn) == [(1, [1, 2, 3])]
     assert [txn.get_dedupe(T, b"k%d" % m) for m in range(1, 4)] == [1, 2, 3]
 
 

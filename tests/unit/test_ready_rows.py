@@ -71,6 +71,20 @@ def test_an_entry_back_at_its_place_joins_the_run_that_holds_it(txn):
     assert_invariant(txn)
 
 
+def test_an_entry_restarted_in_place_keeps_its_run_and_neighbours_and_starts_its_attempts_anew(txn):
+    # Given a run with an entry delivered twice before, amid first attempts
+    txn.push_ready_many(T, S, stored(txn, range(10, 30, 2)))
+    txn.push_ready(T, S, 0, 15, 15, 2)
+    before = runs(txn)
+    # When a new version restarts it, and one never delivered, and a place with no entry
+    assert txn.restart_ready(T, S, 0, 15) and txn.restart_ready(T, S, 0, 12)
+    assert not txn.restart_ready(T, S, 0, 13) and not txn.restart_ready(T, S, 1, 15)
+    # Then each is where it was, with no attempts; nothing else moved
+    assert runs(txn) == before
+    assert [txn.ready_attempts(T, S, 0, pos) for pos in (12, 14, 15, 16)] == [0, 0, 0, 0]
+    assert_invariant(txn)
+
+
 def test_entries_pushed_together_each_join_the_run_that_holds_their_place(txn):
     # Given two full runs, of odd places from 1 and from 1001
     odd = list(range(1, 2 * R, 2))
