@@ -84,7 +84,8 @@ class Publishing(Wired):
         replaces its first version."""
         journaled: list[tuple[int, int, int, int, bool]] = []  # (id, prio, size, expires_ns, replaced)
         run: list[Prepared] = []
-        keys: set[bytes] = set()
+        keys: set[bytes] = set()  # the run's
+        seen: set[bytes] = set()  # the publish's so far
 
         def store_run() -> None:
             if run:
@@ -92,11 +93,16 @@ class Publishing(Wired):
                 run.clear()
                 keys.clear()
 
-        for msg in prepared:
+        # Each key's message as the store held it before this publish, in one pass;
+        # a key the publish met before is looked up again, once its run is stored.
+        for msg, old in zip(prepared, txn.dedupe_ids(t, [msg[0] for msg in prepared])):
             key = msg[0]
-            if key in keys:
-                store_run()
-            old = txn.get_dedupe(t, key) if key is not None else None
+            if key in seen:
+                if key in keys:
+                    store_run()
+                old = txn.get_dedupe(t, key)
+            elif key is not None:
+                seen.add(key)
             if old is None:
                 run.append(msg)
                 if key is not None:

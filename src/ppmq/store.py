@@ -205,13 +205,18 @@ class Txn(HolderRows):
         ..., with their index entries: the dedupe key of each on a Dedupe
         topic, its expiry on an Expire topic."""
         self.put_records(t, first, records)
-        head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
-        for m, record in enumerate(records if dedupe or expire else (), first):
+        if not (dedupe or expire):
+            return
+        head, head_size, prefix, keyed = BODY_HEAD.unpack_from, BODY_HEAD.size, u32(t), []
+        for m, record in enumerate(records, first):
             _, _, expires_ns, klen = head(record)
             if dedupe:
-                self.put_dedupe(t, record[head_size : head_size + klen], m)
+                keyed.append((prefix + record[head_size : head_size + klen], U64.pack(m)))
             if expire and expires_ns:
                 self.add_expiry(expires_ns, t, m)
+        if keyed:
+            with self.txn.cursor(db=self._dedupe) as cur:
+                cur.putmulti(keyed)
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""
@@ -229,8 +234,9 @@ class Txn(HolderRows):
         popped = self.pop_bodies(t, ms, keys=dedupe)
         for expires_ns, m in popped.expiries:
             self.remove_expiry(expires_ns, t, m)
+        prefix, delete, db = u32(t), self.txn.delete, self._dedupe
         for key in popped.keys:
-            self.delete_dedupe(t, key)
+            delete(prefix + key, db=db)
         return popped.count, popped.size
 
     # --- expiry index ---------------------------------------------------------------
@@ -268,8 +274,9 @@ class Txn(HolderRows):
         raw = self.txn.get(u32(t) + key, db=self._dedupe)
         return U64.unpack(raw)[0] if raw is not None else None
 
-    def put_dedupe(self, t: int, key: bytes, m: int) -> None:
-        self.txn.put(u32(t) + key, U64.pack(m), db=self._dedupe)
-
-    def delete_dedupe(self, t: int, key: bytes) -> None:
-        self.txn.delete(u32(t) + key, db=self._dedupe)
+    def dedupe_ids(self, t: int, keys: list[bytes | None]) -> list[int | None]:
+        """get_dedupe of each key (None for a None key), in one pass: what a
+        publish or an ack of a Dedupe topic looks up a message."""
+        prefix, get, db, unpack = u32(t), self.txn.get, self._dedupe, U64.unpack
+        found = [None if key is None else get(prefix + key, db=db) for key in keys]
+        return [None if raw is None else unpack(raw)[0] for raw in found]

@@ -287,6 +287,32 @@ def test_a_key_repeated_within_one_publish_is_stored_once_with_its_last_version(
     store.close()
 
 
+def test_a_new_version_of_a_message_waiting_after_a_delivery_keeps_its_place_and_starts_its_attempts_anew(tmp_path):
+    # Given a Dedupe topic where a was delivered once and nacked back before b, and c waits behind them
+    broker, store = open_broker(tmp_path, dedupe=True, priorities=2, window=1)
+    broker.step([keyed(("a", b"1"), ("b", b"2"), ("c", b"3"))], set(), NOW)
+    assert [m["Key"] for d in broker.step([], {"s"}, NOW).deliveries for m in msgspec.json.decode(d.frame)["Messages"]] == ["a"]
+    broker.step([p.Request(topic="t", subscriber="s", nacks=["a"])], set(), NOW)
+    t, s = broker.state.topic_ids["t"], broker.state.sub_ids["s"]
+    with store.write() as txn:
+        place = txn.get_holders(t, txn.get_dedupe(t, b"a"))[s]
+        assert txn.ready_attempts(t, s, *place) == 1
+    # When a new version of a, and one of c of a lower priority, are published in one request
+    broker.step([keyed(("a", b"4")), keyed(("c", b"5"), priority=1)], set(), NOW)
+    # Then a is where it waited, never delivered as far as its queue knows; c moved behind b
+    with store.write() as txn:
+        assert txn.get_holders(t, txn.get_dedupe(t, b"a"))[s] == place and txn.ready_attempts(t, s, *place) == 0
+    sent = []
+    for _ in range(3):
+        (delivery,) = broker.step([], {"s"}, NOW).deliveries
+        (message,) = msgspec.json.decode(delivery.frame)["Messages"]
+        sent.append((message["Key"], message["Payload"]))
+        broker.step([p.Request(topic="t", subscriber="s", acks=[message["Key"]])], set(), NOW)
+    assert sent == [("a", 4), ("b", 2), ("c", 5)]
+    assert (broker.state.topics["t"].stored, broker.state.topics["t"].replaced) == (0, 2)
+    store.close()
+
+
 def test_drop_oldest_drops_a_message_of_the_same_step_that_has_not_been_pushed_yet(tmp_path):
     # Given a topic of at most 2 messages whose subscriber is open and caught up
     broker, store = open_broker(tmp_path, max_messages=2, overflow_policy="drop-oldest")

@@ -17,7 +17,7 @@ from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import FsckError, check, read_snapshot
 from ppmq.ledger import Ledger, load_state
-from ppmq.schema import HOLDER, TM, body_columns, encode_body_row, encode_holders_row, holders_columns
+from ppmq.schema import HOLDER, TM, U64, body_columns, encode_body_row, encode_holders_row, holders_columns, u32
 from ppmq.state import NS, State
 from ppmq.store import Store, Txn
 
@@ -216,7 +216,7 @@ DAMAGES = {
     "a queue entry at another place than its holders say": (
         with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 50, 3, 0)), "does not hold this place"),
     "a dedupe key pointing at another message": (
-        with_txn(lambda txn, i: txn.put_dedupe(i["d"], b"k0", 2)), "not stored under that key"),
+        with_txn(lambda txn, i: txn.txn.put(u32(i["d"]) + b"k0", U64.pack(2), db=txn.store.dbs["dedupe"])), "not stored under that key"),
     "an expiry entry at the wrong time": (
         with_txn(lambda txn, i: txn.add_expiry(NOW, i["d"], 1)), "matches no stored message expiring then"),
     "a body above the topic's sequence": (with_txn(copy_first_body_to(10**6)), "above the topic's sequence"),
