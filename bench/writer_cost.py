@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
@@ -26,6 +26,8 @@ backlog workload's second half: --messages of 1 KiB published while nobody
 reads, then taken from the store and acked until none is left (only that timed).
 `--dedupe` gives the topic Dedupe and every message a Key of its own (`ppmq
 bench --dedupe`): what a producer that may resend sends, acked by those Keys.
+`--max-messages N` gives the topic MaxMessages N (a bounded queue, which the
+run should not fill).
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ SUBS = ["a", "b"]
 
 
 @contextmanager
-def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False) -> Iterator[Broker]:
+def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False, max_messages: int = 0) -> Iterator[Broker]:
     """A broker on a new store of its own: topic `bench`, priorities 0-2, subscribers SUBS."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
             server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
             subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
-            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe)],
+            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe, max_messages=max_messages)],
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
         try:
@@ -86,9 +88,11 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
-def run(n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False) -> dict[str, float]:
+def run(
+    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False, max_messages: int = 0
+) -> dict[str, float]:
     encode = encoder(journal)
-    with bench_broker(sync, window, journal, dedupe) as broker:
+    with bench_broker(sync, window, journal, dedupe, max_messages) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
@@ -147,11 +151,12 @@ def main() -> None:
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
     ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
+    ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
     args = ap.parse_args()
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.max_messages)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

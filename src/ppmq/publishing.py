@@ -49,13 +49,13 @@ class Publishing(Wired):
         subs = topic.subscribers if subs is None else subs
         if not subs:
             pass  # nobody to deliver to, like a fanout exchange without queues
-        elif not topic.dedupe and not topic.limited:
+        elif not topic.dedupe and (stored := self._store_new(txn, topic, t, sorted(prepared, key=_PRIO), now_ns, subs)) is not None:
             # The whole batch at once, its ids by priority, then by place in the
             # publish: delivery order is the same (priority, then publish order),
             # but a batch of one priority then takes a run of consecutive ids,
             # which its ack releases and deletes as whole rows (schema.py)
             # instead of cutting every third id out of them. Sorted stably, in C.
-            stored = self._store_new(txn, topic, t, sorted(prepared, key=_PRIO), now_ns, subs)
+            # A limited topic's batch too, when all of it fits.
             if self._events.journaled:
                 self._events.publish(topic.name, *stored, False)
         elif not topic.limited:
@@ -69,7 +69,7 @@ class Publishing(Wired):
                     journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
                     continue
                 try:
-                    journaled.extend(zip(*self._store_new(txn, topic, t, [msg], now_ns, subs), repeat(False)))
+                    journaled.extend(zip(*self._store_new(txn, topic, t, [msg], now_ns, subs, make_room=True), repeat(False)))
                 except p.StoreFull as exc:
                     raise p.StoreFull(f"Messages[{i}]: {exc}") from None
             if self._events.journaled and journaled:
@@ -141,9 +141,13 @@ class Publishing(Wired):
             self._events.file(job.event)
         return True
 
-    def _store_new(self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str]) -> Stored:
+    def _store_new(
+        self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str], *, make_room: bool = False
+    ) -> Stored | None:
         """Store messages with new ids for `subs`, each store write once for the
-        whole batch; return the journal's columns of them."""
+        whole batch; return the journal's columns of them. A limited topic that
+        has no room for all of them: None, with nothing written; with
+        `make_room`, a batch of one makes room by its OverflowPolicy instead."""
         stats = self.state.topics[topic.name]
         keys, fragments, new, first = [], [], [], stats.seq + 1
         flight_entry, plain = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT
@@ -161,12 +165,12 @@ class Publishing(Wired):
             flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
             new.append((m, prio, m, 1, now_ns, fragment, flight, expires_ns))  # one tuple shared by every queue
         sizes = list(map(len, fragments))
-        if topic.limited:  # room for each in turn; may drop older ones, or refuse before anything is written
-            for size in sizes:
-                self._make_room(txn, topic, t, size)
-                stats.stored_bytes += size
-        else:
-            stats.stored_bytes += sum(sizes)
+        if topic.limited and self._passes_limit(topic, len(sizes), sum(sizes)) is not None:
+            if not make_room:
+                return None
+            (size,) = sizes
+            self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
+        stats.stored_bytes += sum(sizes)
         _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
         records = body_records(prios, now_ns, expiries, keys, fragments)
         stats.seq = first + len(records) - 1
@@ -189,15 +193,11 @@ class Publishing(Wired):
         queue goes first. Raises before any change if nothing can be dropped."""
         if not topic.limited:
             return
-        stats = self.state.topics[topic.name]
         if topic.max_bytes and size > topic.max_bytes:
             raise p.StoreFull(f"{size} bytes exceeds MaxBytes ({topic.max_bytes}) of topic {topic.name!r}")
         while True:
-            if topic.max_messages and stats.stored >= topic.max_messages:
-                limit = f"MaxMessages ({topic.max_messages})"
-            elif topic.max_bytes and stats.stored_bytes + size > topic.max_bytes:
-                limit = f"MaxBytes ({topic.max_bytes})"
-            else:
+            limit = self._passes_limit(topic, 1, size)
+            if limit is None:
                 return
             victim = None
             if topic.overflow_policy == "drop-oldest":
@@ -206,7 +206,17 @@ class Publishing(Wired):
             if victim is None:
                 raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
             self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
-            stats.dropped += 1
+            self.state.topics[topic.name].dropped += 1
+
+    def _passes_limit(self, topic: TopicConfig, count: int, size: int) -> str | None:
+        """The limit (PROTOCOL §3 MaxMessages, MaxBytes) that `count` more messages
+        of `size` bytes in all would pass, as an error names it; None if none."""
+        stats = self.state.topics[topic.name]
+        if topic.max_messages and stats.stored + count > topic.max_messages:
+            return f"MaxMessages ({topic.max_messages})"
+        if topic.max_bytes and stats.stored_bytes + size > topic.max_bytes:
+            return f"MaxBytes ({topic.max_bytes})"
+        return None
 
     def _oldest_lowest(self, txn: Txn, topic: TopicConfig, t: int) -> int | None:
         """The message at the head of the lowest non-empty priority of any of the

@@ -19,7 +19,7 @@ SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
 TOPICS = [
     TopicConfig(
         name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True,
-        max_messages=6, overflow_policy="drop-oldest", max_attempts=2, dead_letter="dead",
+        max_messages=6, max_bytes=200, overflow_policy="drop-oldest", max_attempts=2, dead_letter="dead",
     ),
     TopicConfig(
         name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True, max_bytes=150, max_attempts=3,
@@ -118,10 +118,11 @@ class TopicModel:
     def publish_all(self, entries: list[tuple[object, Msg, int]]) -> int | None:
         """A whole publish of (ident, msg, due_ns): the index of the first
         message the topic had no room for (the broker then refuses all of it),
-        None when all are stored. One stored at once (no Dedupe, no limits)
-        takes its ids by priority, then by place in the publish (docs/protocol.md Keys)."""
+        None when all are stored. One stored at once (no Dedupe, and no limits
+        or room for all of it) takes its ids by priority, then by place in the
+        publish (docs/protocol.md Keys)."""
         order = list(range(len(entries)))
-        if not self.config.dedupe and not self.config.limited:
+        if not self.config.dedupe and self._fits([msg for _, msg, _ in entries]):
             order.sort(key=lambda i: entries[i][1].prio)
         return next((i for i in order if not self.publish(*entries[i])), None)
 
@@ -164,6 +165,13 @@ class TopicModel:
 
     def stored_bytes(self) -> int:
         return sum(msg.size() for msg in self.msgs.values())
+
+    def _fits(self, msgs: list[Msg]) -> bool:
+        """MaxMessages and MaxBytes leave room for all of msgs without dropping any."""
+        c = self.config
+        return not (c.max_messages and len(self.msgs) + len(msgs) > c.max_messages) and not (
+            c.max_bytes and self.stored_bytes() + sum(msg.size() for msg in msgs) > c.max_bytes
+        )
 
     def make_room(self, size: int) -> bool:
         """MaxMessages / MaxBytes: drop the oldest of the lowest priority, or refuse.

@@ -327,6 +327,27 @@ def test_drop_oldest_drops_a_message_of_the_same_step_that_has_not_been_pushed_y
     store.close()
 
 
+def test_a_publish_a_limited_topic_has_room_for_is_stored_whole_and_one_it_has_not_message_by_message(tmp_path):
+    # Given a topic of at most 5 messages, dropping the oldest when full, with 3 priorities
+    broker, store = open_broker(tmp_path, max_messages=5, overflow_policy="drop-oldest", priorities=3)
+
+    def stored_keys() -> dict[str, str]:  # payload -> key
+        t = broker.state.topic_ids["t"]
+        with store.write() as txn:
+            return {body.fragment.split(b'"Payload":')[1].split(b",")[0].decode(): body.key.decode() for _, body in txn.bodies_of(t)}
+
+    # When a publish of priorities 2, 0, 1 finds room for all of it
+    broker.step([p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"%d" % i), priority=prio) for i, prio in ((1, 2), (2, 0), (3, 1))])], set(), NOW)
+    # Then it is stored at once: its keys go by priority
+    assert stored_keys() == {"2": "1", "3": "2", "1": "3"}
+    # When the next publish of 3 has room for 2 of them only
+    broker.step([p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"%d" % i), priority=1) for i in (4, 5, 6)])], set(), NOW)
+    # Then each made room for itself in turn: the oldest of the lowest priority went, and the keys follow the publish
+    assert stored_keys() == {"2": "1", "3": "2", "4": "4", "5": "5", "6": "6"}
+    assert (broker.state.topics["t"].stored, broker.state.topics["t"].dropped) == (5, 1)
+    store.close()
+
+
 def test_batches_handed_out_before_a_commit_that_fails_are_delivered_again(tmp_path, monkeypatch):
     # Given a message ready for s, and a step whose commit will fail after its batches were handed out early
     broker, store = open_broker(tmp_path)
