@@ -58,7 +58,7 @@ class Publishing(Wired):
             # A limited topic's batch too, when all of it fits.
             if self._events.journaled:
                 self._events.publish(topic.name, *stored, False)
-        elif not topic.limited:
+        elif topic.dedupe and (not topic.limited or self._room_for_all_new(topic, len(prepared))):
             self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
         else:
             journaled = []  # (id, prio, size, expires_ns, replaced) of each message stored
@@ -77,7 +77,7 @@ class Publishing(Wired):
         self.state.topics[topic.name].published += len(prepared)
 
     def _publish_deduped(self, txn: Txn, topic: TopicConfig, t: int, prepared: list[Prepared], now_ns: int, subs: list[str]) -> None:
-        """A Dedupe topic's batch (without limits): each message sees the ones
+        """A Dedupe topic's batch (with room for all of it): each message sees the ones
         before it, as if stored one by one, but the new keys between two
         replacements are stored together, with one store write for the run. A
         key already in the run ends it: the run is stored, and the key then
@@ -207,6 +207,13 @@ class Publishing(Wired):
                 raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
             self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
             self.state.topics[topic.name].dropped += 1
+
+    def _room_for_all_new(self, topic: TopicConfig, count: int) -> bool:
+        """A Dedupe topic's publish of `count` could not pass its limits even if
+        every message were new, so none would make room (and none drop a message
+        whose key the publish looked up). Only MaxMessages is known before the
+        messages' JSON is built: under MaxBytes, a publish makes room one by one."""
+        return not topic.max_bytes and self._passes_limit(topic, count, 0) is None
 
     def _passes_limit(self, topic: TopicConfig, count: int, size: int) -> str | None:
         """The limit (PROTOCOL §3 MaxMessages, MaxBytes) that `count` more messages

@@ -25,6 +25,7 @@ TOPICS = [
         name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True, max_bytes=150, max_attempts=3,
         dead_letter="dead", dead_letter_reasons=["rejected"],
     ),
+    TopicConfig(name="dm", subscribers=["s2"], dedupe=True, priorities=2, max_messages=2, overflow_policy="drop-oldest"),
     TopicConfig(name="auto", subscribers=["s2"], ack_required=False, max_messages=4),
     TopicConfig(name="dead", subscribers=["s1"], priorities=2, max_messages=4),
     TopicConfig(name="bulk", subscribers=["s1", "s2"], priorities=2, expire=True, ack_retry=3.0),

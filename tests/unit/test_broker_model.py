@@ -165,7 +165,7 @@ class BrokerMachine(RuleBasedStateMachine):
     # --- rules ----------------------------------------------------------------------
 
     @rule(
-        topic=st.sampled_from(["plain", "dd", "auto", "dead", "bulk"]),
+        topic=st.sampled_from(["plain", "dd", "dm", "auto", "dead", "bulk"]),
         spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=10),
         bad_at=st.none() | st.integers(0, 9),
         waits=st.none() | st.dictionaries(st.integers(0, 9), st.sampled_from(WAITS), min_size=1),
@@ -283,7 +283,7 @@ class BrokerMachine(RuleBasedStateMachine):
                     tm.counters[d.subscriber].ignored += 1
         self.unconfirmed = []
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dead"]), sub=st.sampled_from(sorted(SUBS)))
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dm", "dead"]), sub=st.sampled_from(sorted(SUBS)))
     def ack(self, data, topic: str, sub: str) -> None:
         """Acks of in-flight keys apply; unknown, ready-only and repeated keys are ignored."""
         tm = self.model[topic]
@@ -330,7 +330,7 @@ class BrokerMachine(RuleBasedStateMachine):
         """Acks, Nacks (with or without a Delay), Rejects and Touch of one subscriber
         in one request, applied in that order: a key not in flight (any more) is an
         ignored ack. A bad Delay or Command undoes the whole request."""
-        topic, sub = self._busy(data, ["plain", "dd", "dead", "bulk"])
+        topic, sub = self._busy(data, ["plain", "dd", "dm", "dead", "bulk"])
         tm = self.model[topic]
         in_flight = sorted(tm.msgs[i].key for i in tm.inflight[sub])
         pool = in_flight * 3 + sorted(msg.key for msg in tm.msgs.values())[:3] + self._strays(tm)
