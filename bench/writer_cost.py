@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
@@ -27,7 +27,8 @@ reads, then taken from the store and acked until none is left (only that timed).
 `--dedupe` gives the topic Dedupe and every message a Key of its own (`ppmq
 bench --dedupe`): what a producer that may resend sends, acked by those Keys.
 `--max-messages N` gives the topic MaxMessages N (a bounded queue, which the
-run should not fill).
+run should not fill). `--ttl S` gives it Expire and every message a TTL of S
+seconds (which the run should not outlast).
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ SUBS = ["a", "b"]
 
 
 @contextmanager
-def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False, max_messages: int = 0) -> Iterator[Broker]:
+def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False, max_messages: int = 0, expire: bool = False) -> Iterator[Broker]:
     """A broker on a new store of its own: topic `bench`, priorities 0-2, subscribers SUBS."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(
             server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
             subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
-            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe, max_messages=max_messages)],
+            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe, max_messages=max_messages, expire=expire)],
         )
         store = Store(d, sync=sync, max_bytes=1 << 30)
         try:
@@ -72,10 +73,10 @@ def payload_of(size: int) -> msgspec.Raw:
     return msgspec.Raw(b'"' + b"x" * (size - 2) + b'"')
 
 
-def messages(i: int, count: int, payload: msgspec.Raw, keyed: bool = False) -> list[p.Message]:
+def messages(i: int, count: int, payload: msgspec.Raw, keyed: bool = False, ttl_s: float | None = None) -> list[p.Message]:
     """The messages of publish i (its first message's number), priorities 0-2 in
-    turn; `keyed`: each with a Key of its own."""
-    return [p.Message(payload=payload, priority=(i + j) % 3, key=f"k{i + j}" if keyed else None) for j in range(count)]
+    turn; `keyed`: each with a Key of its own; each with a TTL of `ttl_s` if given."""
+    return [p.Message(payload=payload, priority=(i + j) % 3, key=f"k{i + j}" if keyed else None, ttl_s=ttl_s) for j in range(count)]
 
 
 def encoder(journal: str) -> Callable[[list[Event]], object]:
@@ -89,18 +90,19 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
 
 
 def run(
-    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False, max_messages: int = 0
+    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False, max_messages: int = 0,
+    ttl_s: float | None = None,
 ) -> dict[str, float]:
     encode = encoder(journal)
-    with bench_broker(sync, window, journal, dedupe, max_messages) as broker:
+    with bench_broker(sync, window, journal, dedupe, max_messages, ttl_s is not None) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
-            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload, dedupe))], set(SUBS), time.time_ns())
+            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload, dedupe, ttl_s))], set(SUBS), time.time_ns())
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
-            publish = p.Request(topic="bench", messages=messages(i, batch, payload, dedupe), id=msgspec.Raw(b"1"))
+            publish = p.Request(topic="bench", messages=messages(i, batch, payload, dedupe, ttl_s), id=msgspec.Raw(b"1"))
             # subscribers that keep up are open, idle and empty when a publish arrives
             start = time.thread_time()
             step = broker.step([publish], set(SUBS), time.time_ns())
@@ -152,11 +154,12 @@ def main() -> None:
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
     ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
     ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
+    ap.add_argument("--ttl", type=float, help="the topic has Expire, and every message this TTL in seconds")
     args = ap.parse_args()
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.max_messages)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.max_messages, args.ttl)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

@@ -207,16 +207,19 @@ class Txn(HolderRows):
         self.put_records(t, first, records)
         if not (dedupe or expire):
             return
-        head, head_size, prefix, keyed = BODY_HEAD.unpack_from, BODY_HEAD.size, u32(t), []
+        head, head_size, prefix = BODY_HEAD.unpack_from, BODY_HEAD.size, u32(t)
+        keyed: list[tuple[bytes, bytes]] = []
+        expiring: list[tuple[bytes, bytes]] = []
         for m, record in enumerate(records, first):
             _, _, expires_ns, klen = head(record)
             if dedupe:
                 keyed.append((prefix + record[head_size : head_size + klen], U64.pack(m)))
             if expire and expires_ns:
-                self.add_expiry(expires_ns, t, m)
-        if keyed:
-            with self.txn.cursor(db=self._dedupe) as cur:
-                cur.putmulti(keyed)
+                expiring.append((ETM.pack(expires_ns, t, m), b""))
+        for db, entries in ((self._dedupe, keyed), (self._expiry, expiring)):
+            if entries:
+                with self.txn.cursor(db=db) as cur:
+                    cur.putmulti(entries)
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""
