@@ -90,19 +90,19 @@ class BodyRows(Rows):
         self.store.room.wrote(len(row), len(ids))
         self.txn.put(key, row, db=self._bodies)
 
-    def put_records(self, t: int, first: int, records: list[bytes], *, group: int = GROUP_MESSAGES) -> None:
+    def put_records(self, t: int, first: int, records: list[bytes]) -> None:
         """New messages, the records (schema.body_record) of ids first, first + 1,
         ...: ids new from the topic's sequence, so above every stored one (a
-        publish). They start rows of their own, `group` messages a row at most;
+        publish). They start rows of their own, GROUP_MESSAGES a row at most;
         a message put anywhere else is put_body's."""
         total, n = sum(map(len, records)), len(records)
         self.store.room.wrote(total, n)
         if not n:
             return
-        if n <= group and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
+        if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
             self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
             return
-        spans = body_row_spans(list(map(len, records)), group)
+        spans = body_row_spans(list(map(len, records)))
         rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
         self._put_all_in_order(rows, self._bodies)
 

@@ -230,14 +230,14 @@ def body_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return _column(n, "Q").unpack_from(raw, 2), _column(n, "I").unpack_from(raw, 2 + 8 * n), 2 + 12 * n
 
 
-def body_row_spans(sizes: Sequence[int], group: int = GROUP_MESSAGES) -> list[tuple[int, int]]:
+def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """How records of these sizes, in id order, are cut into bodies rows, as
-    (first, end) indexes: a row ends after `group` records, or once its
+    (first, end) indexes: a row ends after GROUP_MESSAGES records, or once its
     records reach BODY_ROW_BYTES. The one rule of a publish (body_rows.py) and
     of a store converted from schema 4 (migrate.py)."""
     starts, count, size = [0], 0, 0
     for i, n in enumerate(sizes):
-        if count == group or size >= BODY_ROW_BYTES:
+        if count == GROUP_MESSAGES or size >= BODY_ROW_BYTES:
             starts.append(i)
             count = size = 0
         count += 1
