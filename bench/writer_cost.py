@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
+    .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
 
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
@@ -28,7 +29,10 @@ reads, then taken from the store and acked until none is left (only that timed).
 bench --dedupe`): what a producer that may resend sends, acked by those Keys.
 `--max-messages N` gives the topic MaxMessages N (a bounded queue, which the
 run should not fill). `--ttl S` gives it Expire and every message a TTL of S
-seconds (which the run should not outlast).
+seconds (which the run should not outlast). `--replace` is a Dedupe topic's
+backlog brought up to date: --messages keyed messages published while nobody
+reads, then each key published again, every message a replacement of one that
+waits (only that timed).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import msgspec
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.events import Event
-from ppmq.ops import Delivery
+from ppmq.ops import Delivery, Step
 from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
 from ppmq.journal_lines import Lines
 from ppmq.store import Store
@@ -89,6 +93,20 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
+def timed(broker: Broker, ops: list[p.Request], open_subs: set[str], encode: Callable[[list[Event]], object]) -> tuple[Step, float]:
+    """One step, and the writer thread's seconds for it, its events encoded as `encode` says."""
+    start = time.thread_time()
+    step = broker.step(ops, open_subs, time.time_ns())
+    encode(step.events)
+    return step, time.thread_time() - start
+
+
+def backlog(broker: Broker, n: int, payload: msgspec.Raw, keyed: bool = False) -> None:
+    """n messages published 100 a request while nobody reads (not timed)."""
+    for i in range(0, n, 100):
+        broker.step([p.Request(topic="bench", messages=messages(i, 100, payload, keyed))], set(), time.time_ns())
+
+
 def run(
     n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False, max_messages: int = 0,
     ttl_s: float | None = None,
@@ -104,17 +122,13 @@ def run(
         for i in range(0, n, batch):
             publish = p.Request(topic="bench", messages=messages(i, batch, payload, dedupe, ttl_s), id=msgspec.Raw(b"1"))
             # subscribers that keep up are open, idle and empty when a publish arrives
-            start = time.thread_time()
-            step = broker.step([publish], set(SUBS), time.time_ns())
-            encode(step.events)
-            cost["publish and deliver"] += time.thread_time() - start
+            step, seconds = timed(broker, [publish], set(SUBS), encode)
+            cost["publish and deliver"] += seconds
             pending += [(i, d) for d in step.deliveries]
             acks = acks_of([d for at, d in pending if at <= i - batch * lag])
             pending = [(at, d) for at, d in pending if at > i - batch * lag]
-            start = time.thread_time()
-            step = broker.step(acks, set(SUBS) if lag else set(), time.time_ns())  # trailing acks make room for the queue
-            encode(step.events)
-            cost["ack"] += time.thread_time() - start
+            step, seconds = timed(broker, acks, set(SUBS) if lag else set(), encode)  # trailing acks make room for the queue
+            cost["ack"] += seconds
             pending += [(i, d) for d in step.deliveries]
     return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
 
@@ -125,21 +139,33 @@ def drain(n: int, window: int, journal: str = "on", size: int = 1024) -> dict[st
     acking every batch the one before pushed, until none is left (timed)."""
     encode = encoder(journal)
     with bench_broker(False, window, journal) as broker:
-        payload = payload_of(size)
-        for i in range(0, n, 100):
-            broker.step([p.Request(topic="bench", messages=messages(i, 100, payload))], set(), time.time_ns())
+        backlog(broker, n, payload_of(size))
         seconds, deliveries, steps = 0.0, [], 0
         while deliveries or not steps:
-            acks = acks_of(deliveries)
-            start = time.thread_time()
-            step = broker.step(acks, set(SUBS), time.time_ns())
-            encode(step.events)
-            seconds += time.thread_time() - start
+            step, took = timed(broker, acks_of(deliveries), set(SUBS), encode)
+            seconds += took
             deliveries, steps = step.deliveries, steps + 1
         left = broker.state.topics["bench"].stored
         if left:
             raise SystemExit(f"the drain ended with {left} messages stored")
     return {"take and ack": seconds / n * 1e6}
+
+
+def replace(n: int, journal: str = "on") -> dict[str, float]:
+    """A Dedupe topic's backlog brought up to date: n keyed messages published
+    while nobody reads (not timed), then each key published again, 100 a
+    publish (timed), every message a replacement of one that waits."""
+    encode = encoder(journal)
+    with bench_broker(False, 1000, journal, dedupe=True) as broker:
+        payload = payload_of(200)
+        backlog(broker, n, payload, keyed=True)
+        seconds = 0.0
+        for i in range(0, n, 100):
+            seconds += timed(broker, [p.Request(topic="bench", messages=messages(i, 100, payload, True), id=msgspec.Raw(b"1"))], set(), encode)[1]
+        replaced = broker.state.topics["bench"].replaced
+        if replaced != n:
+            raise SystemExit(f"{replaced} of {n} messages were replaced")
+    return {"replace": seconds / n * 1e6}
 
 
 def main() -> None:
@@ -155,9 +181,12 @@ def main() -> None:
     ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
     ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
     ap.add_argument("--ttl", type=float, help="the topic has Expire, and every message this TTL in seconds")
+    ap.add_argument("--replace", action="store_true", help="--messages keyed messages waiting on a Dedupe topic, then each replaced")
     args = ap.parse_args()
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
+    elif args.replace:
+        us = replace(args.messages, args.journal)
     else:
         us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.max_messages, args.ttl)
     total = sum(us.values())
