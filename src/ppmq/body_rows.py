@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import lmdb
 
 from .rows import Rows, at_row
-from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, replace_body_record, u32
+from .schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, record_span, replace_body_record, u32
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 
@@ -65,11 +65,11 @@ class BodyRows(Rows):
         ids, ends, base = body_columns(raw)
         i = bisect_left(ids, m)
         if i < len(ids) and ids[i] == m:
-            old = decode_body(raw[base + (ends[i - 1] if i else 0) : base + ends[i]])
-            if ends[-1] + len(record) <= 2 * BODY_ROW_BYTES:  # no split needed
-                row = replace_body_record(raw, ids, ends, base, i, record)
-                self.store.room.wrote(len(row), len(ids))
-                self.txn.put(key, row, db=self._bodies)
+            start, end = record_span(ends, base, i)
+            old = decode_body(raw[start:end])
+            row = replace_body_record(raw, ends, base, i, record)
+            if not _oversized(len(ids), len(row) - base):
+                self._put_row(key, row, len(ids))
                 return old
         else:
             old = None
@@ -82,12 +82,15 @@ class BodyRows(Rows):
     def _write_body_row(self, key: bytes, ids: list[int], records: list[bytes]) -> None:
         """Put a row; one that an insert took past GROUP_MESSAGES, or past twice
         BODY_ROW_BYTES, is split in two, its upper half keyed by its first id."""
-        if len(ids) > GROUP_MESSAGES or (len(ids) > 1 and sum(map(len, records)) > 2 * BODY_ROW_BYTES):
+        if _oversized(len(ids), sum(map(len, records))):
             half = len(ids) // 2
             self._write_body_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], records[half:])
             ids, records = ids[:half], records[:half]
-        row = encode_body_row(ids, records)
-        self.store.room.wrote(len(row), len(ids))
+        self._put_row(key, encode_body_row(ids, records), len(ids))
+
+    def _put_row(self, key: bytes, row: bytes, n: int) -> None:
+        """A row of n messages, counted toward the store's growth."""
+        self.store.room.wrote(len(row), n)
         self.txn.put(key, row, db=self._bodies)
 
     def put_records(self, t: int, first: int, records: list[bytes]) -> None:
@@ -174,8 +177,13 @@ class BodyFinder:
             i = bisect_left(ids, m)
             if i == len(ids) or ids[i] != m:
                 return None
-        base = self._base
-        return self._raw, base + (self._ends[i - 1] if i else 0), base + self._ends[i]
+        return self._raw, *record_span(self._ends, self._base, i)
+
+
+def _oversized(n: int, size: int) -> bool:
+    """A row of n messages whose records take `size` bytes is split in two:
+    past GROUP_MESSAGES, or past twice BODY_ROW_BYTES (unless it holds one)."""
+    return n > GROUP_MESSAGES or (n > 1 and size > 2 * BODY_ROW_BYTES)
 
 
 def _split(raw: bytes) -> tuple[list[int], list[bytes]]:

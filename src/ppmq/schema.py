@@ -251,12 +251,17 @@ def encode_body_row(ids: Sequence[int], records: Sequence[bytes]) -> bytes:
     return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "I").pack(*accumulate(map(len, records))), *records))
 
 
-def replace_body_record(raw: bytes, ids: Sequence[int], ends: Sequence[int], base: int, i: int, record: bytes) -> bytes:
-    """The bodies row `raw` (whose columns are ids, ends and base) with its i-th
+def record_span(ends: Sequence[int], base: int, i: int) -> tuple[int, int]:
+    """Where the i-th record of a bodies row (whose columns are ends and base) begins and ends."""
+    return base + (ends[i - 1] if i else 0), base + ends[i]
+
+
+def replace_body_record(raw: bytes, ends: Sequence[int], base: int, i: int, record: bytes) -> bytes:
+    """The bodies row `raw` (whose columns are ends and base) with its i-th
     record replaced by `record`: the ids and the other records copied as they
     are, the ends from i on moved by the change in size."""
-    n = len(ids)
-    start, end = base + (ends[i - 1] if i else 0), base + ends[i]
+    n = len(ends)
+    start, end = record_span(ends, base, i)
     moved = map((len(record) - (end - start)).__add__, ends[i:])
     return b"".join((raw[: 2 + 8 * n], _column(n, "I").pack(*ends[:i], *moved), raw[base:start], record, raw[end:]))
 
