@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
     .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
 
@@ -32,7 +32,10 @@ run should not fill). `--ttl S` gives it Expire and every message a TTL of S
 seconds (which the run should not outlast). `--replace` is a Dedupe topic's
 backlog brought up to date: --messages keyed messages published while nobody
 reads, then each key published again, every message a replacement of one that
-waits (only that timed).
+waits (only that timed). `--topic` and `--subscriber` add keys of the config
+file to the topic and to both subscribers, as a YAML mapping (`--subscriber
+'{Metadata: true}'`, `--topic '{AckRetry: 30s}'`): what any other option costs.
+The config is checked as the broker checks its file.
 """
 
 from __future__ import annotations
@@ -42,14 +45,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import msgspec
+import yaml
 
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.events import Event
 from ppmq.ops import Delivery, Step
-from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
+from ppmq.config import parse_config
 from ppmq.journal_lines import Lines
 from ppmq.store import Store
 
@@ -57,17 +63,19 @@ SUBS = ["a", "b"]
 
 
 @contextmanager
-def bench_broker(sync: bool, window: int, journal: str, dedupe: bool = False, max_messages: int = 0, expire: bool = False) -> Iterator[Broker]:
-    """A broker on a new store of its own: topic `bench`, priorities 0-2, subscribers SUBS."""
+def bench_broker(sync: bool, window: int, journal: str, topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None) -> Iterator[Broker]:
+    """A broker on a new store of its own: topic `bench`, priorities 0-2,
+    subscribers SUBS; `topic` and `subscriber` add keys of the config file's own
+    (TopicConfig, SubscriberConfig), checked as the broker checks its file."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
-        config = Config(
-            server_socket=f"{d}/s.sock", data_path=d, sync=sync, journal=JournalConfig(enabled=journal != "off"),
-            subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=window) for s in SUBS],
-            topics=[TopicConfig(name="bench", subscribers=SUBS, priorities=3, dedupe=dedupe, max_messages=max_messages, expire=expire)],
-        )
+        subs = [{"Name": s, "Socket": f"{d}/{s}.sock", "BatchSize": 100, "Window": window, **(subscriber or {})} for s in SUBS]
+        text = yaml.safe_dump({
+            "ServerSocket": f"{d}/s.sock", "DataPath": d, "Sync": sync, "Journal": {"Enabled": journal != "off"}, "Subscribers": subs,
+            "Topics": [{"Name": "bench", "Subscribers": list(SUBS), "Priorities": 3, **(topic or {})}],
+        })  # fmt: skip
         store = Store(d, sync=sync, max_bytes=1 << 30)
         try:
-            yield Broker(config, store, time.time_ns())
+            yield Broker(parse_config(text, Path(d, "ppmq.yaml")), store, time.time_ns())
         finally:
             store.close()
 
@@ -108,19 +116,21 @@ def backlog(broker: Broker, n: int, payload: msgspec.Raw, keyed: bool = False) -
 
 
 def run(
-    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, dedupe: bool = False, max_messages: int = 0,
-    ttl_s: float | None = None,
+    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, keyed: bool = False, ttl_s: float | None = None,
+    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None,
 ) -> dict[str, float]:
+    """The fan-out workload; `keyed`: every message with a Key of its own, which
+    its ack names; `ttl_s`: each with that TTL (the topic needs Expire)."""
     encode = encoder(journal)
-    with bench_broker(sync, window, journal, dedupe, max_messages, ttl_s is not None) as broker:
+    with bench_broker(sync, window, journal, topic, subscriber) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0}
         payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
-            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload, dedupe, ttl_s))], set(SUBS), time.time_ns())
+            step = broker.step([p.Request(topic="bench", messages=messages(i, batch, payload, keyed, ttl_s))], set(SUBS), time.time_ns())
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
-            publish = p.Request(topic="bench", messages=messages(i, batch, payload, dedupe, ttl_s), id=msgspec.Raw(b"1"))
+            publish = p.Request(topic="bench", messages=messages(i, batch, payload, keyed, ttl_s), id=msgspec.Raw(b"1"))
             # subscribers that keep up are open, idle and empty when a publish arrives
             step, seconds = timed(broker, [publish], set(SUBS), encode)
             cost["publish and deliver"] += seconds
@@ -156,7 +166,7 @@ def replace(n: int, journal: str = "on") -> dict[str, float]:
     while nobody reads (not timed), then each key published again, 100 a
     publish (timed), every message a replacement of one that waits."""
     encode = encoder(journal)
-    with bench_broker(False, 1000, journal, dedupe=True) as broker:
+    with bench_broker(False, 1000, journal, {"Dedupe": True}) as broker:
         payload = payload_of(200)
         backlog(broker, n, payload, keyed=True)
         seconds = 0.0
@@ -166,6 +176,14 @@ def replace(n: int, journal: str = "on") -> dict[str, float]:
         if replaced != n:
             raise SystemExit(f"{replaced} of {n} messages were replaced")
     return {"replace": seconds / n * 1e6}
+
+
+def mapping(text: str) -> dict[str, Any]:
+    """A command line's YAML mapping (argparse turns the ValueError into a usage error)."""
+    value = yaml.safe_load(text)
+    if not isinstance(value, dict):
+        raise ValueError(text)
+    return value
 
 
 def main() -> None:
@@ -182,13 +200,16 @@ def main() -> None:
     ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
     ap.add_argument("--ttl", type=float, help="the topic has Expire, and every message this TTL in seconds")
     ap.add_argument("--replace", action="store_true", help="--messages keyed messages waiting on a Dedupe topic, then each replaced")
+    ap.add_argument("--topic", type=mapping, default={}, help="more keys of the topic, as YAML: '{AckRetry: 30s}'")
+    ap.add_argument("--subscriber", type=mapping, default={}, help="more keys of both subscribers, as YAML: '{Metadata: true}'")
     args = ap.parse_args()
+    topic = {"Dedupe": args.dedupe, "MaxMessages": args.max_messages, "Expire": args.ttl is not None, **args.topic}
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
     elif args.replace:
         us = replace(args.messages, args.journal)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.max_messages, args.ttl)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
