@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from . import protocol as p
 from .config import TopicConfig
-from .events import entries
 from .lanes import Lanes, room
 from .laning import Laning
 from .ledger import Ledger
@@ -124,7 +123,7 @@ class Filling(Laning):
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
         if self.sub_configs[sub].metadata:
-            fragments = list(map(p.with_metadata, fragments, entries(attempts, len(ids)), entries(pub_ns, len(ids))))
+            fragments = p.with_metadata(fragments, attempts, pub_ns)
         return list(ids), list(fragments)
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:

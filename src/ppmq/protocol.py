@@ -13,8 +13,11 @@ from __future__ import annotations
 import codecs
 import datetime as dt
 import math
+import operator
 import re
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -383,9 +386,30 @@ def message_fragment(key: bytes, payload: bytes, priority: int, expires: int, or
     return b'{"Key":%s,"Payload":%s,"Priority":%d%s}' % (quoted, payload, priority, extra)
 
 
-def with_metadata(fragment: bytes, attempt: int, published_ns: int) -> bytes:
-    """A stored fragment as a `Metadata: true` subscriber receives it (PROTOCOL §8)."""
-    return b'%s,"Attempt":%d,"Published":"%s"}' % (fragment[:-1], attempt, format_expires(published_ns).encode())
+def with_metadata(fragments: Sequence[bytes], attempts: int | Sequence[int], published_ns: int | Sequence[int]) -> list[bytes]:
+    """Stored fragments as a `Metadata: true` subscriber receives them (PROTOCOL
+    §8), given each one's attempt and publish time, or one of either for all of
+    them (a batch of fresh messages). A fragment's closing brace gives way to
+    its metadata's suffix; suffixes are cached, since a batch's messages share
+    them by the publish, and every loop runs in C."""
+    if isinstance(attempts, int) and isinstance(published_ns, int):
+        suffixes: Iterable[bytes] = repeat(_metadata_suffix(attempts, published_ns))
+    else:
+        suffixes = map(_metadata_suffix, _each(attempts), _each(published_ns))
+    return list(map(operator.add, map(_ALL_BUT_LAST, fragments), suffixes))
+
+
+_ALL_BUT_LAST = operator.itemgetter(slice(None, -1))
+
+
+def _each(column: int | Sequence[int]) -> Iterable[int]:
+    """A value for every message: one for all of them repeated."""
+    return repeat(column) if isinstance(column, int) else column
+
+
+@lru_cache(maxsize=256)
+def _metadata_suffix(attempt: int, published_ns: int) -> bytes:
+    return b',"Attempt":%d,"Published":"%s"}' % (attempt, format_expires(published_ns).encode())
 
 
 class Origin(msgspec.Struct, rename="pascal"):

@@ -26,6 +26,7 @@ from ppmq.protocol import (
     expires_ns,
     format_expires,
     message_fragment,
+    with_metadata,
 )
 
 UTC = dt.timezone.utc
@@ -363,6 +364,19 @@ def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
 @pytest.mark.parametrize("m, payload, prio", [(1, b"0", 0), (18446744073709551615, b'{"a": [1, "x"]}', 2)])
 def test_the_generated_fragment_is_the_message_fragment_of_a_generated_key(m, payload, prio):
     assert GENERATED_FRAGMENT % (m, payload, prio) == message_fragment(b"%d" % m, payload, prio, 0)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "published"),
+    [(1, NOV21_NS), ((1, 3, 2), (NOV21_NS, NOV21_NS, NOV21_NS + 5)), (2, (NOV21_NS + 5, NOV21_NS, NOV21_NS + 5))],
+)
+def test_metadata_joins_each_fragment_given_one_value_for_all_or_one_each(attempts, published):
+    fragments = [message_fragment(b"k}", b'{"a": "}"}', 0, 0), message_fragment(b"2", b'"x"', 1, NOV21_NS), message_fragment(b"3", b"[]", 2, 0)]
+    each = [[v] * 3 if isinstance(v, int) else list(v) for v in (attempts, published)]
+    delivered = [msgspec.json.decode(f) for f in with_metadata(fragments, attempts, published)]
+    expected = [{**msgspec.json.decode(f), "Attempt": a, "Published": format_expires(ns)} for f, a, ns in zip(fragments, *each)]
+    assert delivered == expected
+    assert [list(m) for m in delivered] == [[*msgspec.json.decode(f), "Attempt", "Published"] for f in fragments]  # after what it held
 
 
 def test_a_batch_frame_is_one_json_line_carrying_the_fragments_in_order():
