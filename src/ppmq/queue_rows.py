@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
+from itertools import compress, repeat
 
 from .body_rows import BodyFinder
 from .ready_rows import DROP, KEEP, TAKE, ReadyRows
@@ -273,11 +273,13 @@ class FlightWatch:
 
     def __init__(self, subs: set[tuple[int, int]]) -> None:
         self.subs = subs  # (t, s) watched
-        self._log: list[tuple[bool, int, int, int]] = []  # (left, t, s, m), in order
+        # (left, t, s, ms), in order: an entry a batch, since a batch enters and
+        # leaves flight whole, mostly, and gone() reads them message by message in C.
+        self._log: list[tuple[bool, int, int, list[int]]] = []
 
     def note(self, left: bool, t: int, s: int, ms: Iterable[int]) -> None:
         if (t, s) in self.subs:
-            self._log.extend((left, t, s, m) for m in ms)
+            self._log.append((left, t, s, list(ms)))
 
     def mark(self) -> int:
         return len(self._log)
@@ -288,14 +290,11 @@ class FlightWatch:
 
     def gone(self) -> dict[tuple[int, int], list[int]]:
         """(t, s) -> the messages out of flight at the end, that were in it before."""
-        last: dict[tuple[int, int, int], bool] = {}
-        for left, t, s, m in self._log:
-            last[t, s, m] = left
-        out: dict[tuple[int, int], list[int]] = {}
-        for (t, s, m), left in last.items():
-            if left:
-                out.setdefault((t, s), []).append(m)
-        return out
+        last: dict[tuple[int, int], dict[int, bool]] = {}
+        for left, t, s, ms in self._log:
+            last.setdefault((t, s), {}).update(zip(ms, repeat(left)))
+        out = {ts: list(compress(lefts.keys(), lefts.values())) for ts, lefts in last.items()}
+        return {ts: ms for ts, ms in out.items() if ms}
 
 
 def _one_batch(fs: list[int | None]) -> int | None:

@@ -34,7 +34,8 @@ def test_a_message_sent_again_on_another_lane_moves_there():
 
 
 def test_the_watch_reports_what_left_flight_net_of_what_came_back_and_of_what_was_undone():
-    watch = FlightWatch({(1, 1)})
+    watch = FlightWatch({(1, 1), (2, 1)})
+    watch.note(False, 2, 1, [3])  # a batch pushed: into flight, so nothing of (2, 1) left it
     watch.note(True, 1, 1, [5, 6])  # acked
     watch.note(True, 1, 2, [7])  # another subscription: not watched
     watch.note(True, 1, 1, [8])
