@@ -1,6 +1,7 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
     .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
+    .venv/bin/python bench/writer_cost.py --take [--messages 100000]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
     .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
 
@@ -54,7 +55,7 @@ import yaml
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.events import Event
-from ppmq.ops import Delivery, Step
+from ppmq.ops import Delivery, Op, Step, Take
 from ppmq.config import parse_config
 from ppmq.journal_lines import Lines
 from ppmq.store import Store
@@ -101,7 +102,7 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
-def timed(broker: Broker, ops: list[p.Request], open_subs: set[str], encode: Callable[[list[Event]], object]) -> tuple[Step, float]:
+def timed(broker: Broker, ops: list[Op], open_subs: set[str], encode: Callable[[list[Event]], object]) -> tuple[Step, float]:
     """One step, and the writer thread's seconds for it, its events encoded as `encode` says."""
     start = time.thread_time()
     step = broker.step(ops, open_subs, time.time_ns())
@@ -178,6 +179,31 @@ def replace(n: int, journal: str = "on") -> dict[str, float]:
     return {"replace": seconds / n * 1e6}
 
 
+def take(n: int, journal: str = "on") -> dict[str, float]:
+    """Pull subscribers (PROTOCOL §9): SUBS with Pull, each a worker that TAKEs
+    Count 100 after every publish, acking what it took the time before in the
+    same TAKE, as `ppmq bench -w pull`'s workers do; their replies, which carry
+    the messages, encoded as the event loop encodes them (timed too)."""
+    encode = encoder(journal)
+    with bench_broker(False, 1000, journal, subscriber={"Pull": True, "Socket": None}) as broker:
+        cost = {"publish": 0.0, "take and ack": 0.0}
+        payload = payload_of(200)
+        held: dict[str, list[str]] = {s: [] for s in SUBS}
+        for i in range(0, n, 100):
+            publish = p.Request(topic="bench", messages=messages(i, 100, payload), id=msgspec.Raw(b"1"))
+            cost["publish"] += timed(broker, [publish], set(), encode)[1]
+            takes = [
+                Take(k, p.Request(topic="bench", subscriber=s, command="TAKE", count=100, id=msgspec.Raw(b"1"), acks=held[s] or None))
+                for k, s in enumerate(SUBS)
+            ]  # fmt: skip
+            start = time.thread_time()
+            step = timed(broker, takes, set(), encode)[0]
+            replies = [p.encode_reply(reply) for reply in step.replies]
+            cost["take and ack"] += time.thread_time() - start
+            held = {s: [m["Key"] for m in msgspec.json.decode(r)["Body"]["Messages"]] for s, r in zip(SUBS, replies)}
+    return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
+
+
 def mapping(text: str) -> dict[str, Any]:
     """A command line's YAML mapping (argparse turns the ValueError into a usage error)."""
     value = yaml.safe_load(text)
@@ -200,6 +226,7 @@ def main() -> None:
     ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
     ap.add_argument("--ttl", type=float, help="the topic has Expire, and every message this TTL in seconds")
     ap.add_argument("--replace", action="store_true", help="--messages keyed messages waiting on a Dedupe topic, then each replaced")
+    ap.add_argument("--take", action="store_true", help="the subscribers are Pull, each a worker that TAKEs 100 after every publish")
     ap.add_argument("--topic", type=mapping, default={}, help="more keys of the topic, as YAML: '{AckRetry: 30s}'")
     ap.add_argument("--subscriber", type=mapping, default={}, help="more keys of both subscribers, as YAML: '{Metadata: true}'")
     args = ap.parse_args()
@@ -208,6 +235,8 @@ def main() -> None:
         us = drain(args.messages, args.window, args.journal)
     elif args.replace:
         us = replace(args.messages, args.journal)
+    elif args.take:
+        us = take(args.messages, args.journal)
     else:
         us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber)
     total = sum(us.values())
