@@ -56,6 +56,12 @@ class Filling(Laning):
         self._backlog = {}
         self._note_backlog(set(self.state.subs.keys()))
 
+    def _reads_now(self, sub: str) -> bool:
+        """Whether sub may take a batch in this step: it is open, or it is a Pull
+        subscriber, whose workers TAKE whenever they like (PROTOCOL §9). New
+        messages stay fresh for it, then wait in its queue's tail in memory."""
+        return sub in self._open or self.sub_configs[sub].pull
+
     def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
         fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None

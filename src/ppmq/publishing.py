@@ -151,9 +151,10 @@ class Publishing(Wired):
         stats = self.state.topics[topic.name]
         keys, fragments, new, first = [], [], [], stats.seq + 1
         flight_entry, plain = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT
-        # Only an open subscriber keeps them fresh, to be taken in this step: the
-        # in-flight entries are packed for it, not for a backlog nobody reads now.
-        takes_fresh = not self._open.isdisjoint(subs)
+        # Only a subscriber that reads now keeps them fresh, to be taken in this
+        # step or from its tail: the in-flight entries are packed for it, not for
+        # a backlog nobody reads now.
+        takes_fresh = any(map(self._reads_now, subs))
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
@@ -180,8 +181,8 @@ class Publishing(Wired):
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
         due = dues if any(dues) else None
         for name in subs:
-            is_open = name in self._open
-            self._queue_of(txn, topic.name, name, fresh=is_open).add_new(new, may_stay_fresh, is_open, due)
+            reads = self._reads_now(name)
+            self._queue_of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], first, prios)
         return Stored(range(first, first + len(records)), prios, sizes, expiries)
 

@@ -27,15 +27,18 @@ from ppmq import ready_rows, staging
 from ppmq.broker import Broker
 from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
 from ppmq.fsck import check, read_snapshot
+from ppmq.ops import Abandoned, Take
 from ppmq.ready_tails import ReadyTails
 from ppmq.state import NS
 from ppmq.store import Store
 
 START_NS = 1_800_000_000 * NS
 SUBS = {"s1": (3, 3), "s2": (2, 4)}  # name: (BatchSize, Window)
+PULL = "w"  # a Pull subscriber (PROTOCOL §9), Window 4, whose takers TAKE
+ANY_SUB = st.sampled_from([*sorted(SUBS), PULL])
 TOPICS = [
-    TopicConfig(name="plain", subscribers=["s1", "s2"], priorities=3, ack_retry=4.0),
-    TopicConfig(name="exp", subscribers=["s1"], priorities=2, expire=True),
+    TopicConfig(name="plain", subscribers=["s1", "s2", PULL], priorities=3, ack_retry=4.0),
+    TopicConfig(name="exp", subscribers=["s1", PULL], priorities=2, expire=True),
     TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=2),
 ]
 OPEN = st.sets(st.sampled_from(sorted(SUBS)))
@@ -43,6 +46,7 @@ OPEN = st.sets(st.sampled_from(sorted(SUBS)))
 
 def config(path: str) -> Config:
     subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
+    subs.append(SubscriberConfig(name=PULL, pull=True, window=4))
     return Config(server_socket="/nonexistent/s", data_path=path, subscribers=subs, topics=TOPICS, sync=False, journal=JournalConfig(enabled=True))
 
 
@@ -80,6 +84,10 @@ class Twins(RuleBasedStateMachine):
         for d in with_tails.deliveries:
             keys = [m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]
             self.delivered.setdefault((d.topic, d.subscriber), []).extend(keys)
+        for op, reply in zip(ops, with_tails.replies):
+            if isinstance(op, Take) and reply.status == 200:
+                keys = [msgspec.json.decode(m)["Key"] for m in reply.body["Messages"]]
+                self.delivered.setdefault((op.request.topic, PULL), []).extend(keys)
 
     def _in_flight(self, data, topic: str, sub: str) -> list[str]:
         keys = self.delivered.get((topic, sub), [])
@@ -104,7 +112,7 @@ class Twins(RuleBasedStateMachine):
             ops.append(p.Request(topic="plain", messages=[p.Message(payload=msgspec.Raw(b"0"), priority=9)], id=msgspec.Raw(b"2")))
         self.step(ops, subs)
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "exp", "dd"]), sub=st.sampled_from(sorted(SUBS)), subs=OPEN)
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "exp", "dd"]), sub=ANY_SUB, subs=OPEN)
     def ack(self, data, topic: str, sub: str, subs: set[str]) -> None:
         if sub not in {s for t in TOPICS if t.name == topic for s in t.subscribers}:
             return
@@ -118,7 +126,7 @@ class Twins(RuleBasedStateMachine):
         keys = self.delivered.pop((topic, sub), [])
         self.step([p.Request(topic=topic, subscriber=sub, acks=keys)] if keys else [], {sub})
 
-    @rule(data=st.data(), sub=st.sampled_from(sorted(SUBS)), delay=st.sampled_from([None, 0, 3.0]), subs=OPEN)
+    @rule(data=st.data(), sub=ANY_SUB, delay=st.sampled_from([None, 0, 3.0]), subs=OPEN)
     def nack(self, data, sub: str, delay: float | None, subs: set[str]) -> None:
         keys = self._in_flight(data, "plain", sub)
         self.step([p.Request(topic="plain", subscriber=sub, nacks=keys, delay=delay, id=msgspec.Raw(b"4"))], subs)
@@ -128,13 +136,26 @@ class Twins(RuleBasedStateMachine):
     def deliver(self, subs: set[str]) -> None:
         self.step([], subs)
 
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "exp"]), taker=st.sampled_from([1, 2]), count=st.integers(1, 5), subs=OPEN)
+    def take(self, data, topic: str, taker: int, count: int, subs: set[str]) -> None:
+        """A worker of the Pull subscriber TAKEs, acking some of what it holds first."""
+        acks = self._in_flight(data, topic, PULL)
+        req = p.Request(topic=topic, subscriber=PULL, command="TAKE", count=count, id=msgspec.Raw(b"7"), acks=acks or None)
+        self.step([Take(taker, req)], subs)
+        self.delivered[topic, PULL] = [k for k in self.delivered.get((topic, PULL), []) if k not in acks]
+
+    @rule(taker=st.sampled_from([1, 2]), subs=OPEN)
+    def taker_gone(self, taker: int, subs: set[str]) -> None:
+        """What it took and did not ack is ready again (the keys kept for acks may be stale: acks of those are ignored)."""
+        self.step([Abandoned(taker)], subs)
+
     @rule(seconds=st.sampled_from([0.5, 2, 5]), subs=OPEN)
     def time_passes(self, seconds: float, subs: set[str]) -> None:
         """Delays come due, messages expire, AckRetry sends again."""
         self.now += int(seconds * NS)
         self.step([], subs)
 
-    @rule(sub=st.sampled_from(sorted(SUBS)), command=st.sampled_from(["RECONNECT", "PURGE", "PAUSE", "RESUME"]), subs=OPEN)
+    @rule(sub=ANY_SUB, command=st.sampled_from(["RECONNECT", "PURGE", "PAUSE", "RESUME"]), subs=OPEN)
     def command(self, sub: str, command: str, subs: set[str]) -> None:
         topic = None if command == "RECONNECT" else "plain"
         self.step([p.Request(topic=topic, subscriber=sub, command=command, id=msgspec.Raw(b"5"))], subs)
@@ -242,6 +263,20 @@ def test_a_long_queue_in_memory_gives_its_batches_by_priority_then_position_acro
     # Then each batch came from memory: a priority's publishes in order, the
     # second batch cutting the publish of 7, 8, 9 after 8, and 13 behind 9
     assert pair.taken == [[4, 10, 11], [5, 7, 8], [9, 13, 6], [12]]
+    pair.close()
+
+
+def test_a_pull_subscribers_takes_are_taken_from_memory_as_its_workers_take_and_ack(tmp_path, monkeypatch):
+    pair = Pair(tmp_path, monkeypatch)
+    # Given two publishes of mixed priorities that no worker of the Pull subscriber took yet
+    pair.publish(2, 0, 1)  # ids 1, 2, 3 at priorities 0, 1, 2
+    pair.publish(1, 0)  # ids 4, 5 at priorities 0, 1
+    # When a worker takes three, then acks them in a TAKE of ten
+    pair.step([Take(1, p.Request(topic="plain", subscriber=PULL, command="TAKE", count=3, id=msgspec.Raw(b"7")))])
+    held = list(pair.in_flight(sub=PULL))
+    pair.step([Take(1, p.Request(topic="plain", subscriber=PULL, command="TAKE", count=10, id=msgspec.Raw(b"7"), acks=held))])
+    # Then both came from memory, by priority then position, as from the rows
+    assert (held, pair.taken) == (["1", "4", "2"], [[1, 4, 2], [5, 3]])
     pair.close()
 
 
