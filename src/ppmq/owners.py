@@ -13,6 +13,7 @@ undone (its transaction rolled back) undoes them too: `mark`, `undo`, `commit`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 
 Key = tuple[str, str]  # (topic, subscriber)
 
@@ -29,20 +30,20 @@ class Owners:
 
     def __init__(self) -> None:
         self._owner: dict[Key, dict[int, int]] = {}  # (topic, subscriber) -> message id -> taker
-        self._log: list[tuple[Key, int, int | None]] = []  # (key, message, its previous taker) since the commit
+        # (key, messages, each one's previous taker or None) since the commit: an
+        # entry a take or an ack, whose messages are set or looked up in C
+        self._log: list[tuple[Key, tuple[int, ...], list[int | None]]] = []
 
     def took(self, key: Key, taker: int, ms: list[int]) -> None:
         owners = self._owner.setdefault(key, {})
-        for m in ms:
-            self._set(owners, key, m, taker)
+        self._log.append((key, tuple(ms), list(map(owners.get, ms))))
+        owners.update(zip(ms, repeat(taker)))
 
     def release(self, key: Key, ms: list[int]) -> None:
         """Acked (by whichever connection): nobody holds ms any more."""
         owners = self._owner.get(key)
         if owners:
-            for m in ms:
-                if m in owners:
-                    self._set(owners, key, m, None)
+            self._log.append((key, tuple(ms), list(map(owners.pop, ms, repeat(None)))))
 
     def abandon(self, taker: int) -> list[tuple[Key, list[int]]]:
         """What taker holds, per subscription; it holds nothing any more."""
@@ -58,8 +59,7 @@ class Owners:
     def prune(self, key: Key, in_flight: Callable[[int], bool]) -> None:
         """Drop the entries of messages that are no longer in flight."""
         owners = self._owner.get(key, {})
-        for m in [m for m in owners if not in_flight(m)]:
-            self._set(owners, key, m, None)
+        self.release(key, [m for m in owners if not in_flight(m)])
 
     def held(self, key: Key) -> int:
         return len(self._owner.get(key, ()))
@@ -74,21 +74,16 @@ class Owners:
         return len(self._log)
 
     def undo(self, mark: int = 0) -> None:
-        """Put back every change made since `mark`, newest first."""
+        """Put back every change made since `mark`, newest first (a message named
+        twice in one entry was taken out by its first mention)."""
         while len(self._log) > mark:
-            key, m, before = self._log.pop()
+            key, ms, before = self._log.pop()
             owners = self._owner.setdefault(key, {})
-            if before is None:
-                owners.pop(m, None)
-            else:
-                owners[m] = before
+            for m, taker in zip(reversed(ms), reversed(before)):
+                if taker is None:
+                    owners.pop(m, None)
+                else:
+                    owners[m] = taker
 
     def commit(self) -> None:
         self._log.clear()
-
-    def _set(self, owners: dict[int, int], key: Key, m: int, taker: int | None) -> None:
-        self._log.append((key, m, owners.get(m)))
-        if taker is None:
-            owners.pop(m, None)
-        else:
-            owners[m] = taker
