@@ -373,6 +373,17 @@ GENERATED_FRAGMENT = b'{"Key":"%d","Payload":%s,"Priority":%d}'
 no Expires and no Origin: formatted from (id, payload, priority) in one step,
 the publish's common case."""
 
+GENERATED_EXPIRING_FRAGMENT = b'{"Key":"%d","Payload":%s,"Priority":%d,"Expires":"%s"}'
+"""The same with an Expires, from (id, payload, priority, expires_bytes(Expires)):
+a topic whose messages have TTLs, or a MaxAge."""
+
+
+@lru_cache(maxsize=256)
+def expires_bytes(ns: int) -> bytes:
+    """format_expires as the bytes of a fragment, kept as it is: a publish's
+    messages mostly share their Expires (its time plus their TTL, or MaxAge)."""
+    return format_expires(ns).encode()
+
 
 def message_fragment(key: bytes, payload: bytes, priority: int, expires: int, origin: bytes | None = None) -> bytes:
     """A delivered message's JSON object, built once at publish and stored as is,
@@ -380,7 +391,7 @@ def message_fragment(key: bytes, payload: bytes, priority: int, expires: int, or
     object (PROTOCOL §8)."""
     # A generated key is digits, which are their own JSON string: no decoding and encoding.
     quoted = b'"%s"' % key if key.isdigit() else _str_encoder.encode(key.decode())
-    extra = b',"Expires":"%s"' % format_expires(expires).encode() if expires else b""
+    extra = b',"Expires":"%s"' % expires_bytes(expires) if expires else b""
     if origin is not None:
         extra += b',"Origin":' + origin
     return b'{"Key":%s,"Payload":%s,"Priority":%d%s}' % (quoted, payload, priority, extra)

@@ -20,7 +20,7 @@ import msgspec
 from . import events as ev
 from . import protocol as p
 from .config import TopicConfig
-from .schema import FLIGHT_ENTRY, Body, body_records
+from .schema import FLIGHT_ENTRY, Body
 from .staging import Staging
 from .store import Txn
 from .validate import Prepared, prepared
@@ -150,7 +150,7 @@ class Publishing(Wired):
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
         stats = self.state.topics[topic.name]
         keys, fragments, new, first = [], [], [], stats.seq + 1
-        flight_entry, plain = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT
+        flight_entry, plain, expiring, expires_bytes = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
         # step or from its tail: the in-flight entries are packed for it, not for
         # a backlog nobody reads now.
@@ -158,6 +158,8 @@ class Publishing(Wired):
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
+            elif key is None and origin is None:  # one with a TTL, or a MaxAge
+                key, fragment = b"%d" % m, expiring % (m, payload, prio, expires_bytes(expires_ns))
             else:
                 key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
                 fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
@@ -173,10 +175,9 @@ class Publishing(Wired):
             self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
         stats.stored_bytes += sum(sizes)
         _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
-        records = body_records(prios, now_ns, expiries, keys, fragments)
-        stats.seq = first + len(records) - 1
-        stats.stored += len(records)
-        txn.put_messages(t, first, records, dedupe=topic.dedupe, expire=topic.expire)
+        stats.seq = first + len(keys) - 1
+        stats.stored += len(keys)
+        txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
         due = dues if any(dues) else None
@@ -184,7 +185,7 @@ class Publishing(Wired):
             reads = self._reads_now(name)
             self._queue_of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
         txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], first, prios)
-        return Stored(range(first, first + len(records)), prios, sizes, expiries)
+        return Stored(range(first, first + len(keys)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 

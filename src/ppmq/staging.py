@@ -38,7 +38,7 @@ from .config import TopicConfig
 from .events import Event
 from .room import refuse_when_full
 from .state import TopicStats
-from .schema import Staged, body_records
+from .schema import Staged
 from .store import Txn
 from .validate import Prepared, delayed, prepare
 
@@ -199,12 +199,11 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     keys = [b"%d" % m for m in ids]  # generated keys: the message id (PROTOCOL §3 Keys)
     _, prios, expiries, payloads, _, _ = zip(*chunk)  # the chunk's columns, in C
     fragments = list(map(p.message_fragment, keys, payloads, prios, expiries))
-    records = body_records(prios, job.arrived_ns, expiries, keys, fragments)
     sizes = list(map(len, fragments))
     for prio in prios:
         job.ready[prio] += 1
     job.stored_bytes += sum(sizes)
-    txn.put_messages(t, first, records, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
+    txn.put_messages(t, first, prios, job.arrived_ns, expiries, keys, fragments, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
     for s in subs:
         txn.push_ready_many(t, s, list(zip(prios, ids, ids)))  # (prio, pos, m): a new message's place is its id
     txn.put_new_holders(t, subs, first, prios)

@@ -14,7 +14,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import lmdb
@@ -25,7 +25,6 @@ from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .room import Room
 from .schema import (
-    BODY_HEAD,
     Body,
     DBS,
     ETM,
@@ -33,6 +32,7 @@ from .schema import (
     StoreError,
     StoreFullError,
     U64,
+    body_records,
     u32,
 )
 
@@ -200,26 +200,22 @@ class Txn(HolderRows):
         return self.store.room.full(self.used_bytes)
 
     # --- messages and their indexes ------------------------------------------------
-    def put_messages(self, t: int, first: int, records: list[bytes], *, dedupe: bool, expire: bool) -> None:
-        """New messages, the records (schema.body_record) of ids first, first + 1,
-        ..., with their index entries: the dedupe key of each on a Dedupe
-        topic, its expiry on an Expire topic."""
-        self.put_records(t, first, records)
-        if not (dedupe or expire):
-            return
-        head, head_size, prefix = BODY_HEAD.unpack_from, BODY_HEAD.size, u32(t)
-        keyed: list[tuple[bytes, bytes]] = []
-        expiring: list[tuple[bytes, bytes]] = []
-        for m, record in enumerate(records, first):
-            _, _, expires_ns, klen = head(record)
-            if dedupe:
-                keyed.append((prefix + record[head_size : head_size + klen], U64.pack(m)))
-            if expire and expires_ns:
-                expiring.append((ETM.pack(expires_ns, t, m), b""))
-        for db, entries in ((self._dedupe, keyed), (self._expiry, expiring)):
-            if entries:
-                with self.txn.cursor(db=db) as cur:
-                    cur.putmulti(entries)
+    def put_messages(
+        self, t: int, first: int, prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes],
+        *, dedupe: bool, expire: bool,
+    ) -> None:
+        """New messages, ids first, first + 1, ..., from their publish's columns:
+        their records (schema.body_records) and, from the same columns, their
+        index entries: the dedupe key of each on a Dedupe topic, its expiry on
+        an Expire topic."""
+        self.put_records(t, first, body_records(prios, publish_ns, expiries, keys, fragments))
+        ids = range(first, first + len(keys))
+        if dedupe:
+            with self.txn.cursor(db=self._dedupe) as cur:
+                cur.putmulti(zip(map(u32(t).__add__, keys), map(U64.pack, ids)))
+        if expire and any(expiries):
+            with self.txn.cursor(db=self._expiry) as cur:
+                cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in zip(ids, expiries) if expires_ns])
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same); returns the old one."""
@@ -235,11 +231,12 @@ class Txn(HolderRows):
         """Delete each of ms with its index entries; return how many were stored
         and the bytes of their delivered JSON, which is all the counters need."""
         popped = self.pop_bodies(t, ms, keys=dedupe)
+        delete, expiry, pack = self.txn.delete, self._expiry, ETM.pack
         for expires_ns, m in popped.expiries:
-            self.remove_expiry(expires_ns, t, m)
-        prefix, delete, db = u32(t), self.txn.delete, self._dedupe
+            delete(pack(expires_ns, t, m), db=expiry)
+        prefix, dedupe_db = u32(t), self._dedupe
         for key in popped.keys:
-            delete(prefix + key, db=db)
+            delete(prefix + key, db=dedupe_db)
         return popped.count, popped.size
 
     # --- expiry index ---------------------------------------------------------------

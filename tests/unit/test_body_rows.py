@@ -113,10 +113,14 @@ def test_put_body_splits_a_row_that_an_insert_takes_past_GROUP_MESSAGES(txn):
     assert rows(txn) == [(1, list(range(1, half + 1))), (half + 1, list(range(half + 1, GROUP_MESSAGES + 2)))]
 
 
-def test_a_dedupe_topics_publish_shares_a_row_as_any_other_and_indexes_each_key(txn):
-    txn.put_messages(T, 1, [encode_body(body(m)) for m in range(1, 4)], dedupe=True, expire=False)
+def test_a_publish_shares_a_row_and_indexes_each_key_and_each_expiry_from_the_same_columns(txn):
+    published = {m: Body(m % 3, 1_000, 0 if m == 2 else 5_000 + m, b"k%d" % m, b'"x"') for m in range(1, 4)}
+    prios, _, expiries, keys, fragments = zip(*published.values())
+    txn.put_messages(T, 1, prios, 1_000, expiries, keys, fragments, dedupe=True, expire=True)
     assert rows(txn) == [(1, [1, 2, 3])]
+    assert dict(txn.bodies_of(T)) == published
     assert [txn.get_dedupe(T, b"k%d" % m) for m in range(1, 4)] == [1, 2, 3]
+    assert txn.due_expiries(10_000, 10) == [(5_001, T, 1), (5_003, T, 3)]  # none for one that never expires
 
 
 def test_topics_keep_to_their_own_rows(txn):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from msgspec import UNSET, Raw
 
 from ppmq.protocol import (
+    GENERATED_EXPIRING_FRAGMENT,
     GENERATED_FRAGMENT,
     BadRequest,
     NotFound,
@@ -23,6 +24,7 @@ from ppmq.protocol import (
     decode_request,
     encode_reply,
     error_reply,
+    expires_bytes,
     expires_ns,
     format_expires,
     message_fragment,
@@ -364,6 +366,11 @@ def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
 @pytest.mark.parametrize("m, payload, prio", [(1, b"0", 0), (18446744073709551615, b'{"a": [1, "x"]}', 2)])
 def test_the_generated_fragment_is_the_message_fragment_of_a_generated_key(m, payload, prio):
     assert GENERATED_FRAGMENT % (m, payload, prio) == message_fragment(b"%d" % m, payload, prio, 0)
+
+
+@pytest.mark.parametrize("expires", [NOV21_NS, NOV21_NS + 5, 1])
+def test_the_generated_expiring_fragment_is_the_message_fragment_of_a_generated_key_with_expires(expires):
+    assert GENERATED_EXPIRING_FRAGMENT % (7, b"[]", 1, expires_bytes(expires)) == message_fragment(b"7", b"[]", 1, expires)
 
 
 @pytest.mark.parametrize(
