@@ -363,6 +363,17 @@ def test_a_message_fragment_is_json_with_expires_only_when_set(args, expected):
     assert args[1] in fragment  # the payload's bytes, unchanged
 
 
+@settings(max_examples=300)
+@given(st.text(min_size=1, max_size=40))
+@example('k"\\')
+@example("a\x1fb")
+@example("\x7f\u2028ключ")
+def test_a_fragment_quotes_any_key_as_json_does(key):
+    fragment = message_fragment(key.encode(), b"0", 0, 0)
+    assert fragment.startswith(b'{"Key":' + msgspec.json.encode(key) + b",")
+    assert msgspec.json.decode(fragment)["Key"] == key
+
+
 @pytest.mark.parametrize("m, payload, prio", [(1, b"0", 0), (18446744073709551615, b'{"a": [1, "x"]}', 2)])
 def test_the_generated_fragment_is_the_message_fragment_of_a_generated_key(m, payload, prio):
     assert GENERATED_FRAGMENT % (m, payload, prio) == message_fragment(b"%d" % m, payload, prio, 0)
