@@ -1,7 +1,7 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
     .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
-    .venv/bin/python bench/writer_cost.py --take [--messages 100000]
+    .venv/bin/python bench/writer_cost.py --take [--messages 100000] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
     .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
 
@@ -42,6 +42,7 @@ The config is checked as the broker checks its file.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -56,7 +57,7 @@ from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.events import Event
 from ppmq.ops import Delivery, Op, Step, Take
-from ppmq.config import parse_config
+from ppmq.config import ConfigError, parse_config
 from ppmq.journal_lines import Lines
 from ppmq.store import Store
 
@@ -179,13 +180,13 @@ def replace(n: int, journal: str = "on") -> dict[str, float]:
     return {"replace": seconds / n * 1e6}
 
 
-def take(n: int, journal: str = "on") -> dict[str, float]:
+def take(n: int, journal: str = "on", topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None) -> dict[str, float]:
     """Pull subscribers (PROTOCOL §9): SUBS with Pull, each a worker that TAKEs
     Count 100 after every publish, acking what it took the time before in the
     same TAKE, as `ppmq bench -w pull`'s workers do; their replies, which carry
     the messages, encoded as the event loop encodes them (timed too)."""
     encode = encoder(journal)
-    with bench_broker(False, 1000, journal, subscriber={"Pull": True, "Socket": None}) as broker:
+    with bench_broker(False, 1000, journal, topic, {**(subscriber or {}), "Pull": True, "Socket": None}) as broker:
         cost = {"publish": 0.0, "take and ack": 0.0}
         payload = payload_of(200)
         held: dict[str, list[str]] = {s: [] for s in SUBS}
@@ -206,7 +207,10 @@ def take(n: int, journal: str = "on") -> dict[str, float]:
 
 def mapping(text: str) -> dict[str, Any]:
     """A command line's YAML mapping (argparse turns the ValueError into a usage error)."""
-    value = yaml.safe_load(text)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
     if not isinstance(value, dict):
         raise ValueError(text)
     return value
@@ -236,7 +240,7 @@ def main() -> None:
     elif args.replace:
         us = replace(args.messages, args.journal)
     elif args.take:
-        us = take(args.messages, args.journal)
+        us = take(args.messages, args.journal, args.topic, args.subscriber)
     else:
         us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber)
     total = sum(us.values())
@@ -245,4 +249,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as exc:
+        sys.exit(f"writer_cost.py: {exc}")

@@ -420,7 +420,8 @@ def _each(column: int | Sequence[int]) -> Iterable[int]:
 
 @lru_cache(maxsize=256)
 def _metadata_suffix(attempt: int, published_ns: int) -> bytes:
-    return b',"Attempt":%d,"Published":"%s"}' % (attempt, format_expires(published_ns).encode())
+    """What follows a fragment's last field for a Metadata subscriber, its closing brace included."""
+    return b',"Attempt":%d,"Published":"%s"}' % (attempt, expires_bytes(published_ns))
 
 
 class Origin(msgspec.Struct, rename="pascal"):
