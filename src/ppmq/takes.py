@@ -7,7 +7,10 @@ every step (`Writer.watch_steps`) the waiting TAKEs of each subscription are
 looked at, and as many as the messages now takeable can serve are sent again,
 oldest first (a step that published to the topic, acked, nacked or requeued is
 what makes messages takeable). One that again finds nothing, because a
-competing worker was faster, waits again until its Wait runs out.
+competing worker was faster, waits again until its Wait runs out. A step that
+publishes to the topic does not wait for that: the waiting TAKEs its messages
+could serve join it (`Writer.join_steps`), are applied after the publish, and
+are answered with its commit, one step and one fsync instead of two.
 
 A taker is one connection of a listener, numbered by `new_taker`, so that every
 listener that takes on behalf of its connections (ServerSocket, and any other
@@ -26,22 +29,27 @@ from functools import partial
 import msgspec
 
 from . import protocol as p
-from .ops import Abandoned, Take
+from . import staging
+from .ops import Abandoned, Op, Take, request_of
 from .owners import Key
 from .writer import Writer
 
 
 class _Waiter:
     """One TAKE waiting for messages: resolved True when woken, False when it
-    should give up (its Wait passed, its taker went away, the broker stops)."""
+    should give up (its Wait passed, its taker went away, the broker stops).
+    Woken by joining a step (`joined`), its reply comes from that step; else
+    it sends `again` to the writer."""
 
-    __slots__ = ("taker", "count", "future", "woken")
+    __slots__ = ("taker", "count", "future", "woken", "again", "joined")
 
-    def __init__(self, taker: int, count: int, future: asyncio.Future[bool]) -> None:
+    def __init__(self, taker: int, count: int, future: asyncio.Future[bool], again: Take) -> None:
         self.taker = taker
         self.count = count  # messages it asks for
         self.future = future
         self.woken = False
+        self.again = again
+        self.joined: asyncio.Future[p.Reply] | None = None
 
 
 class Takes:
@@ -55,6 +63,7 @@ class Takes:
         self._took: set[int] = set()  # takers that sent a TAKE: Abandoned when they go
         self._stopped = False
         writer.watch_steps(self._wake_all)
+        writer.join_steps(self._join)
 
     def new_taker(self) -> int:
         return next(self._ids)
@@ -81,11 +90,11 @@ class Takes:
         again = Take(taker, p.Request(topic=request.topic, subscriber=request.subscriber, count=request.count, command="TAKE", id=request.id), check)
         key = (request.topic, request.subscriber)
         while (left_s := deadline - loop.time()) > 0:
-            waiter = _Waiter(taker, request.count or 1, loop.create_future())
+            waiter = _Waiter(taker, request.count or 1, loop.create_future(), again)
             try:
                 if not await self._wait(key, waiter, left_s, closed):
                     break
-                later = await self._writer.call(again)
+                later = await (waiter.joined if waiter.joined is not None else self._writer.call(again))
             finally:
                 self._answered(key, waiter)
             if not _empty(later):
@@ -154,15 +163,52 @@ class Takes:
         waiters = self._waiting.get(key)
         if not waiters:
             return
-        room = self._writer.broker.takeable(*key) - self._woken.get(key, 0)
+        self._woken_oldest(key, self._writer.broker.takeable(*key) - self._woken.get(key, 0))
+
+    def _woken_oldest(self, key: Key, room: int, joined: bool = False) -> list[_Waiter]:
+        """Wake the oldest waiters of a subscription while `room` messages are
+        left for them, each taking its Count of them; the ones woken. `joined`:
+        to wait for the reply of the step they join rather than send again."""
+        waiters = self._waiting.get(key, {})
+        woken = []
         for waiter in list(waiters):
             if room <= 0:
-                return
+                break
             del waiters[waiter]
             waiter.woken = True
             self._woken[key] = self._woken.get(key, 0) + waiter.count
             room -= waiter.count
+            if joined:
+                waiter.joined = waiter.future.get_loop().create_future()
             _resolve(waiter.future, True)
+            woken.append(waiter)
+        return woken
+
+    def _join(self, ops: list[Op]) -> list[tuple[Op, Callable[[p.Reply], None]]]:
+        """The waiting TAKEs that join a step publishing to their topic, oldest
+        first, as many as the messages published and their Window's room could
+        serve (less what woken ones will take already): taken after the
+        publish, in its step, with its commit, instead of in a step of their
+        own after it. One that gets nothing (a competing TAKE, or a dedupe
+        replacement, took the place) waits again, as a woken one would."""
+        published: dict[str, int] = {}
+        for op in ops if self._waiting else ():
+            req = request_of(op)
+            if req is not None and req.messages and req.topic is not None and len(req.messages) <= staging.CHUNK_MESSAGES:
+                published[req.topic] = published.get(req.topic, 0) + len(req.messages)
+        joining = []
+        for key in [key for key in self._waiting if key[0] in published]:
+            room = min(published[key[0]], self._writer.broker.take_room(*key)) - self._woken.get(key, 0)
+            for waiter in self._woken_oldest(key, room, joined=True):
+                joining.append((waiter.again, partial(self._joined_reply, key, waiter)))
+        return joining
+
+    def _joined_reply(self, key: Key, waiter: _Waiter, reply: p.Reply) -> None:
+        """A joined TAKE's reply, given to it right after its step: its messages
+        no longer count as spoken for when the step's waiters are woken."""
+        self._answered(key, waiter)
+        if waiter.joined is not None and not waiter.joined.done():
+            waiter.joined.set_result(reply)
 
     def _answered(self, key: Key, waiter: _Waiter) -> None:
         """A woken waiter's TAKE has its reply (or never will): its messages no

@@ -40,6 +40,7 @@ from .waiters import Waiters
 
 ReplySink = Callable[[p.Reply], None]
 EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
+Joiner = Callable[[list[Op]], list[tuple[Op, ReplySink]]]  # a step's ops -> ops to run after them in it
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
 MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
@@ -99,6 +100,7 @@ class Writer:
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = Waiters()  # woken after each step
         self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
+        self._joiners: list[Joiner] = []  # asked what joins each step (join_steps)
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
@@ -126,6 +128,13 @@ class Writer:
         how waiting TAKEs (takes.py) learn that messages may be there, without
         a step of their own."""
         self._watchers.append(watcher)
+
+    def join_steps(self, joiner: Joiner) -> None:
+        """Before every step, on the event loop, show `joiner` the step's ops: the
+        ops (and their reply sinks) it returns run in the same step, after them.
+        How a waiting TAKE (takes.py) is served by the step of the publish that
+        brings its messages, not by one more step of its own."""
+        self._joiners.append(joiner)
 
     async def call(self, op: Op) -> p.Reply:
         """Submit `op` and wait for its reply."""
@@ -207,6 +216,8 @@ class Writer:
                 else:
                     await self._gather_acks()
                 batch = self._take_batch()
+                for joiner in self._joiners:
+                    batch += joiner([op for op, _ in batch])
                 open_subs = set() if self._stopping else set(self._open)
                 lanes = self._lanes()
                 ops = [op for op, _ in batch]

@@ -120,6 +120,24 @@ def test_a_waiting_take_returns_as_soon_as_a_message_is_published(broker_factory
     assert answered - published < 2.0
 
 
+def test_a_waiting_take_is_answered_by_the_publishs_own_step(broker_factory):
+    # Given a worker waiting in a TAKE, and the broker's commits counted (a STATUS is a step of its own)
+    b = pull_broker(broker_factory)
+    got: list = []
+    with b.client() as c:
+        worker = threading.Thread(target=lambda: got.append(c.take("t", "w", count=5, wait_s=10)))
+        worker.start()
+        wait_for(lambda: b.sub_status("t", "w")["WaitingTakes"] == 1, what="a waiting TAKE")
+        assert b.status()["Commits"] - b.status()["Commits"] == -1  # nothing commits between two STATUS but the first
+        before = b.status()["Commits"]
+        # When two messages are published
+        publish(b, "a", "b")
+        worker.join(10)
+        # Then the TAKE got them in the publish's step: one commit besides the STATUS, not one more to take them
+        assert [[m["Payload"] for m in ms] for ms in got] == [["a", "b"]]
+        assert b.status()["Commits"] - before == 2
+
+
 def test_a_waiting_take_on_a_full_window_gets_the_room_an_ack_makes(broker_factory):
     # Given a full Window of 1 and a second worker waiting for room
     b = pull_broker(broker_factory, {"Window": 1})
