@@ -39,7 +39,7 @@ ANY_SUB = st.sampled_from([*sorted(SUBS), PULL])
 TOPICS = [
     TopicConfig(name="plain", subscribers=["s1", "s2", PULL], priorities=3, ack_retry=4.0),
     TopicConfig(name="exp", subscribers=["s1", PULL], priorities=2, expire=True),
-    TopicConfig(name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=2),
+    TopicConfig(name="dd", subscribers=["s1", "s2", PULL], dedupe=True, priorities=2),
 ]
 OPEN = st.sets(st.sampled_from(sorted(SUBS)))
 
@@ -136,7 +136,7 @@ class Twins(RuleBasedStateMachine):
     def deliver(self, subs: set[str]) -> None:
         self.step([], subs)
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "exp"]), taker=st.sampled_from([1, 2]), count=st.integers(1, 5), subs=OPEN)
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "exp", "dd"]), taker=st.sampled_from([1, 2]), count=st.integers(1, 5), subs=OPEN)
     def take(self, data, topic: str, taker: int, count: int, subs: set[str]) -> None:
         """A worker of the Pull subscriber TAKEs, acking some of what it holds first."""
         acks = self._in_flight(data, topic, PULL)
