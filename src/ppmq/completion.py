@@ -44,9 +44,9 @@ class Completion(Wired):
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
         if not topic.dedupe:
             return generated_ids(keys)
-        encoded = [key.encode() for key in keys]
         # a key too long to be stored (or looked up) names none
-        return txn.dedupe_ids(self.state.topic_ids[topic.name], [key if len(key) <= MAX_KEY_BYTES else None for key in encoded])
+        encoded = [key if len(key) <= MAX_KEY_BYTES else None for key in map(str.encode, keys)]
+        return txn.dedupe_ids(self.state.topic_ids[topic.name], encoded)
 
     def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
         queue = self._queue_of(txn, topic, sub)

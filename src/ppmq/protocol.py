@@ -354,12 +354,8 @@ def expires_ns(value: dt.datetime | int | float | None) -> int:
     return ns
 
 
-@lru_cache(maxsize=256)
 def format_expires(ns: int) -> str:
-    """RFC 3339 in UTC with up to nanosecond precision, as Go writes it. Kept for
-    the times last asked: the messages of a publish share theirs (its time, and
-    an Expires from one TTL), and strftime took a fifth of a step that stores
-    messages with a TTL."""
+    """RFC 3339 in UTC with up to nanosecond precision, as Go writes it."""
     seconds, frac = divmod(ns, 10**9)
     base = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
@@ -380,8 +376,9 @@ a topic whose messages have TTLs, or a MaxAge."""
 
 @lru_cache(maxsize=256)
 def expires_bytes(ns: int) -> bytes:
-    """format_expires as the bytes of a fragment, kept as it is: a publish's
-    messages mostly share their Expires (its time plus their TTL, or MaxAge)."""
+    """format_expires as the bytes of a fragment, kept for the times last asked:
+    a publish's messages share theirs (its time, and an Expires from one TTL or
+    MaxAge), and strftime took a fifth of a step that stores messages with a TTL."""
     return format_expires(ns).encode()
 
 

@@ -20,6 +20,7 @@ from msgspec import UNSET
 
 from . import protocol as p
 from .owners import Key
+from .state import SubStats
 from .store import Txn
 from .wiring import Wired
 
@@ -37,15 +38,18 @@ class Taking(Wired):
         far as its Window has room (0 while paused). Read from the counters alone,
         so the event loop may ask it between steps."""
         stats = self.state.subs.peek(topic, {}).get(sub)
-        return 0 if stats is None else min(sum(stats.ready), self.take_room(topic, sub))
+        return 0 if stats is None else min(sum(stats.ready), self._room(stats, sub))
 
     def take_room(self, topic: str, sub: str) -> int:
         """How many messages TAKEs for sub on topic could get if enough were
         ready: its Window's room, 0 while paused or for no such subscription.
         From the counters alone, as takeable."""
         stats = self.state.subs.peek(topic, {}).get(sub)
+        return 0 if stats is None else self._room(stats, sub)
+
+    def _room(self, stats: SubStats, sub: str) -> int:
         sc = self.sub_configs.get(sub)
-        if stats is None or sc is None or stats.paused:
+        if sc is None or stats.paused:
             return 0
         return max(0, self.config.window(sc) - stats.inflight)
 
