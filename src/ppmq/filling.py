@@ -19,7 +19,7 @@ from .ledger import Ledger
 from .ops import Delivery
 from .queues import Queue
 from .schema import Taken
-from .state import NS
+from .state import NS, SubStats
 from .store import Txn
 
 
@@ -78,9 +78,30 @@ class Filling(Laning):
         if stats.paused or not any(stats.ready):
             return 0
         sc = self.sub_configs[sub]
-        window = self.config.window(sc)
-        limit = max(0, min(sc.batch_size, window * sc.connections - stats.inflight))
-        return limit if lanes is None else min(limit, room(lanes, topic.name, window)[1])
+        limit = min(sc.batch_size, self._window_room(sub, stats))
+        return limit if lanes is None else min(limit, room(lanes, topic.name, self.config.window(sc))[1])
+
+    def _window_room(self, sub: str, stats: SubStats) -> int:
+        """How many more messages of a topic sub may have in flight: all its lanes' Windows."""
+        sc = self.sub_configs[sub]
+        return max(0, self.config.window(sc) * sc.connections - stats.inflight)
+
+    def awaiting_acks(self, topic: str) -> list[str]:
+        """The push subscribers of topic whose acks a publish to it is worth
+        waiting for (writer.py): caught up, with nothing ready, but no room left
+        in their Window. Applied before it, those acks make the room its
+        messages go straight into flight with, from memory; applied after it,
+        they find the messages in the ready queue and take them out again, in
+        a step of their own. Read from the counters alone, between steps."""
+        tc = self.topics.get(topic)
+        if tc is None:
+            return []
+        subs, configs = self.state.subs.peek(topic, {}), self.sub_configs
+        return [
+            sub for sub in tc.subscribers
+            if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
+            and not any(stats.ready) and not self._window_room(sub, stats)
+        ]  # fmt: skip
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one

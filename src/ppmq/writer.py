@@ -45,7 +45,8 @@ MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the 
 MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
-# Not those of a subscriber with messages ready, which its next batch waits for (_quiet).
+# Not those of a subscriber with messages ready, which its next batch waits for.
+# A publish whose subscribers' acks are on their way waits for them as long (_may_wait).
 ACK_GATHER_S = 0.002
 
 
@@ -145,14 +146,15 @@ class Writer:
     def submit(self, op: Op, sink: ReplySink | None = None) -> None:
         """Queue an op for the next transaction; `sink` receives its reply after commit.
 
-        The writer is not woken for one-way acks that may gather (_quiet): one
-        more while acks gather changes nothing for it, and the first to come
-        while it waits idle only brings its timer forward to the end of the
-        gathering (every subscriber sends one per batch, and at a paced rate
-        the wake-up cost as much as the rest of the ack's way in)."""
+        The writer is not woken while every op queued may wait for company
+        (_may_wait): one more ack while acks gather changes nothing for it, and
+        the first to come while it waits idle only brings its timer forward to
+        the end of the gathering (every subscriber sends one per batch, and at
+        a paced rate the wake-up cost as much as the rest of the ack's way in).
+        It is woken by the op that ends the wait: the acks a publish waits for."""
         self._pending.append((op, sink))
         waits = self._gather_until is not None or (self._waiter is not None and len(self._pending) == 1)
-        if waits and self._quiet(op):  # no step runs: the broker's state is the loop's to read
+        if waits and all(self._may_wait(o) for o, _ in self._pending):  # no step runs: the state is the loop's to read
             self._gather()
         else:
             self._wake()
@@ -245,13 +247,13 @@ class Writer:
             self._write_journal()
 
     async def _gather_acks(self) -> None:
-        """While only one-way acks wait, give whatever comes next until
-        ACK_GATHER_S after the first of them to join them, so that one commit
-        serves both."""
+        """While every op queued may wait for company, give whatever comes next
+        until ACK_GATHER_S after the first of them to join them, so that one
+        commit serves both."""
         loop = self._loop
         self._gather()
         try:
-            while not self._stopping and self._pending and all(self._quiet(op) for op, _ in self._pending):
+            while not self._stopping and self._pending and all(self._may_wait(op) for op, _ in self._pending):
                 remaining = self._gather_until - loop.time()
                 if remaining <= 0:
                     return
@@ -269,14 +271,31 @@ class Writer:
             self._timer.cancel()
             self._timer = loop.call_at(until, _resolve, self._waiter, None)
 
-    def _quiet(self, op: Op) -> bool:
-        """Acks that nobody waits for: applying them a moment later changes
+    def _may_wait(self, op: Op) -> bool:
+        """Whether op may wait up to ACK_GATHER_S for company.
+
+        Acks that nobody waits for: applying them a moment later changes
         nothing anyone can see but the counters (they are at least once anyway).
         Unless their subscriber has messages ready: then the Window room they
         free is what the next batch waits for (a Window of one batch makes every
-        batch wait so), and holding them back would idle the subscriber."""
+        batch wait so), and holding them back would idle the subscriber.
+
+        And a publish to subscribers that are caught up but whose Window is
+        full (Broker.awaiting_acks), until their acks are queued too: applied
+        after theirs, its messages go straight into flight, one step for both,
+        where before them they would wait in the ready queue for a step of the
+        acks' own that takes them out again. At Window = BatchSize without Sync
+        the publisher's next batch mostly comes before the acks of its last, so
+        every batch took two steps and the ready queue's path; with Sync the
+        acks mostly come first, while the commit before waits for the disk."""
         sub = _one_way_acks_of(op)
-        return sub is not None and not self.broker.has_backlog(sub)
+        if sub is not None:
+            return not self.broker.has_backlog(sub)
+        req = request_of(op)
+        if req is None or not req.messages:
+            return False
+        acking = {_one_way_acks_of(o) for o, _ in self._pending}
+        return any(s not in acking for s in self.broker.awaiting_acks(req.topic))
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer

@@ -14,6 +14,8 @@ from ppmq.ops import Delivery
 from ppmq.store import Store
 from ppmq.writer import Writer
 from tests.unit.test_broker import STATUS, open_broker, publish
+from tests.unit.test_taking import open_pull_broker, take
+from tests.unit.test_taking import publish as publish_to
 
 
 def test_a_caller_cancelled_before_its_reply_does_not_stop_the_writer(tmp_path):
@@ -201,3 +203,122 @@ def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after
     # Then its batch was pushed while its step ran, before the commit and the reply
     assert seen == [(True, False)]
     store.close()
+
+
+def test_a_publish_to_a_caught_up_subscriber_with_its_window_full_waits_for_its_acks_and_shares_their_step(tmp_path, monkeypatch):
+    # Given s with a whole Window in flight and nothing ready, open for its next
+    # batch, and a writer without Sync that lets ops wait a minute for company
+    broker, store, acks = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=60.0)
+    steps: list[float] = []
+    pushed: list[Delivery] = []
+
+    async def run() -> tuple[bool, dict]:
+        writer = Writer(broker, durable=False, on_step=steps.append)
+        task = asyncio.create_task(writer.run())
+        writer.open("s", _Recording(pushed))
+        await asyncio.sleep(0.05)
+        # When a message is published
+        replied = asyncio.get_running_loop().create_future()
+        writer.submit(publish(b'"new"'), replied.set_result)
+        await asyncio.sleep(0.1)
+        # Then it waits for s's acks, which are on their way
+        waited = not replied.done() and not steps
+        # And comes with them in one step, going straight into flight to s
+        writer.submit(acks)
+        await asyncio.wait_for(replied, timeout=10)
+        in_step = len(steps)
+        status = (await writer.call(STATUS)).body["Topics"]["t"]["Subscribers"]["s"]
+        writer.stop()
+        await task
+        return waited and in_step == 1, status
+
+    one_step, status = asyncio.run(run())
+    assert one_step
+    assert [msgspec.json.decode(d.frame)["Messages"][0]["Payload"] for d in pushed] == ["new"]
+    assert (status["InFlight"], status["Ready"]) == (1, [0])
+    store.close()
+
+
+def test_a_publish_waiting_for_acks_that_do_not_come_goes_alone_when_the_gathering_ends(tmp_path, monkeypatch):
+    # Given s with a whole Window in flight, and a writer that lets ops wait 0.2 s for company
+    broker, store, _ = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=0.2)
+
+    async def run() -> float:
+        writer = Writer(broker, durable=False)
+        task = asyncio.create_task(writer.run())
+        await asyncio.sleep(0.05)
+        # When a message is published and s does not ack
+        submitted = time.monotonic()
+        await asyncio.wait_for(writer.call(publish(b"new")), timeout=10)
+        answered = time.monotonic() - submitted
+        writer.stop()
+        await task
+        return answered
+
+    # Then it is stored once the gathering ends, and waits for s in its ready queue
+    assert 0.2 <= asyncio.run(run()) < 0.8
+    [status] = broker.step([STATUS], set(), time.time_ns()).replies
+    assert status.body["Topics"]["t"]["Subscribers"]["s"]["Ready"] == [1]
+    store.close()
+
+
+def test_a_publish_waits_for_no_acks_when_its_subscriber_has_room_or_messages_ready(tmp_path, monkeypatch):
+    # Given a writer that would let ops wait a minute for company
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
+    broker, store = open_broker(tmp_path)
+    # When a message is published while s has room in its Window (99 of 100 in flight)
+    broker.step([publish(*[b"%d" % i for i in range(99)])], {"s"}, time.time_ns())
+    # Then it is answered at once
+    assert asyncio.run(_published_through_a_writer(broker)) == 200
+    # And so it is once s's Window is full but messages wait ready for it (its acks
+    # are applied as they come, and this publish's messages join the queue anyway)
+    broker.step([publish(b"1", b"2")], {"s"}, time.time_ns())
+    assert broker.state.subs["t"]["s"].inflight == 100 and broker.has_backlog("s")
+    assert asyncio.run(_published_through_a_writer(broker)) == 200
+    store.close()
+
+
+def test_a_publish_waits_for_no_acks_of_a_pull_subscriber(tmp_path, monkeypatch):
+    # Given Pull subscriber w, whose workers took its whole Window, and a writer
+    # that would let ops wait a minute for company
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
+    broker, store = open_pull_broker(tmp_path, window=2)
+    publish_to(broker, 2)
+    assert len(take(broker, 1, 2)) == 2
+    # When a message is published, then it is answered at once: a worker's acks
+    # come with its next TAKE, whenever it likes
+    assert asyncio.run(_published_through_a_writer(broker)) == 200
+    store.close()
+
+
+async def _published_through_a_writer(broker: Broker) -> int:
+    """The status of a publish through an idle writer without Sync (a test's
+    timeout, not ACK_GATHER_S, if it waits for company)."""
+    writer = Writer(broker, durable=False)
+    task = asyncio.create_task(writer.run())
+    await asyncio.sleep(0.05)
+    reply = await asyncio.wait_for(writer.call(publish(b"x")), timeout=10)
+    writer.stop()
+    await task
+    return reply.status
+
+
+def _a_full_window_in_flight(tmp_path, monkeypatch, gather_s: float) -> tuple[Broker, Store, p.Request]:
+    """A broker with s's whole Window (100) in flight and nothing ready, the
+    one-way acks of that batch, and ops waiting up to `gather_s` for company."""
+    broker, store = open_broker(tmp_path)
+    [batch] = broker.step([publish(*[b"%d" % i for i in range(100)])], {"s"}, time.time_ns()).deliveries
+    assert broker.state.subs["t"]["s"].inflight == 100 and not broker.has_backlog("s")
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", gather_s)
+    keys = [m["Key"] for m in msgspec.json.decode(batch.frame)["Messages"]]
+    return broker, store, p.Request(topic="t", subscriber="s", acks=keys)
+
+
+class _Recording:
+    """A subscriber that notes each batch it is given and is ready again at once."""
+
+    def __init__(self, pushed: list[Delivery]) -> None:
+        self.pushed = pushed
+
+    def push(self, delivery: Delivery) -> None:
+        self.pushed.append(delivery)
