@@ -27,14 +27,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from msgspec import UNSET
-
 from . import protocol as p
 from . import staging
 from .broker import Broker
+from .company import Company
 from .events import Event
 from .lanes import Lanes
-from .ops import Delivery, Op, Returned, Written, request_of
+from .ops import Delivery, Op, Returned, request_of
 from .staging import Answer
 from .waiters import Waiters
 
@@ -46,7 +45,7 @@ MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many mess
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
 # Not those of a subscriber with messages ready, which its next batch waits for.
-# A publish whose subscribers' acks are on their way waits for them as long (_may_wait).
+# A publish whose subscribers' acks are on their way waits for them as long (company.py).
 ACK_GATHER_S = 0.002
 
 
@@ -102,6 +101,7 @@ class Writer:
         self._stepped = Waiters()  # woken after each step
         self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
         self._joiners: list[Joiner] = []  # asked what joins each step (join_steps)
+        self._company = Company(broker)  # whether the ops pending may wait for company
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
@@ -147,14 +147,19 @@ class Writer:
         """Queue an op for the next transaction; `sink` receives its reply after commit.
 
         The writer is not woken while every op queued may wait for company
-        (_may_wait): one more ack while acks gather changes nothing for it, and
+        (company.py): one more ack while acks gather changes nothing for it, and
         the first to come while it waits idle only brings its timer forward to
         the end of the gathering (every subscriber sends one per batch, and at
         a paced rate the wake-up cost as much as the rest of the ack's way in).
         It is woken by the op that ends the wait: the acks a publish waits for."""
         self._pending.append((op, sink))
-        waits = self._gather_until is not None or (self._waiter is not None and len(self._pending) == 1)
-        if waits and all(self._may_wait(o) for o, _ in self._pending):  # no step runs: the state is the loop's to read
+        if self._gather_until is None:  # the company of what is queued is known while ops gather
+            if self._waiter is None or len(self._pending) > 1:  # a step runs, or the writer is woken already
+                self._company.stale = True  # op is not counted
+                self._wake()
+                return
+            self._company.clear()  # the writer waits idle: no step runs, the state is the loop's to read
+        if self._company.add(op):
             self._gather()
         else:
             self._wake()
@@ -233,6 +238,7 @@ class Writer:
                     self._busy_since = None
                 if self._on_step is not None:
                     self._on_step(time.monotonic() - started)
+                self._company.stale = True  # counted against the state before the step
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
                 self._free(step.left)
@@ -250,10 +256,12 @@ class Writer:
         """While every op queued may wait for company, give whatever comes next
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
-        loop = self._loop
+        loop, company = self._loop, self._company
+        if company.stale:
+            company.recount(op for op, _ in self._pending)
         self._gather()
         try:
-            while not self._stopping and self._pending and all(self._may_wait(op) for op, _ in self._pending):
+            while not self._stopping and self._pending and company.may_wait:
                 remaining = self._gather_until - loop.time()
                 if remaining <= 0:
                     return
@@ -270,32 +278,6 @@ class Writer:
         if self._timer is not None and self._timer.when() > until:
             self._timer.cancel()
             self._timer = loop.call_at(until, _resolve, self._waiter, None)
-
-    def _may_wait(self, op: Op) -> bool:
-        """Whether op may wait up to ACK_GATHER_S for company.
-
-        Acks that nobody waits for: applying them a moment later changes
-        nothing anyone can see but the counters (they are at least once anyway).
-        Unless their subscriber has messages ready: then the Window room they
-        free is what the next batch waits for (a Window of one batch makes every
-        batch wait so), and holding them back would idle the subscriber.
-
-        And a publish to subscribers that are caught up but whose Window is
-        full (Broker.awaiting_acks), until their acks are queued too: applied
-        after theirs, its messages go straight into flight, one step for both,
-        where before them they would wait in the ready queue for a step of the
-        acks' own that takes them out again. At Window = BatchSize without Sync
-        the publisher's next batch mostly comes before the acks of its last, so
-        every batch took two steps and the ready queue's path; with Sync the
-        acks mostly come first, while the commit before waits for the disk."""
-        sub = _one_way_acks_of(op)
-        if sub is not None:
-            return not self.broker.has_backlog(sub)
-        req = request_of(op)
-        if req is None or not req.messages:
-            return False
-        acking = {_one_way_acks_of(o) for o, _ in self._pending}
-        return any(s not in acking for s in self.broker.awaiting_acks(req.topic))
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer
@@ -425,14 +407,3 @@ def _resolve(future: asyncio.Future[Any], result: Any) -> None:
 def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-def _one_way_acks_of(op: Op) -> str | None:
-    """The subscriber whose acks op only carries, owing no reply ("" when they
-    name none); None for any other op."""
-    if isinstance(op, Written):
-        return op.subscriber
-    op = request_of(op)
-    if isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None:
-        return op.subscriber or ""
-    return None

@@ -13,7 +13,7 @@ from ppmq.broker import Broker
 from ppmq.ops import Delivery
 from ppmq.store import Store
 from ppmq.writer import Writer
-from tests.unit.test_broker import STATUS, open_broker, publish
+from tests.unit.test_broker import STATUS, open_broker, publish, two_subscribers
 from tests.unit.test_taking import open_pull_broker, take
 from tests.unit.test_taking import publish as publish_to
 
@@ -322,3 +322,38 @@ class _Recording:
 
     def push(self, delivery: Delivery) -> None:
         self.pushed.append(delivery)
+
+
+def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path, monkeypatch):
+    # Given s and r each with a whole Window in flight and nothing ready, and a
+    # writer without Sync that lets ops wait a minute for company
+    config = two_subscribers(tmp_path)
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, time.time_ns())
+    batches = broker.step([publish(*[b"%d" % i for i in range(100)])], {"s", "r"}, time.time_ns()).deliveries
+    acks = {d.subscriber: p.Request(topic="t", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in batches}
+    monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
+    steps: list[float] = []
+
+    async def run() -> list[bool]:
+        writer = Writer(broker, durable=False, on_step=steps.append)
+        task = asyncio.create_task(writer.run())
+        await asyncio.sleep(0.05)
+        replied = asyncio.get_running_loop().create_future()
+        # When a message is published, and s acks
+        writer.submit(publish(b"1"), replied.set_result)
+        writer.submit(acks["s"])
+        await asyncio.sleep(0.1)
+        # Then the publish still waits, for r
+        waited = not replied.done() and not steps
+        # Until r acks too: one step for all three
+        writer.submit(acks["r"])
+        await asyncio.wait_for(replied, timeout=10)
+        writer.stop()
+        await task
+        return [waited, len(steps) == 1]
+
+    assert asyncio.run(run()) == [True, True]
+    # (both batches acked; the new message waits ready for each, since neither is open here)
+    assert [(broker.state.subs["t"][s].inflight, broker.state.subs["t"][s].ready) for s in ("s", "r")] == [(0, [1])] * 2
+    store.close()
