@@ -62,22 +62,23 @@ class Company:
         free is what the next batch waits for (a Window of one batch makes every
         batch wait so), and holding them back would idle the subscriber.
 
-        And a publish to subscribers that are caught up but whose Window is
-        full (Broker.awaiting_acks), until their acks are queued too: applied
-        after theirs, its messages go straight into flight, one step for both,
-        where before them they would wait in the ready queue for a step of the
-        acks' own that takes them out again. At Window = BatchSize without Sync
-        the publisher's next batch mostly comes before the acks of its last, so
-        every batch took two steps and the ready queue's path; with Sync the
-        acks mostly come first, while the commit before waits for the disk.
-        The wait ends with the acks of the last subscriber waited for."""
+        And a publish to subscribers whose Window is full and that have at
+        most a batch ready (Broker.awaiting_acks), until their acks are queued
+        too: applied after theirs, in one step, its messages go straight into
+        flight (or the batch ready does, theirs taking its place), where before
+        them they would wait in the ready queue for a step of the acks' own.
+        At Window = BatchSize without Sync the publisher's next batch mostly
+        comes before the acks of its last, so every batch took two steps and
+        the ready queue's path; with Sync the acks mostly come first, while
+        the commit before waits for the disk. The wait ends with the acks of
+        the last subscriber waited for; an awaited ack waits with it for the
+        others, even with messages ready for its subscriber."""
         sub = one_way_acks_of(op)
         if sub is not None:
             self._acking.add(sub)
             if sub in self._awaited:
                 self._awaited.discard(sub)
-                if not self._awaited:
-                    return False
+                return bool(self._awaited)
             return not self._broker.has_backlog(sub)
         req = request_of(op)
         if req is None or not req.messages:

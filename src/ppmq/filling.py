@@ -88,11 +88,13 @@ class Filling(Laning):
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
-        waiting for (writer.py): caught up, with nothing ready, but no room left
-        in their Window. Applied before it, those acks make the room its
-        messages go straight into flight with, from memory; applied after it,
-        they find the messages in the ready queue and take them out again, in
-        a step of their own. Read from the counters alone, between steps."""
+        waiting for (company.py): no room left in their Window, and at most a
+        batch ready. Applied before it, those acks make the room its messages
+        go straight into flight with, from memory (with nothing ready), or the
+        room for the batch ready before them; applied after it, they need a step
+        of their own. A subscriber with more ready is behind anyway, and a
+        publisher is not held back by a slow one. Read from the counters
+        alone, between steps."""
         tc = self.topics.get(topic)
         if tc is None:
             return []
@@ -100,7 +102,7 @@ class Filling(Laning):
         return [
             sub for sub in tc.subscribers
             if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
-            and not any(stats.ready) and not self._window_room(sub, stats)
+            and sum(stats.ready) <= configs[sub].batch_size and not self._window_room(sub, stats)
         ]  # fmt: skip
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:

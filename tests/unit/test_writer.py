@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import msgspec
+import pytest
 
 from ppmq import protocol as p
 from ppmq import writer as writer_module
@@ -205,10 +206,13 @@ def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after
     store.close()
 
 
-def test_a_publish_to_a_caught_up_subscriber_with_its_window_full_waits_for_its_acks_and_shares_their_step(tmp_path, monkeypatch):
-    # Given s with a whole Window in flight and nothing ready, open for its next
-    # batch, and a writer without Sync that lets ops wait a minute for company
+@pytest.mark.parametrize("ready", [0, 50])
+def test_a_publish_to_a_subscriber_with_its_window_full_and_at_most_a_batch_ready_waits_for_its_acks_and_shares_their_step(tmp_path, monkeypatch, ready):
+    # Given s with a whole Window (100) in flight and `ready` more ready (a
+    # queue kept one batch behind by a publisher that keeps pace), open for its
+    # next batch, and a writer without Sync that lets ops wait a minute for company
     broker, store, acks = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=60.0)
+    broker.step([publish(*[b"%d" % i for i in range(ready)])] if ready else [], set(), time.time_ns())
     steps: list[float] = []
     pushed: list[Delivery] = []
 
@@ -223,7 +227,8 @@ def test_a_publish_to_a_caught_up_subscriber_with_its_window_full_waits_for_its_
         await asyncio.sleep(0.1)
         # Then it waits for s's acks, which are on their way
         waited = not replied.done() and not steps
-        # And comes with them in one step, going straight into flight to s
+        # And comes with them in one step, which sends s its next batch: what
+        # was ready and the new message (straight into flight, with nothing ready)
         writer.submit(acks)
         await asyncio.wait_for(replied, timeout=10)
         in_step = len(steps)
@@ -234,8 +239,9 @@ def test_a_publish_to_a_caught_up_subscriber_with_its_window_full_waits_for_its_
 
     one_step, status = asyncio.run(run())
     assert one_step
-    assert [msgspec.json.decode(d.frame)["Messages"][0]["Payload"] for d in pushed] == ["new"]
-    assert (status["InFlight"], status["Ready"]) == (1, [0])
+    assert [len(d.msgs) for d in pushed] == [ready + 1]
+    assert msgspec.json.decode(pushed[0].frame)["Messages"][-1]["Payload"] == "new"
+    assert (status["InFlight"], status["Ready"]) == (ready + 1, [0])
     store.close()
 
 
@@ -262,7 +268,7 @@ def test_a_publish_waiting_for_acks_that_do_not_come_goes_alone_when_the_gatheri
     store.close()
 
 
-def test_a_publish_waits_for_no_acks_when_its_subscriber_has_room_or_messages_ready(tmp_path, monkeypatch):
+def test_a_publish_waits_for_no_acks_when_its_subscriber_has_room_or_more_than_a_batch_ready(tmp_path, monkeypatch):
     # Given a writer that would let ops wait a minute for company
     monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
     broker, store = open_broker(tmp_path)
@@ -270,10 +276,10 @@ def test_a_publish_waits_for_no_acks_when_its_subscriber_has_room_or_messages_re
     broker.step([publish(*[b"%d" % i for i in range(99)])], {"s"}, time.time_ns())
     # Then it is answered at once
     assert asyncio.run(_published_through_a_writer(broker)) == 200
-    # And so it is once s's Window is full but messages wait ready for it (its acks
-    # are applied as they come, and this publish's messages join the queue anyway)
-    broker.step([publish(b"1", b"2")], {"s"}, time.time_ns())
-    assert broker.state.subs["t"]["s"].inflight == 100 and broker.has_backlog("s")
+    # And so it is once s's Window is full and more than a batch (100) waits
+    # ready for it: s is behind anyway, and a publisher is not held back by it
+    broker.step([publish(*[b"%d" % i for i in range(102)])], {"s"}, time.time_ns())
+    assert broker.state.subs["t"]["s"].inflight == 100 and broker.state.subs["t"]["s"].ready == [102]
     assert asyncio.run(_published_through_a_writer(broker)) == 200
     store.close()
 
@@ -324,13 +330,16 @@ class _Recording:
         self.pushed.append(delivery)
 
 
-def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path, monkeypatch):
-    # Given s and r each with a whole Window in flight and nothing ready, and a
-    # writer without Sync that lets ops wait a minute for company
+@pytest.mark.parametrize("ready", [0, 50])
+def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path, monkeypatch, ready):
+    # Given s and r each with a whole Window in flight and `ready` more ready (an
+    # ack of a subscriber with messages ready waits too, once a publish waits for
+    # it), and a writer without Sync that lets ops wait a minute for company
     config = two_subscribers(tmp_path)
     store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
     broker = Broker(config, store, time.time_ns())
     batches = broker.step([publish(*[b"%d" % i for i in range(100)])], {"s", "r"}, time.time_ns()).deliveries
+    broker.step([publish(*[b"%d" % i for i in range(ready)])] if ready else [], set(), time.time_ns())
     acks = {d.subscriber: p.Request(topic="t", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in batches}
     monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
     steps: list[float] = []
@@ -355,5 +364,5 @@ def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path,
 
     assert asyncio.run(run()) == [True, True]
     # (both batches acked; the new message waits ready for each, since neither is open here)
-    assert [(broker.state.subs["t"][s].inflight, broker.state.subs["t"][s].ready) for s in ("s", "r")] == [(0, [1])] * 2
+    assert [(broker.state.subs["t"][s].inflight, broker.state.subs["t"][s].ready) for s in ("s", "r")] == [(0, [ready + 1])] * 2
     store.close()
