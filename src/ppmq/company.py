@@ -31,6 +31,9 @@ class Company:
 
     def __init__(self, broker: Counters) -> None:
         self._broker = broker
+        # Subscribers whose acks a publish waited for in vain: not waited for
+        # again until their next acks come (a slow subscriber, not one on its way).
+        self._late: set[str] = set()
         self.clear()
 
     def clear(self) -> None:
@@ -47,6 +50,10 @@ class Company:
             if not self.add(op):
                 break
         return self.may_wait
+
+    def ran_out(self) -> None:
+        """The ops queued waited as long as they may: what they waited for did not come."""
+        self._late |= self._awaited
 
     def add(self, op: Op) -> bool:
         """op is queued too: whether every op queued may still wait. Read between
@@ -72,18 +79,26 @@ class Company:
         the ready queue's path; with Sync the acks mostly come first, while
         the commit before waits for the disk. The wait ends with the acks of
         the last subscriber waited for; an awaited ack waits with it for the
-        others, even with messages ready for its subscriber."""
+        others, even with messages ready for its subscriber. A subscriber whose
+        acks did not come in time is not waited for again until its next acks
+        come: a slow one would hold every publish up for the whole wait, where
+        so it holds up at most one publish a batch it takes."""
         sub = one_way_acks_of(op)
         if sub is not None:
+            self._late.discard(sub)
             self._acking.add(sub)
             if sub in self._awaited:
                 self._awaited.discard(sub)
                 return bool(self._awaited)
             return not self._broker.has_backlog(sub)
         req = request_of(op)
-        if req is None or not req.messages:
+        if req is None:
             return False
-        awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking]
+        if req.acks is not None and req.subscriber:  # acks that owe a reply
+            self._late.discard(req.subscriber)
+        if not req.messages:
+            return False
+        awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking and s not in self._late]
         self._awaited.update(awaited)
         return bool(awaited)
 

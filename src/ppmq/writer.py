@@ -264,6 +264,7 @@ class Writer:
             while not self._stopping and self._pending and company.may_wait:
                 remaining = self._gather_until - loop.time()
                 if remaining <= 0:
+                    company.ran_out()
                     return
                 await self._sleep(remaining)
         finally:
