@@ -43,13 +43,12 @@ class Company:
         self._acking: set[str] = set()  # subscribers whose one-way acks are queued
         self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
 
-    def recount(self, ops: Iterable[Op]) -> bool:
-        """Whether every op of `ops`, all that is queued, may wait."""
+    def recount(self, ops: Iterable[Op]) -> None:
+        """Count `ops`, all that is queued, anew (after a step changed the state)."""
         self.clear()
         for op in ops:
             if not self.add(op):
                 break
-        return self.may_wait
 
     def ran_out(self) -> None:
         """The ops queued waited as long as they may: what they waited for did not come."""
