@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0 | --shared] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --take [--messages 100000] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
     .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
@@ -8,10 +8,16 @@
 Replays the fan-out workload (batches of 100 messages of 200 bytes, priorities
 0-2, two subscribers with a window of 1000 that ack every batch) straight into
 the broker's state machine on a real LMDB store, and prints the thread CPU time
-per message of each phase. With `--window 100 --lag 1` the subscribers ack a
-publish behind, so every message waits in the ready queue and leaves it with the
-ack that makes room, from the queue's tail in memory: the path of fan-out at
-Window = BatchSize when the subscribers keep up. With `--lag 3` the queue never
+per message of each phase. Each publish and each step of acks is a step of its
+own, unless `--shared`: then the subscribers' acks of the last publish come in
+the step of the next, before it, as they do end to end when the acks come
+while the commit before waits for the disk, or when a publish waits for the
+acks on their way (company.py). With `--window 100 --shared` they make the
+room its messages go straight into flight with: the path of fan-out at Window
+= BatchSize when the subscribers keep up. With `--window 100 --lag 1` the
+subscribers ack a publish behind, so every message waits in the ready queue
+and leaves it with the ack that makes room, from the queue's tail in memory:
+the path of a queue one batch behind. With `--lag 3` the queue never
 empties and batches are read from its rows: the path when the publisher runs
 ahead (fan-out without fsync). `--behind N` first publishes N messages that
 nobody takes yet, so the subscribers' queues stay N messages behind: what a
@@ -119,13 +125,14 @@ def backlog(broker: Broker, n: int, payload: msgspec.Raw, keyed: bool = False) -
 
 def run(
     n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, keyed: bool = False, ttl_s: float | None = None,
-    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None,
+    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None, shared: bool = False,
 ) -> dict[str, float]:
     """The fan-out workload; `keyed`: every message with a Key of its own, which
-    its ack names; `ttl_s`: each with that TTL (the topic needs Expire)."""
+    its ack names; `ttl_s`: each with that TTL (the topic needs Expire);
+    `shared`: the acks of a publish's batches in the step of the next."""
     encode = encoder(journal)
     with bench_broker(sync, window, journal, topic, subscriber) as broker:
-        cost = {"publish and deliver": 0.0, "ack": 0.0}
+        cost = {"publish and deliver": 0.0, "ack": 0.0} if not shared else {"acks, publish and deliver": 0.0}
         payload = payload_of(200)
         pending: list[tuple[int, Delivery]] = []  # (publish number, batch) not acked yet
         for i in range(-behind, 0, batch):  # the queues fall behind by these, the Windows full
@@ -133,6 +140,11 @@ def run(
             pending += [(-behind, d) for d in step.deliveries]
         for i in range(0, n, batch):
             publish = p.Request(topic="bench", messages=messages(i, batch, payload, keyed, ttl_s), id=msgspec.Raw(b"1"))
+            if shared:
+                step, seconds = timed(broker, [*acks_of([d for _, d in pending]), publish], set(SUBS), encode)
+                cost["acks, publish and deliver"] += seconds
+                pending = [(i, d) for d in step.deliveries]
+                continue
             # subscribers that keep up are open, idle and empty when a publish arrives
             step, seconds = timed(broker, [publish], set(SUBS), encode)
             cost["publish and deliver"] += seconds
@@ -223,6 +235,7 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="fsync every commit (adds the disk, and its noise)")
     ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch")
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
+    ap.add_argument("--shared", action="store_true", help="the acks of a publish's batches in the step of the next, before it")
     ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
@@ -234,6 +247,8 @@ def main() -> None:
     ap.add_argument("--topic", type=mapping, default={}, help="more keys of the topic, as YAML: '{AckRetry: 30s}'")
     ap.add_argument("--subscriber", type=mapping, default={}, help="more keys of both subscribers, as YAML: '{Metadata: true}'")
     args = ap.parse_args()
+    if args.shared and (args.lag or args.behind):
+        ap.error("--shared acks every batch in the next publish's step: no --lag or --behind")
     topic = {"Dedupe": args.dedupe, "MaxMessages": args.max_messages, "Expire": args.ttl is not None, **args.topic}
     if args.drain:
         us = drain(args.messages, args.window, args.journal)
@@ -242,7 +257,7 @@ def main() -> None:
     elif args.take:
         us = take(args.messages, args.journal, args.topic, args.subscriber)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber, args.shared)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
