@@ -19,7 +19,7 @@ from .ledger import Ledger
 from .ops import Delivery
 from .queues import Queue
 from .schema import Taken
-from .state import NS, SubStats
+from .state import NS
 from .store import Txn
 
 
@@ -78,13 +78,8 @@ class Filling(Laning):
         if stats.paused or not any(stats.ready):
             return 0
         sc = self.sub_configs[sub]
-        limit = min(sc.batch_size, self._window_room(sub, stats))
+        limit = min(sc.batch_size, self.config.room(sc, stats.inflight))
         return limit if lanes is None else min(limit, room(lanes, topic.name, self.config.window(sc))[1])
-
-    def _window_room(self, sub: str, stats: SubStats) -> int:
-        """How many more messages of a topic sub may have in flight: all its lanes' Windows."""
-        sc = self.sub_configs[sub]
-        return max(0, self.config.window(sc) * sc.connections - stats.inflight)
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
@@ -98,11 +93,11 @@ class Filling(Laning):
         tc = self.topics.get(topic)
         if tc is None:
             return []
-        subs, configs = self.state.subs.peek(topic, {}), self.sub_configs
+        subs, configs, room_of = self.state.subs.peek(topic, {}), self.sub_configs, self.config.room
         return [
             sub for sub in tc.subscribers
             if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
-            and sum(stats.ready) <= configs[sub].batch_size and not self._window_room(sub, stats)
+            and sum(stats.ready) <= configs[sub].batch_size and not room_of(configs[sub], stats.inflight)
         ]  # fmt: skip
 
     def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:

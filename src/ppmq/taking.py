@@ -49,9 +49,7 @@ class Taking(Wired):
 
     def _room(self, stats: SubStats, sub: str) -> int:
         sc = self.sub_configs.get(sub)
-        if sc is None or stats.paused:
-            return 0
-        return max(0, self.config.window(sc) - stats.inflight)
+        return 0 if sc is None or stats.paused else self.config.room(sc, stats.inflight)
 
     def holders(self, topic: str, sub: str) -> set[int]:
         """The takers holding messages of sub on topic (as of the last STATUS's pruning)."""
