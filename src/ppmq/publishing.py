@@ -47,8 +47,8 @@ class Publishing(Wired):
         `subs`: the subscribers that get the messages (a redrive's one); default all."""
         t = self.state.topic_ids[topic.name]
         subs = topic.subscribers if subs is None else subs
-        if not subs:
-            pass  # nobody to deliver to, like a fanout exchange without queues
+        if not subs or not prepared:
+            pass  # nobody to deliver to, like a fanout exchange without queues; or nothing to store
         elif not topic.dedupe and (stored := self._store_new(txn, topic, t, sorted(prepared, key=_PRIO), now_ns, subs)) is not None:
             # The whole batch at once, its ids by priority, then by place in the
             # publish: delivery order is the same (priority, then publish order),

@@ -311,6 +311,21 @@ def test_odd_input_is_answered_or_counted_and_the_broker_keeps_serving_other_con
     assert b.alive()
 
 
+@pytest.mark.parametrize("topic", ["t", "d", "n"], ids=["TTLs", "Dedupe", "no subscribers"])
+def test_an_empty_messages_list_is_a_publish_of_nothing(broker, topic):
+    """Accepted 0: there is nothing in it to refuse (ppMQ loops over no message),
+    and nothing is stored, counted or delivered."""
+    b, sub = broker
+    with Conn(b.socket) as c:
+        before = c.ask(STATUS)["Body"]
+        assert c.ask(frame({"Id": "empty", "Topic": topic, "Messages": []})) == {"Id": "empty", "Status": 200, "Accepted": 0}
+        after = c.ask(STATUS)["Body"]
+        assert counts(after) == counts(before) and after["Rejected"] == before["Rejected"]
+        assert c.ask(publish("t", "next"))["Status"] == 200
+    sub.wait_messages(1)
+    assert sub.payloads() == ["next"]
+
+
 # --- PROTOCOL §1 MaxFrameBytes ---------------------------------------------------------
 
 
