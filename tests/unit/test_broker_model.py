@@ -166,7 +166,7 @@ class BrokerMachine(RuleBasedStateMachine):
 
     @rule(
         topic=st.sampled_from(["plain", "dd", "dm", "auto", "dead", "bulk"]),
-        spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=1, max_size=10),
+        spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 6, 30])), min_size=0, max_size=10),
         bad_at=st.none() | st.integers(0, 9),
         waits=st.none() | st.dictionaries(st.integers(0, 9), st.sampled_from(WAITS), min_size=1),
         subs=st.sets(st.sampled_from(sorted(SUBS))),
