@@ -313,7 +313,7 @@ def test_odd_input_is_answered_or_counted_and_the_broker_keeps_serving_other_con
 
 @pytest.mark.parametrize("topic", ["t", "d", "n"], ids=["TTLs", "Dedupe", "no subscribers"])
 def test_an_empty_messages_list_is_a_publish_of_nothing(broker, topic):
-    """Accepted 0: there is nothing in it to refuse (ppMQ loops over no message),
+    """Accepted 0: there is nothing in it to refuse (docs/protocol.md, Replies),
     and nothing is stored, counted or delivered."""
     b, sub = broker
     with Conn(b.socket) as c:
