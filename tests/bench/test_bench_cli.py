@@ -26,6 +26,7 @@ def test_bench_runs_every_workload_on_ppmq_and_writes_results(short_tmp: Path) -
     for name, workload in results["workloads"].items():
         figures = workload["systems"]["ppmq"]["median"]
         assert figures["msgs_per_s"] > 0 and figures["cpu_s_per_10k"] >= 0, name
+        assert 0 <= figures["sys_cpu_s_per_10k"] <= figures["cpu_s_per_10k"], name
         assert figures["peak_rss_mb"] > 0, name
     assert "p99_ms" in results["workloads"]["latency"]["systems"]["ppmq"]["median"]
     assert results["machine"]["cores"] >= 1

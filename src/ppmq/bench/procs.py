@@ -34,14 +34,22 @@ def tree(pid: int) -> list[int]:
 
 def cpu_s(pids: list[int]) -> float:
     """User plus system CPU seconds the processes have used so far."""
-    total = 0.0
+    return sum(cpu_times(pids))
+
+
+def cpu_times(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds the processes have used so far, apart: the
+    system part is the kernel's work for them (system calls, waking peers), which
+    no change to a broker's own code makes cheaper."""
+    user = system = 0.0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) * _TICK_S
-    return total
+        user += int(fields[11]) * _TICK_S
+        system += int(fields[12]) * _TICK_S
+    return user, system
 
 
 def memory(pids: list[int]) -> dict[str, int]:
