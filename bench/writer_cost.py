@@ -1,6 +1,6 @@
 """The writer thread's cost per message, without sockets: Broker.step in-process.
 
-    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0 | --shared] [--behind 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
+    .venv/bin/python bench/writer_cost.py [--messages 100000] [--batch 100] [--sync] [--window 1000] [--lag 0 | --shared] [--behind 0] [--pause-ms 0] [--journal on|off|events] [--dedupe] [--max-messages N] [--ttl S] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --take [--messages 100000] [--topic YAML] [--subscriber YAML]
     .venv/bin/python bench/writer_cost.py --drain [--messages 100000] [--window 1000]
     .venv/bin/python bench/writer_cost.py --replace [--messages 100000]
@@ -32,7 +32,10 @@ compare code changes with.
 `--journal` says what the journal costs: `on` (the default) builds each step's
 events and encodes them as the broker's journal does, `events` builds them only,
 `off` neither. `--batch 1` is the paced workload's shape (a message a publish,
-each acked on its own): what a step costs beyond its messages. `--drain` is the
+each acked on its own): what a step costs beyond its messages; with `--pause-ms
+1` the writer idles a millisecond before each step, as it does at 1,000 msg/s,
+and the step starts with the caches and the processor as idling left them.
+`--drain` is the
 backlog workload's second half: --messages of 1 KiB published while nobody
 reads, then taken from the store and acked until none is left (only that timed).
 `--dedupe` gives the topic Dedupe and every message a Key of its own (`ppmq
@@ -112,8 +115,11 @@ def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
 
 
-def timed(broker: Broker, ops: list[Op], open_subs: set[str], encode: Callable[[list[Event]], object]) -> tuple[Step, float]:
-    """One step, and the writer thread's seconds for it, its events encoded as `encode` says."""
+def timed(broker: Broker, ops: list[Op], open_subs: set[str], encode: Callable[[list[Event]], object], pause_s: float = 0.0) -> tuple[Step, float]:
+    """One step, and the writer thread's seconds for it, its events encoded as
+    `encode` says; after `pause_s` idle (not timed), as between two steps at a paced rate."""
+    if pause_s:
+        time.sleep(pause_s)
     start = time.thread_time()
     step = broker.step(ops, open_subs, time.time_ns())
     encode(step.events)
@@ -128,11 +134,12 @@ def backlog(broker: Broker, n: int, payload: msgspec.Raw, keyed: bool = False) -
 
 def run(
     n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, keyed: bool = False, ttl_s: float | None = None,
-    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None, shared: bool = False,
+    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None, shared: bool = False, pause_s: float = 0.0,
 ) -> dict[str, float]:
     """The fan-out workload; `keyed`: every message with a Key of its own, which
     its ack names; `ttl_s`: each with that TTL (the topic needs Expire);
-    `shared`: the acks of a publish's batches in the step of the next."""
+    `shared`: the acks of a publish's batches in the step of the next;
+    `pause_s`: the writer idles that long before each step."""
     encode = encoder(journal)
     with bench_broker(sync, window, journal, topic, subscriber) as broker:
         cost = {"publish and deliver": 0.0, "ack": 0.0} if not shared else {"acks, publish and deliver": 0.0}
@@ -144,17 +151,17 @@ def run(
         for i in range(0, n, batch):
             publish = p.Request(topic="bench", messages=messages(i, batch, payload, keyed, ttl_s), id=msgspec.Raw(b"1"))
             if shared:
-                step, seconds = timed(broker, [*acks_of([d for _, d in pending]), publish], set(SUBS), encode)
+                step, seconds = timed(broker, [*acks_of([d for _, d in pending]), publish], set(SUBS), encode, pause_s)
                 cost["acks, publish and deliver"] += seconds
                 pending = [(i, d) for d in step.deliveries]
                 continue
             # subscribers that keep up are open, idle and empty when a publish arrives
-            step, seconds = timed(broker, [publish], set(SUBS), encode)
+            step, seconds = timed(broker, [publish], set(SUBS), encode, pause_s)
             cost["publish and deliver"] += seconds
             pending += [(i, d) for d in step.deliveries]
             acks = acks_of([d for at, d in pending if at <= i - batch * lag])
             pending = [(at, d) for at, d in pending if at > i - batch * lag]
-            step, seconds = timed(broker, acks, set(SUBS) if lag else set(), encode)  # trailing acks make room for the queue
+            step, seconds = timed(broker, acks, set(SUBS) if lag else set(), encode, pause_s)  # trailing acks make room for the queue
             cost["ack"] += seconds
             pending += [(i, d) for d in step.deliveries]
     return {phase: seconds / n * 1e6 for phase, seconds in cost.items()}
@@ -240,6 +247,7 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
     ap.add_argument("--shared", action="store_true", help="the acks of a publish's batches in the step of the next, before it")
     ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
+    ap.add_argument("--pause-ms", type=float, default=0.0, help="idle this long before each step of the fan-out (not timed), as at a paced rate")
     ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
     ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
@@ -260,7 +268,7 @@ def main() -> None:
     elif args.take:
         us = take(args.messages, args.journal, args.topic, args.subscriber)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber, args.shared)
+        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber, args.shared, args.pause_ms / 1000)
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")
