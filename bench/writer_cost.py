@@ -35,9 +35,9 @@ events and encodes them as the broker's journal does, `events` builds them only,
 each acked on its own): what a step costs beyond its messages; with `--pause-ms
 1` the writer idles a millisecond before each step, as it does at 1,000 msg/s,
 and the step starts with the caches and the processor as idling left them.
-`--drain` is the
-backlog workload's second half: --messages of 1 KiB published while nobody
-reads, then taken from the store and acked until none is left (only that timed).
+`--drain` is the backlog workload's second half: --messages of 1 KiB published
+while nobody reads, then taken from the store and acked until none is left
+(only that timed).
 `--dedupe` gives the topic Dedupe and every message a Key of its own (`ppmq
 bench --dedupe`): what a producer that may resend sends, acked by those Keys.
 `--max-messages N` gives the topic MaxMessages N (a bounded queue, which the

@@ -39,8 +39,8 @@ def cpu_s(pids: list[int]) -> float:
 
 def cpu_times(pids: list[int]) -> tuple[float, float]:
     """User and system CPU seconds the processes have used so far, apart: the
-    system part is the kernel's work for them (system calls, waking peers), which
-    no change to a broker's own code makes cheaper."""
+    system part is the kernel's work for them (system calls, waking the peers
+    they write to, fsync), which their own code costs only by how often it asks."""
     user = system = 0.0
     for pid in pids:
         try:
