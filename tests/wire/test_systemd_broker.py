@@ -182,7 +182,9 @@ def test_broker_started_by_systemd_socket_activate_serves_a_producer_that_connec
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(lambda: os.path.exists(b.socket), what="the activator's socket")
+        # Not the socket's path: it exists from bind() on, and a connect before
+        # listen() is refused. The activator says this once it listens.
+        wait_for(lambda: f"Listening on {b.socket}" in b.log, what="the activator to listen")
         # The producer connects before any broker runs; systemd's socket holds it.
         with Client(b.socket, timeout_s=WAIT_S) as c:
             assert c.publish("jobs", [{"Payload": "early"}]) == 1
