@@ -146,7 +146,8 @@ def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machin
         broker = subprocess.Popen([*AS_PPMQ, "/usr/bin/ppmq", "serve", "-c", config], stdout=log, stderr=subprocess.STDOUT)
         listener = subprocess.Popen([*AS_PPMQ, "/usr/bin/ppmq", "listen", sub_socket, "--ack"], stdout=batches, stderr=log)
         try:
-            wait_for(lambda: (ppmq_dir / "ppmq.sock").exists(), what=f"the broker; log:\n{(ppmq_dir / 'broker.log').read_text()}")
+            # Not the socket's path: it exists from bind() on, before the broker listens.
+            wait_for(lambda: "serving on" in (ppmq_dir / "broker.log").read_text(), what=f"the broker; log:\n{(ppmq_dir / 'broker.log').read_text()}")
             run(*AS_PPMQ, "/usr/bin/ppmq", "publish", "-c", config, "events", "hello")
             line = wait_for(lambda: (ppmq_dir / "batches").read_text(), what="a batch at the listener")
             assert [m["Payload"] for m in json.loads(line)["Messages"]] == ["hello"]
@@ -185,7 +186,7 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
              f"--setenv=NOTIFY_SOCKET={notify.path}", *AS_PPMQ, *exec_start.split()],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        wait_for(lambda: Path(config["ServerSocket"]).exists(), what="the socket")
+        wait_for(lambda: f"Listening on {config['ServerSocket']}" in (ppmq_dir / "broker.log").read_text(), what="the activator to listen")
         subscriber = subprocess.Popen(
             [handler, "--name", "printer", "-c", CONFIG],
             env={**os.environ, "STATE_DIRECTORY": str(ppmq_dir)}, stdout=log, stderr=subprocess.STDOUT,
