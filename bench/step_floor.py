@@ -21,6 +21,7 @@ import argparse
 import struct
 import tempfile
 import time
+from typing import Any
 
 import lmdb
 
@@ -34,7 +35,7 @@ HEAD_RECORD = b"s" * 60
 SUBSCRIBERS = (1, 2)
 
 
-def step(env: lmdb.Environment, dbs: dict[str, lmdb._Database], t: int, m: int) -> None:
+def step(env: lmdb.Environment, dbs: dict[str, Any], t: int, m: int) -> None:
     """Message m published and put in flight to both subscribers, m - 1 acked by both and gone."""
     with env.begin(write=True) as txn:
         if m > 1:
