@@ -205,6 +205,9 @@ class BrokerProcess:
 
 
 def make_config(tmp: Path, topics: list[dict], subscribers: list[str] | list[dict] = (), **extra: Any) -> dict:
+    """A config on tmp; subscriber sockets go in tmp/sub/, which is made here as
+    tmpfiles.d makes /run/ppmq/sub: whoever binds a socket needs its directory."""
+    (tmp / "sub").mkdir(exist_ok=True)
     subs = []
     for s in subscribers:
         s = {"Name": s} if isinstance(s, str) else s

@@ -287,7 +287,7 @@ def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:
 def _listen(args: argparse.Namespace) -> int:
     """Bind SOCKET, accept the broker's connections, print batches; Ctrl-C ends it (exit 0)."""
     try:
-        server = sockets.listen(os.path.abspath(args.path), 8)
+        server, bound = sockets.listen(os.path.abspath(args.path), 8)
     except ListenError as exc:
         print(f"ppmq listen: {exc}", file=sys.stderr)
         return 1
@@ -302,7 +302,7 @@ def _listen(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.close()
-        sockets.remove(os.path.abspath(args.path))
+        bound.remove()
 
 
 def _listen_connection(conn: socket.socket, ack: bool, via_server: Client | None) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 import yaml
 
+from . import sockets
+
 MiB = 1 << 20
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
 
@@ -279,6 +281,21 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".PhpmqSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if config.metrics is not None:
         errors += [(f".Metrics{where}", msg) for where, msg in _check_metrics(config.metrics)]
+    errors += _check_socket_paths(config)
+    return errors
+
+
+def _check_socket_paths(config: Config) -> list[tuple[str, str]]:
+    """A socket path that holds something other than a socket (PROTOCOL §1): the
+    broker, the subscriber kit and `ppmq listen` refuse to bind there, so the
+    config is refused before any of them tries."""
+    paths = [(".ServerSocket", config.server_socket), (".PhpmqSocket", config.phpmq_socket)]
+    paths += [(f".Subscribers[{i}].Socket", sub.socket) for i, sub in enumerate(config.subscribers)]
+    errors = []
+    for where, path in paths:
+        what = sockets.occupant(path) if path is not None else None
+        if what is not None:
+            errors.append((where, f"{path} is {what}, not a socket; only a stale socket there is replaced"))
     return errors
 
 

@@ -165,12 +165,13 @@ class PhpmqServer:
         self.config = config
         self.policy = policy
         self._server: asyncio.AbstractServer | None = None
+        self._bound: sockets.SocketFile | None = None  # PhpmqSocket's file once bound: removed at stop
         self._tasks: set[asyncio.Task] = set()
         self._count = 0
 
     async def start(self, mode: int | None = None, group: str | None = None) -> None:
         """Bind PhpmqSocket as ServerSocket is bound (mode and group before it listens)."""
-        sock = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
+        sock, self._bound = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
         self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
         log.info("speaking PHPMQ on %s", self.path)
 
@@ -188,10 +189,11 @@ class PhpmqServer:
             out.close()
 
     async def stop(self) -> None:
-        """Stop accepting, and remove the socket file."""
+        """Stop accepting, and remove the socket file it bound."""
         if self._server is not None:
             self._server.close()
-        sockets.remove(self.path)
+        if self._bound is not None:
+            self._bound.remove()
 
     async def close_connections(self) -> None:
         """Once the writer is done: close every connection (a frame waiting for

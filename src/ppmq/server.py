@@ -50,7 +50,7 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
-        self._owns_path = False  # we bound ServerSocket, so we remove it
+        self._bound: sockets.SocketFile | None = None  # ServerSocket's file when we bound it: removed at stop
         self._backlog: socket.socket | None = None  # the socket we bound, to take in its backlog at stop
         self._taking_in: list[asyncio.Task] = []
 
@@ -63,8 +63,7 @@ class Server:
                 self._server = await self._listen(inherited)
                 self._check_inherited_path(inherited)
                 return
-            sock = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
-            self._owns_path = True
+            sock, self._bound = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
             self._backlog = sock.dup()
             self._server = await self._listen(sock)
         except OSError as exc:
@@ -120,8 +119,8 @@ class Server:
         if self._server is not None:
             self._take_in_backlog()
             self._server.close()
-        if self._owns_path:
-            sockets.remove(self.path)
+        if self._bound is not None:
+            self._bound.remove()
 
     def _take_in_backlog(self) -> None:
         """Accept who still waits in the backlog of the socket we bound, so that

@@ -179,8 +179,11 @@ class _Listener:
         inherited = listening_unix_socket(FD_NAME)
         self.activated = inherited is not None
         self.accepted = self.activated and not inherited.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-        self.bound_path = None if self.activated else s.socket
-        self.sock = inherited if inherited is not None else _bind(s.socket)
+        self.bound: sockets.SocketFile | None = None
+        if inherited is not None:
+            self.sock = inherited
+        else:
+            self.sock, self.bound = _bind(s.socket)
         self.idle_exit_s = _idle_exit_s(s.idle_exit_s, self.activated)
         where = "the socket systemd passed" if self.activated else s.socket
         where = "the connection systemd accepted" if self.accepted else where
@@ -188,11 +191,11 @@ class _Listener:
 
     def close(self) -> None:
         self.sock.close()
-        if self.bound_path is not None:
-            sockets.remove(self.bound_path)
+        if self.bound is not None:
+            self.bound.remove()
 
 
-def _bind(path: str) -> socket.socket:
+def _bind(path: str) -> tuple[socket.socket, sockets.SocketFile]:
     try:
         return sockets.listen(path, 8)
     except sockets.ListenError as exc:
