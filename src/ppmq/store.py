@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import lmdb
 
+from .datapath_lock import DataPathLock
 from .migrate import upgrade
 from .holder_rows import HolderRows
 from .queue_rows import FlightIndex
@@ -39,7 +40,9 @@ from .schema import (
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
 class Store:
-    """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir."""
+    """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir.
+    It holds DataPath's lock (datapath_lock.py) from before it opens anything
+    there until it closes, so the journal beside it is this process's too."""
 
     def __init__(self, data_path: str, *, sync: bool, max_bytes: int) -> None:
         self._tmp = data_path == "mem"
@@ -48,6 +51,16 @@ class Store:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
+        self._lock = None if self._tmp else DataPathLock.take(self.path)
+        try:
+            self._open(sync, max_bytes)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def _open(self, sync: bool, max_bytes: int) -> None:
+        """The LMDB environment and its databases, under DataPath's lock."""
         self.room = Room(max_bytes)  # whether publishes are refused (status 507), and its limit
         self.migrated = False  # whether opening converted a store an older ppmq wrote
         # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
@@ -132,6 +145,8 @@ class Store:
 
     def close(self) -> None:
         self.env.close()
+        if self._lock is not None:
+            self._lock.release()
         if self._tmp:
             shutil.rmtree(self.path, ignore_errors=True)
 

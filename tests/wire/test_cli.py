@@ -314,9 +314,11 @@ def test_a_client_command_exits_1_with_a_clear_message_when_no_broker_listens(br
     assert Path(b.socket).exists() == stale
 
 
-def test_serve_refuses_to_steal_the_socket_of_a_running_broker_and_exits_1(broker):
+def test_serve_refuses_to_steal_the_socket_of_a_running_broker_and_exits_1(broker, short_tmp):
     b = broker
-    proc = ppmq("serve", "-c", b.config_path)
+    other = short_tmp / "other.yaml"  # another DataPath: one DataPath is refused before any socket
+    other.write_text(json.dumps({**b.config, "DataPath": str(short_tmp / "other-data")}))
+    proc = ppmq("serve", "-c", other)
     assert proc.returncode == 1
     assert f"another process is already listening on {b.socket}" in proc.stderr
     assert b.status()["Topics"]  # the first one still serves
