@@ -25,9 +25,8 @@ PID_WAIT_S = 1.0  # how long a refused process waits for the holder to write its
 class DataPathLock:
     """The lock on one DataPath, held from `take` until `release` (or exit)."""
 
-    def __init__(self, data_path: str, fd: int) -> None:
-        self.data_path = data_path
-        self._fd: int | None = fd
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd  # the open lock file; closing it releases the lock
 
     @classmethod
     def take(cls, data_path: str) -> DataPathLock:
@@ -47,7 +46,7 @@ class DataPathLock:
                 " one process writes a DataPath at a time, so stop that one first"
             ) from None
         _write_pid(fd, data_path)
-        return cls(data_path, fd)
+        return cls(fd)
 
     def release(self) -> None:
         if self._fd is not None:
