@@ -17,7 +17,6 @@ entry, and while it reads, the broker cannot reuse the pages of its snapshot.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,8 +98,6 @@ def read_snapshot(data_path: str, *, fragments: bool = False) -> Snapshot:
     """Open DataPath read-only and decode it; FsckError if it is not a ppmq store."""
     if data_path == "mem":
         raise FsckError("DataPath is 'mem': a throwaway store that lives only inside the running broker")
-    if not os.path.isfile(os.path.join(data_path, "data.mdb")):
-        raise FsckError(f"no store at {data_path} (no data.mdb)")
     try:
         reader = StoreReader(data_path)
     except StoreError as exc:

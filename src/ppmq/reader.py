@@ -6,7 +6,6 @@ fsck, reports and the Spark data source. LMDB readers never block the writer.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from .schema import (
 from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .rows import floor_row
-from .store import Txn
+from .store import Txn, missing_store
 
 
 class StoreReader:
@@ -51,8 +50,9 @@ class StoreReader:
     lock.mdb, where LMDB registers its readers."""
 
     def __init__(self, path: str) -> None:
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
-            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
+        missing = missing_store(path)
+        if missing is not None:
+            raise StoreError(missing)
         try:
             self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(DBS), readahead=False)
         except lmdb.Error as exc:

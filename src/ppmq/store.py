@@ -38,6 +38,16 @@ from .schema import (
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
+
+def missing_store(path: str) -> str | None:
+    """Why `path` holds no store, if it does not (LMDB's data file is not
+    there): what the commands that read or convert a store say instead of
+    opening one, which would create it."""
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return None
+    return f"no ppmq store at {path} (no data.mdb)"
+
+
 class Store:
     """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir."""
 

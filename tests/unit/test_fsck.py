@@ -296,4 +296,4 @@ def test_the_command_exits_2_and_says_why_when_there_is_no_store_to_check(tmp_pa
     path = data_path if data_path == "mem" else str(tmp_path / data_path)
     done = fsck_cli({"ServerSocket": str(tmp_path / "s.sock"), "DataPath": path}, tmp_path)
     assert done.returncode == 2 and done.stdout == ""
-    assert {"mem": "throwaway", "missing": "no store", "not-lmdb": "cannot open"}[data_path] in done.stderr
+    assert {"mem": "throwaway", "missing": "no ppmq store", "not-lmdb": "cannot open"}[data_path] in done.stderr

@@ -168,3 +168,19 @@ def test_bodies_become_one_row_per_run_of_consecutive_ids_cut_where_a_publish_wo
     for (t, _), value in rows.items():
         ids, ends, base = body_columns(value)
         assert value[base:] == b"".join(old[t, m] for m in ids) and ends[-1] == len(value) - base
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["no-directory", "empty-directory"])
+def test_ppmq_migrate_without_a_store_says_so_and_creates_nothing(tmp_path, capsys, exists):
+    # Given a DataPath with no store in it
+    data = tmp_path / "data"
+    if exists:
+        data.mkdir()
+    config = tmp_path / "ppmq.yaml"
+    config.write_text(f"ServerSocket: {tmp_path}/s.sock\nDataPath: {data}\nSubscribers: []\nTopics: []\n")
+    # When ppmq migrate runs on it
+    status = cli.main(["migrate", "-c", str(config)])
+    # Then it exits 2 saying there is no store, and leaves the DataPath as it was
+    assert status == 2
+    assert capsys.readouterr().err == f"ppmq migrate: no ppmq store at {data} (no data.mdb)\n"
+    assert (list(data.iterdir()) == []) if exists else not data.exists()
