@@ -17,6 +17,7 @@ from .protocol import fragment_payload
 from .schema import (
     BODY_HEAD,
     Body,
+    CONVERTING_KEY,
     DBS,
     DELAYED_VAL,
     DTSM,
@@ -77,10 +78,13 @@ class StoreReader:
         """Compared as bytes: a damaged record is refused with what it holds, not a ValueError."""
         with self.env.begin() as txn:
             found = txn.get(b"schema", db=self.dbs["meta"])
+            converting = txn.get(CONVERTING_KEY, db=self.dbs["meta"])
         if found != b"%d" % SCHEMA_VERSION:
             older = found is not None and found.isdigit() and int(found) < SCHEMA_VERSION
             hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
             raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}{hint}")
+        if converting is not None:
+            raise StoreError(f"store {path} is part converted to schema {SCHEMA_VERSION}: start the broker, or run `ppmq migrate`, to finish")
 
     @property
     def flight_index(self) -> FlightIndex:

@@ -82,13 +82,15 @@ class Store:
 
     def _check_schema(self) -> None:
         """A new store gets this ppmq's schema; one an older ppmq wrote is
-        converted (migrate.py), in this one transaction."""
-        with self.env.begin(write=True) as txn:
-            found = txn.get(b"schema", db=self.dbs["meta"])
-            if found is None:
-                txn.put(b"schema", b"%d" % SCHEMA_VERSION, db=self.dbs["meta"])
-            else:
-                self.migrated = upgrade(txn, self.dbs, int(found), self.path)
+        converted (migrate.py) before anything else reads it."""
+        try:
+            self.migrated = upgrade(self.env, self.dbs, self.path)
+        except StoreError:
+            self.env.close()
+            raise
+        except lmdb.Error as exc:
+            self.env.close()
+            raise StoreError(f"cannot bring the store at {self.path} to schema {SCHEMA_VERSION}: {self.translate(exc)}") from None
 
     def write(self) -> Writing:
         """One write transaction, `with store.write() as txn:`; committed when
