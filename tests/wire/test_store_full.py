@@ -170,18 +170,26 @@ def fill(disk: Path) -> None:
             pass
 
 
-def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
-    # The broker is driven directly: over the wire, a batch cannot be made to come
-    # back at the very step whose commit hits the full disk.
+@contextmanager
+def broker_on(disk: Path, batch_size: int) -> Iterator[Broker]:
+    """A broker driven directly (topic t, subscriber s) on a store on `disk`."""
     config = Config(
-        server_socket="/nonexistent", data_path=str(small_disk / "data"), sync=False, max_store_bytes=1 << 30,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=10)],
+        server_socket="/nonexistent", data_path=str(disk / "data"), sync=False, max_store_bytes=1 << 30,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=batch_size)],
         topics=[TopicConfig(name="t", subscribers=["s"])],
     )
     store = Store(config.data_path, sync=False, max_bytes=config.max_store_bytes)
     try:
+        yield Broker(config, store, NOW)
+    finally:
+        store.close()
+
+
+def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
+    # The broker is driven directly: over the wire, a batch cannot be made to come
+    # back at the very step whose commit hits the full disk.
+    with broker_on(small_disk, batch_size=10) as broker:
         # Given a batch in flight to s, and a full disk
-        broker = Broker(config, store, NOW)
         broker.step([publish(b'"m%d"' % i for i in range(10))], set(), NOW)
         (batch,) = broker.step([], {"s"}, NOW).deliveries
         fill(small_disk)
@@ -193,8 +201,29 @@ def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_t
         (again,) = broker.step([], {"s"}, NOW).deliveries
         assert again.msgs == batch.msgs
         assert broker.state.subs["t"]["s"].inflight == 10
-    finally:
-        store.close()
+
+
+def test_a_key_pushed_by_a_step_whose_commit_fails_is_never_handed_out_again(small_disk):
+    # The broker is driven directly: over the wire, the commit that fails cannot be
+    # told from the one before it. Batches leave before their step's commit.
+    with broker_on(small_disk, batch_size=100) as broker:
+        # Given a full disk
+        fill(small_disk)
+        # When a step pushes new messages to s, then fails to commit them
+        pushed = []
+        step = broker.step([publish([b'"first"'] + [b'"' + b"x" * 100_000 + b'"'] * 40)], {"s"}, NOW, pushed.extend)
+        assert step.replies[0].status == 507
+        left = {m["Key"] for d in pushed for m in msgspec.json.decode(d.frame)["Messages"]}
+        assert len(left) == 41
+        # Then, once the disk has room, the next message gets a key none of them left with,
+        # also beside a request that fails, which makes the step run again from the last commit
+        (small_disk / "filler").unlink()
+        unknown = p.Request(topic="nope", messages=[p.Message(payload=msgspec.Raw(b"1"))], id=msgspec.Raw(b"2"))
+        step = broker.step([publish([b'"second"']), unknown], {"s"}, NOW)
+        assert [reply.status for reply in step.replies] == [200, 404]
+        (again,) = step.deliveries
+        (key,) = [m["Key"] for m in msgspec.json.decode(again.frame)["Messages"]]
+        assert key not in left
 
 
 def publish(payloads) -> p.Request:
