@@ -34,13 +34,18 @@ class TopicStats(msgspec.Struct):
     # reservation leaves the broker before the commit of the step that handed
     # it out, so a restart goes on above it (resume), and a generated key that
     # reached a subscriber in a step that never committed is never handed out
-    # again (PROTOCOL §3 Keys). 0 in a record an older ppmq wrote.
+    # again (PROTOCOL §3 Keys). 0 in a record an older ppmq wrote, which
+    # decodes as it is: the field is new, not a change of the store's schema.
     reserved: int = 0
 
     def resume(self) -> None:
         """The broker starts: the sequence goes on above every id a run before
         may have let out, and the next ids are reserved (committed with the
-        broker's first transaction, before any step)."""
+        broker's first transaction, before any step). An older ppmq reserved
+        nothing and let a step's ids out before its commit: its sequence goes
+        on a reservation's length further, as if it had reserved one."""
+        if not self.reserved and self.seq:
+            self.reserved = self.seq + RESERVE_IDS
         self.seq = max(self.seq, self.reserved)
         self.reserved = self.seq + RESERVE_IDS
 

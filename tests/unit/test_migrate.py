@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
+import msgspec
 import pytest
 import yaml
 
@@ -17,9 +18,10 @@ from ppmq import cli, migrate
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.fsck import check, read_snapshot
+from ppmq.protocol import fragment_payload
 from ppmq.reader import StoreReader
 from ppmq.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, StoreError, body_columns, encode_body, holders_columns
-from ppmq.protocol import fragment_payload
+from ppmq.state import RESERVE_IDS
 from ppmq.store import Store
 from tests.conftest import make_config
 from tests.data.make_old_store import FULL_MAX_BYTES, FULL_PAYLOAD_BYTES, NOW, fixture_config, full_config, full_payload
@@ -95,6 +97,23 @@ def test_the_broker_goes_on_where_the_old_one_stopped(old_store):
     (event,) = [e for e in step.events if e.event == "ack"]
     assert event.ids == [5]
     store.close()
+
+
+def test_the_sequences_of_an_old_store_go_on_above_any_id_its_broker_may_have_let_out(old_store):
+    # Given a converted store, whose counters an older ppmq wrote without a reservation of their sequences
+    store = open_store(old_store)
+    broker = Broker(fixture_config(old_store), store, NOW + 3 * 10**9)
+    jobs = broker.state.topics["jobs"]
+    # When a message is published and pushed to a subscriber that acked everything it had
+    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=["5"]), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])], {"a"}, NOW + 4 * 10**9)
+    # Then its key is a reservation's length above the ids the older ppmq handed out (9),
+    # which its last step may have let out before a commit that never came
+    (key,) = [m["Key"] for d in step.deliveries for m in msgspec.json.decode(d.frame)["Messages"] if m["Payload"] == 1]
+    assert int(key) == 9 + RESERVE_IDS + 1
+    # and the next start goes on above the reservation its counters now keep
+    assert jobs.reserved >= jobs.seq + RESERVE_IDS // 2
+    store.close()
+    assert check(read_snapshot(old_store), fixture_config(old_store)) == []
 
 
 def test_a_converted_store_is_not_converted_again(old_store):
