@@ -206,8 +206,8 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
 def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
-    for find in (_staging_record_fits, _sequences_reserved, _bodies_referenced, _rows_tile_ids, _holders_point_at_places, _ready_points_at_messages,
-                 _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
+    for find in (_staging_record_fits, _sequences_reserved, _bodies_referenced, _rows_tile_ids, _holders_point_at_places,
+                 _ready_points_at_messages, _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
                  _due_points_at_delayed, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
         problems += find(snap, config)
     return problems
