@@ -73,7 +73,7 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import NamedTuple
 
-# Bump when a key or value layout changes, and add the conversion to migrate.py.
+# Bump when a key or value layout changes, and add the conversion to migrate.STEPS.
 SCHEMA_VERSION = 5
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
