@@ -5,7 +5,8 @@
 Each cycle starts the broker on the same DataPath, lets publishers and
 subscribers work, and kills it with SIGKILL during a commit, a delivery, an
 expiry sweep or a SIGHUP reload (in turn); the store is then checked with fsck
-and against what was confirmed. A last run drains everything. Prints the
+and against what was confirmed, and every generated key delivered so far must
+have come with one message only. A last run drains everything. Prints the
 cycles, the confirmed messages, the losses (must be zero) and the duplicates
 (at-least-once redeliveries); exits 1 if any check failed. `--no-sync` runs the
 broker with `Sync: false`: a kill -9 loses nothing then either, since every

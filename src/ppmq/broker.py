@@ -75,12 +75,16 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
         self._retry_at_ns = 0  # after a failed commit, no step without requests before this
+        # Topic -> the last id its sequence handed out in a step whose batches
+        # left but whose commit failed: no rollback takes the sequence below it.
+        self._let_out: dict[str, int] = {}
         self._started_ns = now_ns  # PING's uptime
         with store.write() as txn:
             self.state = load_state(txn)
             self._ledger = Ledger(self.state)  # the counters' records, and their undo
             self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
             self._switch(txn, config)
+            self.state.resume_sequences()
             self._requeue_unconfirmed(txn, now_ns)
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
@@ -137,9 +141,12 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         so that they travel while the disk syncs: the ack that made room for a
         batch does not make it wait for an fsync. A crash or a failed commit can
         only deliver them again, which at-least-once allows; replies still wait
-        for the commit. A step that runs out of room looks again for reader
-        slots of dead processes (which pin pages) and, if that freed any, tries
-        once more before answering 507. `lanes`: what each lane of the open
+        for the commit. A step that handed out ids beyond the reservation of
+        its topic's sequence (state.TopicStats.reserve) hands its batches to
+        `early` after its commit instead: a key that left is never handed out
+        again, whatever the crash. A step that runs out of room looks again for
+        reader slots of dead processes (which pin pages) and, if that freed
+        any, tries once more before answering 507. `lanes`: what each lane of the open
         subscribers with Connections > 1 carries (laning.py)."""
         self._lanes = lanes or {}
         carried, self._carried = self._carried, []
@@ -198,6 +205,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         wiring = self._wiring
         self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
         self._ledger.step()
+        sent = False  # the step's batches left before its commit
         try:
             with self.store.write() as txn:
                 self._watch_flights(txn)
@@ -208,12 +216,17 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 deliveries = self._fill(txn, open_subs, now_ns)
                 self._queue_fresh(txn)
                 self.state.commits += 1
+                held = self._reserve_ids()
                 self._ledger.save(txn)
                 next_tick = self._next_tick(txn, now_ns)
-                if early is not None and deliveries:
+                if early is not None and deliveries and not held:
                     early(deliveries)
+                    sent = True
         except BaseException:
+            if sent:
+                self._note_let_out()
             self._ledger.rollback(self.store.committed_meta)
+            self._keep_let_out()
             self._rewire(wiring)
             self._note_backlog(self._ledger.take_touched())
             self._events.clear()
@@ -223,7 +236,31 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self._ledger.stepped()
         self._note_backlog(self._ledger.take_touched())
         self._owners.commit()
+        if early is not None and deliveries and held:
+            early(deliveries)
         return replies, deliveries, next_tick, finished
+
+    def _reserve_ids(self) -> bool:
+        """Renew the reservation of every sequence the step may have used (those
+        of the topics it touched); True if its batches must wait for its commit."""
+        topics = self.state.topics
+        held = [stats.reserve() for stats in map(topics.peek, self._ledger.touched) if stats is not None]
+        return any(held)
+
+    def _note_let_out(self) -> None:
+        """The batches of a step that is being rolled back left: the ids its
+        topics' sequences handed out may have gone with them (PROTOCOL §3 Keys)."""
+        topics = self.state.topics
+        self._let_out.update((name, stats.seq) for name in self._ledger.touched if (stats := topics.peek(name)) is not None)
+
+    def _keep_let_out(self) -> None:
+        """After a rollback, which puts back the sequences as the last commit
+        left them: none goes below an id that left (a restart goes on above
+        the reservation instead, TopicStats.resume)."""
+        for name, seq in self._let_out.items():
+            stats = self.state.topics.peek(name)
+            if stats is not None and stats.seq < seq:
+                stats.seq = seq
 
     def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int, ended: list[Answer]) -> Step:
         """Nothing of the step happened: every request is answered with the error

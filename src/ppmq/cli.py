@@ -25,7 +25,7 @@ from .fsck import FsckError, fsck
 from .metrics import exposition
 from .schema import SCHEMA_VERSION, StoreError
 from .sockets import ListenError
-from .store import Store
+from .store import Store, missing_store
 from .systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq")
@@ -162,6 +162,10 @@ def _migrate(args: argparse.Namespace) -> int:
     if config.in_memory:
         print("DataPath is mem: there is no store to convert")
         return 0
+    missing = missing_store(config.data_path)
+    if missing is not None:
+        print(f"ppmq migrate: {missing}", file=sys.stderr)
+        return 2
     try:
         store = Store(config.data_path, sync=config.sync, max_bytes=config.max_store_bytes)
     except StoreError as exc:

@@ -6,7 +6,6 @@ fsck, reports and the Spark data source. LMDB readers never block the writer.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from .protocol import fragment_payload
 from .schema import (
     BODY_HEAD,
     Body,
+    CONVERTING_KEY,
     DBS,
     DELAYED_VAL,
     DTSM,
@@ -40,7 +40,7 @@ from .schema import (
 from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .rows import floor_row
-from .store import Txn
+from .store import Txn, missing_store
 
 
 class StoreReader:
@@ -51,8 +51,9 @@ class StoreReader:
     lock.mdb, where LMDB registers its readers."""
 
     def __init__(self, path: str) -> None:
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
-            raise StoreError(f"no ppmq store at {path} (no data.mdb)")
+        missing = missing_store(path)
+        if missing is not None:
+            raise StoreError(missing)
         try:
             self.env = lmdb.open(path, readonly=True, lock=True, max_dbs=len(DBS), readahead=False)
         except lmdb.Error as exc:
@@ -77,10 +78,13 @@ class StoreReader:
         """Compared as bytes: a damaged record is refused with what it holds, not a ValueError."""
         with self.env.begin() as txn:
             found = txn.get(b"schema", db=self.dbs["meta"])
+            converting = txn.get(CONVERTING_KEY, db=self.dbs["meta"])
         if found != b"%d" % SCHEMA_VERSION:
             older = found is not None and found.isdigit() and int(found) < SCHEMA_VERSION
             hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
             raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}{hint}")
+        if converting is not None:
+            raise StoreError(f"store {path} is part converted to schema {SCHEMA_VERSION}: start the broker, or run `ppmq migrate`, to finish")
 
     @property
     def flight_index(self) -> FlightIndex:

@@ -17,7 +17,8 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     due       due_ns T S prio pos -> ""                            (delayed entries, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
-    meta      name            -> schema version, name ids, broker state, staging record
+    meta      name            -> schema version, name ids, broker state, staging record,
+                                 conversion record (migrate.py: while an older store is converted)
 
 T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
 position (u64, both taken from the topic's one sequence, so never reused), prio a
@@ -72,7 +73,7 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import NamedTuple
 
-# Bump when a key or value layout changes, and add the conversion to migrate.py.
+# Bump when a key or value layout changes, and add the conversion to migrate.STEPS.
 SCHEMA_VERSION = 5
 DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
 
@@ -108,6 +109,7 @@ _COLUMNS = {code: [struct.Struct(f">{n}{code}") for n in range(_KEPT_COLUMNS + 1
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
 STAGING_KEY = b"staging"
+CONVERTING_KEY = b"converting"  # meta: where the conversion of an older store stands (migrate.py)
 
 
 class Body(NamedTuple):

@@ -14,6 +14,12 @@ from .config import Config, TopicConfig
 from .store import Txn
 
 NS = 1_000_000_000
+# Ids of a topic's sequence reserved at a time (TopicStats.reserve): a step's
+# messages are bounded (writer.MAX_MESSAGES_PER_STEP, beside a staged publish),
+# so a reservation is renewed long before the sequence reaches it, and a step
+# that passes it anyway (a staged publish of more than half of it) only holds
+# its batches until its commit. A restart skips at most this many ids.
+RESERVE_IDS = 1 << 20
 
 
 class TopicStats(msgspec.Struct):
@@ -24,6 +30,34 @@ class TopicStats(msgspec.Struct):
     expired: int = 0
     stored_bytes: int = 0  # JSON of the stored messages as delivered (MaxBytes counts these)
     dropped: int = 0  # by OverflowPolicy: drop-oldest
+    # The sequence is reserved up to here: no id above the last committed
+    # reservation leaves the broker before the commit of the step that handed
+    # it out, so a restart goes on above it (resume), and a generated key that
+    # reached a subscriber in a step that never committed is never handed out
+    # again (PROTOCOL §3 Keys). 0 in a record an older ppmq wrote, which
+    # decodes as it is: the field is new, not a change of the store's schema.
+    reserved: int = 0
+
+    def resume(self) -> None:
+        """The broker starts: the sequence goes on above every id a run before
+        may have let out, and the next ids are reserved (committed with the
+        broker's first transaction, before any step). An older ppmq reserved
+        nothing and let a step's ids out before its commit: its sequence goes
+        on a reservation's length further, as if it had reserved one."""
+        if not self.reserved and self.seq:
+            self.reserved = self.seq + RESERVE_IDS
+        self.seq = max(self.seq, self.reserved)
+        self.reserved = self.seq + RESERVE_IDS
+
+    def reserve(self) -> bool:
+        """A step that may have handed out ids ends: the reservation is renewed
+        once less than half of it is left, in the step's own transaction. True
+        if the step handed out ids above the reservation the last commit made:
+        then its batches, which may carry them as keys, wait for its commit."""
+        beyond = self.seq > self.reserved
+        if self.reserved - self.seq < RESERVE_IDS // 2:
+            self.reserved = self.seq + RESERVE_IDS
+        return beyond
 
 
 class SubStats(msgspec.Struct):
@@ -49,8 +83,9 @@ class State(msgspec.Struct):
     sub_ids: dict[str, int] = {}
     topics: dict[str, TopicStats] = {}
     subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
-    # The last id handed out by each topic that was dropped: a topic created again
-    # under the same name goes on from there, so its generated keys never repeat.
+    # The sequence of each topic that was dropped, past every id it may have let
+    # out (its reservation): a topic created again under the same name goes on
+    # from there, so its generated keys never repeat.
     dropped_seqs: dict[str, int] = {}
 
     def register(self, config: Config) -> None:
@@ -62,7 +97,8 @@ class State(msgspec.Struct):
             if tc.name not in topic_ids:
                 topic_ids[tc.name] = max(topic_ids.values(), default=0) + 1
             if tc.name not in self.topics:
-                self.topics[tc.name] = TopicStats(seq=dropped_seqs.pop(tc.name, 0))
+                seq = dropped_seqs.pop(tc.name, 0)  # reserved as far as the last commit knows
+                self.topics[tc.name] = TopicStats(seq=seq, reserved=seq)
             subs = self.subs.setdefault(tc.name, {})
             for name in tc.subscribers:
                 stats = subs.setdefault(name, SubStats(ready=[0] * tc.priorities))
@@ -74,8 +110,15 @@ class State(msgspec.Struct):
 
     def forget(self, topic: str) -> None:
         """A topic dropped from the config: its counters go, its sequence is kept."""
-        self.dropped_seqs = {**self.dropped_seqs, topic: self.topics.pop(topic).seq}
+        stats = self.topics.pop(topic)
+        self.dropped_seqs = {**self.dropped_seqs, topic: max(stats.seq, stats.reserved)}
         del self.subs[topic]
+
+    def resume_sequences(self) -> None:
+        """The broker starts: every topic's sequence goes on above what a run
+        before may have let out (TopicStats.resume)."""
+        for stats in self.topics.values():
+            stats.resume()
 
 
 def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Config) -> list[str]:

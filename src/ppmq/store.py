@@ -39,6 +39,16 @@ from .schema import (
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
+
+def missing_store(path: str) -> str | None:
+    """Why `path` holds no store, if it does not (LMDB's data file is not
+    there): what the commands that read or convert a store say instead of
+    opening one, which would create it."""
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return None
+    return f"no ppmq store at {path} (no data.mdb)"
+
+
 class Store:
     """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir.
     It holds DataPath's lock (datapath_lock.py) from before it opens anything
@@ -85,13 +95,15 @@ class Store:
 
     def _check_schema(self) -> None:
         """A new store gets this ppmq's schema; one an older ppmq wrote is
-        converted (migrate.py), in this one transaction."""
-        with self.env.begin(write=True) as txn:
-            found = txn.get(b"schema", db=self.dbs["meta"])
-            if found is None:
-                txn.put(b"schema", b"%d" % SCHEMA_VERSION, db=self.dbs["meta"])
-            else:
-                self.migrated = upgrade(txn, self.dbs, int(found), self.path)
+        converted (migrate.py) before anything else reads it."""
+        try:
+            self.migrated = upgrade(self.env, self.dbs, self.path)
+        except StoreError:
+            self.env.close()
+            raise
+        except lmdb.Error as exc:
+            self.env.close()
+            raise StoreError(f"cannot bring the store at {self.path} to schema {SCHEMA_VERSION}: {self.translate(exc)}") from None
 
     def write(self) -> Writing:
         """One write transaction, `with store.write() as txn:`; committed when

@@ -3,12 +3,19 @@ schema: schema1-store.tar.gz by commit 182c8ab, schema2-store.tar.gz by commit
 95916a6, schema3-store.tar.gz by commit ac60ea3, schema4-store.tar.gz by commit
 960dbc3, run as `PYTHONPATH=<a checkout of that commit>/src python
 tests/data/make_old_store.py OUT` and packed with `tar -C OUT -czf ... .`.
+schema4-full-store.tar.gz was made by commit 960dbc3 too, with `--full`.
 
 It leaves, on topic `jobs` (subscribers a and b, AckRetry 1h, so deadlines are
 indexed) and the Dedupe topic `latest` (subscriber a): messages acked by one
 subscriber and in flight to the other, messages in flight to both, messages
 ready for both, and one that expires. Kept so that the migration is tested
 against a store the old code wrote, not one a test imitates.
+
+With `--full` it leaves instead a store at its MaxStoreBytes (FULL_MAX_BYTES):
+messages of FULL_PAYLOAD_BYTES on topic `bulk` (subscriber a, some in flight),
+published until the broker refused one for want of room (507). Converting its
+bodies in one transaction needs about twice their space, more than the map
+that MaxStoreBytes gives.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.store import Store
 
 NOW = 1_800_000_000 * 10**9
+FULL_MAX_BYTES = 64 << 20  # MaxStoreBytes of the full store
+FULL_PAYLOAD_BYTES = 100_000
 
 
 def fixture_config(out: str) -> Config:
@@ -50,5 +59,38 @@ def main(out: str) -> None:
     store.close()
 
 
+def full_config(out: str) -> Config:
+    """The config the full store was written with."""
+    return Config(
+        server_socket="/nonexistent", data_path=out, sync=False, max_store_bytes=FULL_MAX_BYTES,
+        subscribers=[SubscriberConfig(name="a", socket="/nonexistent/a", batch_size=5)],
+        topics=[TopicConfig(name="bulk", subscribers=["a"])],
+    )
+
+
+def full_payload(n: int) -> bytes:
+    """The JSON payload of the full store's message n (from 0)."""
+    return b'"%d:%s"' % (n, b"x" * (FULL_PAYLOAD_BYTES - 10))
+
+
+def main_full(out: str) -> None:
+    config = full_config(out)
+    store = Store(out, sync=False, max_bytes=FULL_MAX_BYTES)
+    broker = Broker(config, store, NOW)
+    n = 0
+    while True:
+        msgs = [p.Message(payload=msgspec.Raw(full_payload(n + i))) for i in range(10)]
+        (reply,) = broker.step([p.Request(topic="bulk", messages=msgs)], set(), NOW).replies
+        if reply.status == 507:
+            break
+        n += len(msgs)
+    broker.step([], {"a"}, NOW + 10**9)  # a batch in flight to a
+    print(f"{n} messages")
+    store.close()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--full":
+        main_full(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ppmq import protocol as p
 from ppmq.config import TopicConfig
-from ppmq.state import NS
+from ppmq.state import NS, RESERVE_IDS
 
 SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
 TOPICS = [
@@ -83,6 +83,7 @@ class TopicModel:
     counters: dict[str, Counters] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
     seq: int = 0
+    reserved: int = RESERVE_IDS  # the broker reserves this much of the sequence when it opens a store
     published: int = 0
     replaced: int = 0
     expired: int = 0
@@ -91,6 +92,13 @@ class TopicModel:
     def __post_init__(self) -> None:
         for s in self.config.subscribers:
             self.ready[s], self.delayed[s], self.inflight[s], self.counters[s] = {}, {}, {}, Counters()
+
+    def restarted(self) -> None:
+        """PROTOCOL §3 Keys: the sequence goes on above every id the run before
+        reserved, and a new reservation begins (a model's runs hand out far fewer
+        ids than half a reservation, which is when the broker renews one)."""
+        self.seq = max(self.seq, self.reserved)
+        self.reserved = self.seq + RESERVE_IDS
 
     def next_pos(self) -> int:
         self.seq += 1

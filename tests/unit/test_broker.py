@@ -1,22 +1,28 @@
 """Broker behaviour that the reference model does not reach: damaged stores, failed
-commits, a full map, reloads in the same step as other requests."""
+commits, a full map, reloads in the same step as other requests, a process that
+dies while a step's batches are out."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import msgspec
+import pytest
+import yaml
 
 from ppmq import broker as broker_module
 from ppmq import protocol as p
 from ppmq.broker import Broker
-from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.config import Config, SubscriberConfig, TopicConfig, load_config
 from ppmq.fsck import check, read_snapshot
 from ppmq.ops import Reconfigure, Returned
 from ppmq.schema import StoreError
 from ppmq.state import NS
 from ppmq.store import Store, Txn
+from tests.conftest import make_config
 
 NOW = 1_800_000_000 * NS
 
@@ -42,6 +48,15 @@ def publish(*payloads: bytes, topic: str = "t") -> p.Request:
 
 
 STATUS = p.Request(command="STATUS", id=msgspec.Raw(b"2"))
+
+
+def keys_by_payload(frames: list[bytes]) -> dict[str, list[str]]:
+    """The keys each payload was pushed with, in the batches `frames`."""
+    pushed: dict[str, list[str]] = {}
+    for frame in frames:
+        for m in msgspec.json.decode(frame)["Messages"]:
+            pushed.setdefault(m["Payload"], []).append(m["Key"])
+    return pushed
 
 
 def test_a_ready_counter_above_the_real_queue_is_reset_instead_of_spinning(tmp_path):
@@ -176,8 +191,64 @@ def test_a_topic_dropped_and_created_again_never_hands_out_a_key_twice(tmp_path)
     broker = Broker(config, store, NOW)
     again = broker.step([publish(b"4")], {"s"}, NOW).deliveries
     # Then its new message gets a key it never had
-    keys = lambda ds: [m["Key"] for d in ds for m in msgspec.json.decode(d.frame)["Messages"]]  # noqa: E731
-    assert keys(first) == ["1", "2", "3"] and keys(again) == ["4"]
+    assert keys_by_payload([d.frame for d in first]) == {1: ["1"], 2: ["2"], 3: ["3"]}
+    (key,) = keys_by_payload([d.frame for d in again])[4]
+    assert int(key) > 3
+    store.close()
+
+
+# A broker that runs one step, pushing a new message `first` to s, and dies
+# (os._exit, a kill -9) as soon as the step's batches have left: before the
+# step's commit, or after it when the step must hold them until then. Prints the
+# batches that left. argv: the config, the topic, the configs of reloads that
+# come in the same step.
+STEP_AND_DIE = """
+import os, sys
+import msgspec
+from ppmq import protocol as p
+from ppmq.broker import Broker
+from ppmq.config import load_config
+from ppmq.ops import Reconfigure
+from ppmq.store import Store
+
+config_path, topic, reloads = sys.argv[1], sys.argv[2], sys.argv[3:]
+config = load_config(config_path)
+broker = Broker(config, Store(config.data_path, sync=True, max_bytes=config.max_store_bytes), %d)
+ops = [Reconfigure(load_config(path)) for path in reloads]
+ops.append(p.Request(topic=topic, messages=[p.Message(payload=msgspec.Raw(b'"first"'))]))
+
+def early(deliveries):
+    for delivery in deliveries:
+        sys.stdout.buffer.write(delivery.frame.rstrip(b"\\n") + b"\\n")
+    sys.stdout.buffer.flush()
+    os._exit(9)
+
+broker.step(ops, {"s"}, %d, early)
+""" % (NOW, NOW)
+
+
+@pytest.mark.parametrize("created", [False, True], ids=["topic-in-the-config", "topic-created-by-a-reload-in-the-step"])
+def test_a_key_pushed_by_a_step_that_died_with_its_process_is_never_handed_out_again(tmp_path, created):
+    # Given a broker whose step pushes a new message to s and dies once the batch
+    # has left: before the commit; or, for a topic a reload creates in that step
+    # (no id of its sequence reserved by a commit yet), after it
+    topics = [{"Name": "t", "Subscribers": ["s"]}] + ([{"Name": "u", "Subscribers": ["s"]}] if created else [])
+    paths = []
+    for i, config in enumerate([topics[:1], topics]):
+        paths.append(tmp_path / f"ppmq{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(make_config(tmp_path, config, ["s"])))
+    topic = topics[-1]["Name"]
+    died = subprocess.run([sys.executable, "-c", STEP_AND_DIE, str(paths[0]), topic, *map(str, paths[1:] if created else [])], capture_output=True, timeout=60)
+    assert died.returncode == 9, died.stderr.decode()
+    (first,) = keys_by_payload(died.stdout.splitlines())["first"]
+    # When the broker starts again on its store, and a new message comes
+    config = load_config(paths[-1])
+    store = Store(config.data_path, sync=False, max_bytes=1 << 24)
+    broker = Broker(config, store, NOW)
+    pushed = keys_by_payload([d.frame for d in broker.step([publish(b'"second"', topic=topic)], {"s"}, NOW).deliveries])
+    # Then the new message's key is not the one `first` left with, whether `first` was committed or not
+    assert pushed == {"second": pushed["second"]} and pushed["second"] != [first]
+    assert broker.state.topics[topic].stored == (2 if created else 1)
     store.close()
 
 

@@ -506,6 +506,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.jobs = []
         self.written = []
         for tm in self.model.values():
+            tm.restarted()
             if not tm.config.ack_required:
                 for s in tm.config.subscribers:
                     for ident in sorted(tm.inflight[s], key=lambda i: tm.msgs[i].m):

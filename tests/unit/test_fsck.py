@@ -233,6 +233,7 @@ DAMAGES = {
     "a bodies row keyed above its first message": (with_txn(copy_row("bodies", 1, 3, move=True)), "bodies: row 3 of topic 'g' holds message 2, below its key"),
     "a message in two bodies rows": (with_txn(copy_row("bodies", 5, 4)), "bodies: row 4 of topic 'g' holds message 5, not below the next row's key 5"),
     "a message left in its holders row without a holder": (with_txn(unhold_first_of_holders_row), "message 2 is in row 1 but held by no subscriber"),
+    "a sequence above its reservation": (with_state(lambda s: setattr(s.topics["g"], "reserved", 1)), "above its reservation 1"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
     "a ready counter off": (with_state(lambda s: s.subs["d"]["b"].ready.__setitem__(0, 9)), "counts [9, 2] ready"),
@@ -296,4 +297,4 @@ def test_the_command_exits_2_and_says_why_when_there_is_no_store_to_check(tmp_pa
     path = data_path if data_path == "mem" else str(tmp_path / data_path)
     done = fsck_cli({"ServerSocket": str(tmp_path / "s.sock"), "DataPath": path}, tmp_path)
     assert done.returncode == 2 and done.stdout == ""
-    assert {"mem": "throwaway", "missing": "no store", "not-lmdb": "cannot open"}[data_path] in done.stderr
+    assert {"mem": "throwaway", "missing": "no ppmq store", "not-lmdb": "cannot open"}[data_path] in done.stderr

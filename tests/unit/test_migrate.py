@@ -1,6 +1,7 @@
 """A store an older ppmq wrote is converted when it is opened (migrate.py), with
-nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 4
-(tests/data/make_old_store.py says how they were made)."""
+nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 4, one
+of them filled to its MaxStoreBytes (tests/data/make_old_store.py says how they
+were made)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
+import msgspec
 import pytest
+import yaml
 
 from ppmq import cli, migrate
 from ppmq import protocol as p
 from ppmq.broker import Broker
 from ppmq.fsck import check, read_snapshot
+from ppmq.protocol import fragment_payload
 from ppmq.reader import StoreReader
 from ppmq.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, StoreError, body_columns, encode_body, holders_columns
+from ppmq.state import RESERVE_IDS
 from ppmq.store import Store
-from tests.data.make_old_store import NOW, fixture_config
+from tests.conftest import make_config
+from tests.data.make_old_store import FULL_MAX_BYTES, FULL_PAYLOAD_BYTES, NOW, fixture_config, full_config, full_payload
 
 DATA = Path(__file__).parent.parent / "data"
 PUBLISHED_NS = NOW  # every message of the fixtures was published in their first step
@@ -27,9 +33,27 @@ PUBLISHED_NS = NOW  # every message of the fixtures was published in their first
 @pytest.fixture(params=[1, 2, 3, 4], ids=["schema1", "schema2", "schema3", "schema4"])
 def old_store(request, tmp_path) -> str:
     """A store an older ppmq wrote (the same operations for each schema)."""
-    with tarfile.open(DATA / f"schema{request.param}-store.tar.gz") as tar:
-        tar.extractall(tmp_path / "data", filter="data")
-    return str(tmp_path / "data")
+    return unpack_store(f"schema{request.param}", tmp_path / "data")
+
+
+def unpack_store(name: str, out: Path) -> str:
+    """tests/data/<name>-store.tar.gz unpacked into `out`."""
+    with tarfile.open(DATA / f"{name}-store.tar.gz") as tar:
+        tar.extractall(out, filter="data")
+    return str(out)
+
+
+@pytest.fixture
+def full_store(tmp_path) -> str:
+    """The store a schema 4 ppmq filled until it refused a publish for want of room."""
+    return unpack_store("schema4-full", tmp_path / "data")
+
+
+def config_file(tmp_path: Path, data_path: str, topics: list[dict], subscribers: list[str], **extra: object) -> Path:
+    """A config file naming the store at data_path, for the `ppmq` command."""
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(yaml.safe_dump(make_config(tmp_path, topics, subscribers, DataPath=data_path, **extra)))
+    return path
 
 
 def open_store(path: str) -> Store:
@@ -75,6 +99,23 @@ def test_the_broker_goes_on_where_the_old_one_stopped(old_store):
     store.close()
 
 
+def test_the_sequences_of_an_old_store_go_on_above_any_id_its_broker_may_have_let_out(old_store):
+    # Given a converted store, whose counters an older ppmq wrote without a reservation of their sequences
+    store = open_store(old_store)
+    broker = Broker(fixture_config(old_store), store, NOW + 3 * 10**9)
+    jobs = broker.state.topics["jobs"]
+    # When a message is published and pushed to a subscriber that acked everything it had
+    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=["5"]), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])], {"a"}, NOW + 4 * 10**9)
+    # Then its key is a reservation's length above the ids the older ppmq handed out (9),
+    # which its last step may have let out before a commit that never came
+    (key,) = [m["Key"] for d in step.deliveries for m in msgspec.json.decode(d.frame)["Messages"] if m["Payload"] == 1]
+    assert int(key) == 9 + RESERVE_IDS + 1
+    # and the next start goes on above the reservation its counters now keep
+    assert jobs.reserved >= jobs.seq + RESERVE_IDS // 2
+    store.close()
+    assert check(read_snapshot(old_store), fixture_config(old_store)) == []
+
+
 def test_a_converted_store_is_not_converted_again(old_store):
     open_store(old_store).close()
     store = open_store(old_store)
@@ -104,26 +145,41 @@ def test_a_store_of_a_newer_schema_is_refused_and_left_as_it_was(old_store):
 
 
 def test_ppmq_migrate_converts_once_and_then_says_there_is_nothing_to_do(old_store, tmp_path, capsys):
-    config = tmp_path / "ppmq.yaml"
-    config.write_text(
-        f"ServerSocket: {tmp_path}/s.sock\nDataPath: {old_store}\nSubscribers: [{{Name: a, Socket: {tmp_path}/a.sock}},"
-        f" {{Name: b, Socket: {tmp_path}/b.sock}}]\nTopics: [{{Name: jobs, Subscribers: [a, b], Priorities: 2}}]\n"
-    )
+    config = config_file(tmp_path, old_store, [{"Name": "jobs", "Subscribers": ["a", "b"], "Priorities": 2}], ["a", "b"])
     assert cli.main(["migrate", "-c", str(config)]) == 0
     assert cli.main(["migrate", "-c", str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [f"{old_store}: converted to schema {SCHEMA_VERSION}", f"{old_store}: already has schema {SCHEMA_VERSION}"]
 
 
+def test_a_store_an_older_ppmq_filled_to_its_max_store_bytes_converts_within_them(full_store, tmp_path, capsys):
+    # Given a store that a schema 4 ppmq filled until it refused a publish for want of room
+    config = config_file(tmp_path, full_store, [{"Name": "bulk", "Subscribers": ["a"]}], ["a"], MaxStoreBytes=FULL_MAX_BYTES)
+    # When ppmq migrate converts it, under the MaxStoreBytes it was filled to
+    assert cli.main(["migrate", "-c", str(config)]) == 0
+    # Then it is converted, with every message as it was, and fsck finds it consistent
+    assert capsys.readouterr().out == f"{full_store}: converted to schema {SCHEMA_VERSION}\n"
+    snap = read_snapshot(full_store, fragments=True)
+    assert check(snap, full_config(full_store)) == []
+    payloads = [fragment_payload(body.fragment) for _, body in sorted(snap.bodies.items())]
+    assert len(payloads) * FULL_PAYLOAD_BYTES > FULL_MAX_BYTES * 0.9
+    assert payloads == [full_payload(n) for n in range(len(payloads))]
+
+
 def converted(path: Path, db: str, old: dict[tuple[int, int], bytes], step: Callable) -> dict[tuple[int, int], bytes]:
     """The rows of database db, a row per message (t, m) as `old` has them,
-    after the conversion `step` converted every one; by (t, key id)."""
+    after the conversion part `step`, a slice after another, converted every
+    one; by (t, key id)."""
     env = lmdb.open(str(path), max_dbs=1)
     dbs = {db: env.open_db(db.encode())}
     with env.begin(write=True) as txn:
         for (t, m), value in old.items():
             txn.put(TM.pack(t, m), value, db=dbs[db])
-        assert step(txn, dbs) == len(old)
+        start, rewritten = b"", 0
+        while start is not None:
+            done, start = step(txn, dbs, start)
+            rewritten += done
+        assert rewritten == len(old)
         rows = {TM.unpack(key): value for key, value in txn.cursor(db=dbs[db])}
     env.close()
     return rows
@@ -168,3 +224,45 @@ def test_bodies_become_one_row_per_run_of_consecutive_ids_cut_where_a_publish_wo
     for (t, _), value in rows.items():
         ids, ends, base = body_columns(value)
         assert value[base:] == b"".join(old[t, m] for m in ids) and ends[-1] == len(value) - base
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["no-directory", "empty-directory"])
+def test_ppmq_migrate_without_a_store_says_so_and_creates_nothing(tmp_path, capsys, exists):
+    # Given a DataPath with no store in it
+    data = tmp_path / "data"
+    if exists:
+        data.mkdir()
+    config = config_file(tmp_path, str(data), [], [])
+    # When ppmq migrate runs on it
+    status = cli.main(["migrate", "-c", str(config)])
+    # Then it exits 2 saying there is no store, and leaves the DataPath as it was
+    assert status == 2
+    assert capsys.readouterr().err == f"ppmq migrate: no ppmq store at {data} (no data.mdb)\n"
+    assert (list(data.iterdir()) == []) if exists else not data.exists()
+
+
+def test_a_slice_of_a_conversion_reads_about_convert_bytes_even_inside_one_run(tmp_path, monkeypatch):
+    # Given schema 4 bodies of one topic, ids 1..300, of some 1 KiB each: one run after another of GROUP_MESSAGES
+    old = {(1, m): encode_body(Body(0, NOW, 0, b"k%d" % m, b"x" * 1000)) for m in range(1, 301)}
+    # When they are converted in slices of 20 KiB, a sixth of a run
+    monkeypatch.setattr(migrate, "CONVERT_BYTES", 20_000)
+    env = lmdb.open(str(tmp_path), max_dbs=1)
+    dbs = {"bodies": env.open_db(b"bodies")}
+    with env.begin(write=True) as txn:
+        for (t, m), value in old.items():
+            txn.put(TM.pack(t, m), value, db=dbs["bodies"])
+        slices, start = [], b""
+        while start is not None:
+            done, start = migrate._bodies_as_groups(txn, dbs, start)
+            slices.append(done)
+        rows = {TM.unpack(key): value for key, value in txn.cursor(db=dbs["bodies"])}
+    env.close()
+    # Then each slice rewrites the messages of some 20 KiB, and together every message, once
+    assert len(slices) > 10 and sum(slices) == 300
+    assert all(done * len(old[1, 1]) <= 20_000 + len(old[1, 1]) for done in slices)
+    # in rows that tile the ids, each keyed by its first id, with every record as it was
+    ids = [list(body_columns(value)[0]) for value in rows.values()]
+    assert sum(ids, []) == list(range(1, 301)) and [m0 for _, m0 in rows] == [row[0] for row in ids]
+    for (t, _), value in rows.items():
+        row_ids, _, base = body_columns(value)
+        assert value[base:] == b"".join(old[t, m] for m in row_ids)

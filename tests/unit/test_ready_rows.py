@@ -174,13 +174,17 @@ def old_ready_rows(path: Path, entries: list[tuple[int, int, int, int]]) -> lmdb
 
 
 def test_the_migration_makes_runs_of_each_queue_a_chunk_at_a_time(tmp_path, monkeypatch):
-    # Given schema 3 ready rows of two subscribers and two priorities, converted a few rows at a time
+    # Given schema 3 ready rows of two subscribers and two priorities, converted a few rows a transaction
     monkeypatch.setattr(migrate, "_READY_CHUNK", 7)
     entries = [(1, s, prio, pos) for s in (1, 2) for prio in (0, 1) for pos in range(prio + 1, 2 * R + 10, 2)]
     env = old_ready_rows(tmp_path, entries)
     db = env.open_db(b"ready")
-    with env.begin(write=True) as txn:
-        assert migrate._ready_as_runs(txn, {"ready": db}) == len(entries)
+    start, rewritten = b"", 0
+    while start is not None:
+        with env.begin(write=True) as txn:
+            done, start = migrate._ready_as_runs(txn, {"ready": db}, start)
+        rewritten += done
+    assert rewritten == len(entries)
     # Then every entry is in a run keyed by its first place, in order, each queue's runs apart
     with env.begin() as txn:
         rows = [(TSPQ.unpack(key), list(READY_ENTRY.iter_unpack(value))) for key, value in txn.cursor(db=db)]

@@ -143,8 +143,9 @@ def test_a_bad_message_near_the_end_rejects_the_whole_publish_naming_its_index_a
         h.broker.step([], set(), NOW)
     assert h.status()["bulk"]["Stored"] == 0
     assert h.fsck() == []
-    # And the ids it took are not handed out again
-    assert keys(h.broker.step([publish("bulk", 1)], {"a"}, NOW).deliveries) == ["11"]
+    # And the ids it took are not handed out again (fsck reopened the store: the broker goes on above its reservation)
+    (key,) = keys(h.broker.step([publish("bulk", 1)], {"a"}, NOW).deliveries)
+    assert int(key) > 10
 
 
 def test_a_request_failing_half_way_in_the_step_a_large_publish_arrives_in_leaves_it_queued_once(h):
@@ -178,7 +179,8 @@ def test_a_staging_record_left_by_a_crash_is_deleted_at_start_and_its_ids_never_
     assert h.fsck() == []
     with h.store.write() as txn:
         assert txn.staged() is None and list(txn.bodies_of(h.broker.state.topic_ids["bulk"])) == []
-    assert keys(h.broker.step([publish("bulk", 1)], {"a"}, NOW).deliveries) == ["11"]
+    (key,) = keys(h.broker.step([publish("bulk", 1)], {"a"}, NOW).deliveries)
+    assert int(key) > 10
 
 
 def test_a_reload_that_changes_the_topic_ends_the_staged_publish_with_503(h, tmp_path):

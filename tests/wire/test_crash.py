@@ -9,7 +9,11 @@ same DataPath. After every cycle, with the broker dead and its store frozen:
 - every message answered 200 has reached each subscriber or is still held for it;
 - no run of the broker delivers a message that, before it started, a subscriber
   had acked (ack answered 200), that had expired, or whose key had a newer
-  version answered 200.
+  version answered 200;
+- no generated key names two messages (PROTOCOL §3 Keys): every payload is
+  published once, so a key delivered with two payloads was handed out twice,
+  as it would be if a batch that left before its commit died with it and the
+  next run reused its ids.
 
 At the end a last run drains everything: every confirmed message reaches every
 subscriber (losses must be zero); deliveries beyond the first are the
@@ -74,6 +78,7 @@ class Delivery:
     run: int
     sub: str
     topic: str
+    key: str
     payload: str
     expires: float | None  # Unix seconds
 
@@ -137,7 +142,7 @@ class Recorder(Subscriber):
         with self.ledger.lock:
             for m in batch["Messages"]:
                 expires = dt.datetime.fromisoformat(m["Expires"]).timestamp() if "Expires" in m else None
-                self.ledger.deliveries.append(Delivery(run, self.name, batch["Topic"], m["Payload"], expires))
+                self.ledger.deliveries.append(Delivery(run, self.name, batch["Topic"], m["Key"], m["Payload"], expires))
                 payloads.append(m["Payload"])
         keys = [m["Key"] for m in batch["Messages"]]
         try:
@@ -175,7 +180,8 @@ class Publishers:
             pass  # the broker was killed: the batch in the air may or may not be stored
 
     def _numbers(self, name: str, n: int) -> range:
-        """n numbers for payloads, never handed out before (the exp burst runs beside the exp thread)."""
+        """n numbers for payloads, never handed out before (the exp burst runs
+        beside the exp thread): a payload names one message, in every run."""
         with self.ledger.lock:
             start = self.counters[name]
             self.counters[name] += n
@@ -237,6 +243,7 @@ class CrashRun:
         self._batches = 0
         self._kill_at_batch: int | None = None
         self._runs_checked = 0  # deliveries before this index have been through check_runs
+        self._named: dict[tuple[str, str], Delivery] = {}  # (topic, generated key) -> the first delivery with it
         self.recorders = [Recorder(s, self.broker.sub_socket(s), self.ledger, self._on_batch) for s in SUBSCRIBERS]
 
     def _start(self) -> int:
@@ -339,7 +346,8 @@ class CrashRun:
         return [key for key, version in newest.items() if seen[key] < version]
 
     def check_runs(self, since: int = 0) -> None:
-        """No run delivers what was finished before it started: acked, expired, replaced.
+        """No run delivers what was finished before it started: acked, expired,
+        replaced; and no generated key comes with two messages, in any runs.
 
         Checks the deliveries from index `since` on (an ack answered just before a
         kill may be read a little later, so the drain checks them all again)."""
@@ -358,6 +366,10 @@ class CrashRun:
                 newer = [run for v, run in replaced_by.get(int(key[1:]), []) if v > int(version) and run < d.run]
                 if newer:
                     wrong.append(f"{d} although a newer version was confirmed in run {newer[0]}")
+            if d.topic != "dd":  # dd's keys are the publisher's, one version after another
+                first = self._named.setdefault((d.topic, d.key), d)
+                if first.payload != d.payload:
+                    wrong.append(f"{d}, whose key came before with another message: {first}")
         assert not wrong, "\n".join(wrong[:20])
 
     @property

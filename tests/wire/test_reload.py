@@ -204,7 +204,8 @@ def test_a_topic_dropped_and_created_again_goes_on_with_new_keys(broker_factory,
         c.publish("t", [{"Payload": "new"}])
     # Then that message has a key t never gave before, and an ack of an old key acks nothing
     sub.wait_messages(4)
-    assert [m["Key"] for m in sub.messages] == ["1", "2", "3", "4"]
+    keys = [m["Key"] for m in sub.messages]
+    assert keys[:3] == ["1", "2", "3"] and int(keys[3]) > 3
     with b.client() as c:
         c.ack("t", "s", ["1"])
     assert b.sub_status("t", "s")["InFlight"] == 1 and b.sub_status("t", "s")["IgnoredAcks"] == 1

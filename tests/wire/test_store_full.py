@@ -4,10 +4,13 @@ once there is room; nothing refused is stored, nothing confirmed is lost."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -18,11 +21,16 @@ from ppmq.broker import Broker
 from ppmq.client import Client, ClientError
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import read_snapshot
+from ppmq.migrate import CONVERT_BYTES
 from ppmq.ops import Returned
+from ppmq.schema import SCHEMA_VERSION
 from ppmq.state import NS
 from ppmq.store import Store
+from tests.data.make_old_store import FULL_MAX_BYTES, FULL_PAYLOAD_BYTES, full_payload
 
 from ..conftest import BrokerProcess, Subscriber, wait_for
+
+DATA = Path(__file__).parent.parent / "data"
 
 PAD = "x" * 20_000
 NOW = 1_800_000_000 * NS
@@ -105,18 +113,24 @@ def test_at_max_store_bytes_publishes_get_507_while_acks_free_room_and_publishin
     assert fsck(b).returncode == 0
 
 
-@pytest.fixture
-def small_disk(short_tmp: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs: a disk that fills up long before the store's MaxStoreBytes."""
-    disk = short_tmp / "disk"
+@contextmanager
+def tmpfs(disk: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` mounted on `disk`: a disk to fill up."""
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(disk)], capture_output=True, text=True)
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs to fill up (needs root and mount rights): {mounted.stderr.strip()}")
     try:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.fixture
+def small_disk(short_tmp: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: a disk that fills up long before the store's MaxStoreBytes."""
+    with tmpfs(short_tmp / "disk", 8 << 20) as disk:
+        yield disk
 
 
 def test_a_full_disk_fails_the_commit_with_507_stores_nothing_half_and_recovers_when_space_returns(small_disk, broker_factory):
@@ -156,18 +170,26 @@ def fill(disk: Path) -> None:
             pass
 
 
-def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
-    # The broker is driven directly: over the wire, a batch cannot be made to come
-    # back at the very step whose commit hits the full disk.
+@contextmanager
+def broker_on(disk: Path, batch_size: int) -> Iterator[Broker]:
+    """A broker driven directly (topic t, subscriber s) on a store on `disk`."""
     config = Config(
-        server_socket="/nonexistent", data_path=str(small_disk / "data"), sync=False, max_store_bytes=1 << 30,
-        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=10)],
+        server_socket="/nonexistent", data_path=str(disk / "data"), sync=False, max_store_bytes=1 << 30,
+        subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=batch_size)],
         topics=[TopicConfig(name="t", subscribers=["s"])],
     )
     store = Store(config.data_path, sync=False, max_bytes=config.max_store_bytes)
     try:
+        yield Broker(config, store, NOW)
+    finally:
+        store.close()
+
+
+def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
+    # The broker is driven directly: over the wire, a batch cannot be made to come
+    # back at the very step whose commit hits the full disk.
+    with broker_on(small_disk, batch_size=10) as broker:
         # Given a batch in flight to s, and a full disk
-        broker = Broker(config, store, NOW)
         broker.step([publish(b'"m%d"' % i for i in range(10))], set(), NOW)
         (batch,) = broker.step([], {"s"}, NOW).deliveries
         fill(small_disk)
@@ -179,8 +201,29 @@ def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_t
         (again,) = broker.step([], {"s"}, NOW).deliveries
         assert again.msgs == batch.msgs
         assert broker.state.subs["t"]["s"].inflight == 10
-    finally:
-        store.close()
+
+
+def test_a_key_pushed_by_a_step_whose_commit_fails_is_never_handed_out_again(small_disk):
+    # The broker is driven directly: over the wire, the commit that fails cannot be
+    # told from the one before it. Batches leave before their step's commit.
+    with broker_on(small_disk, batch_size=100) as broker:
+        # Given a full disk
+        fill(small_disk)
+        # When a step pushes new messages to s, then fails to commit them
+        pushed = []
+        step = broker.step([publish([b'"first"'] + [b'"' + b"x" * 100_000 + b'"'] * 40)], {"s"}, NOW, pushed.extend)
+        assert step.replies[0].status == 507
+        left = {m["Key"] for d in pushed for m in msgspec.json.decode(d.frame)["Messages"]}
+        assert len(left) == 41
+        # Then, once the disk has room, the next message gets a key none of them left with,
+        # also beside a request that fails, which makes the step run again from the last commit
+        (small_disk / "filler").unlink()
+        unknown = p.Request(topic="nope", messages=[p.Message(payload=msgspec.Raw(b"1"))], id=msgspec.Raw(b"2"))
+        step = broker.step([publish([b'"second"']), unknown], {"s"}, NOW)
+        assert [reply.status for reply in step.replies] == [200, 404]
+        (again,) = step.deliveries
+        (key,) = [m["Key"] for m in msgspec.json.decode(again.frame)["Messages"]]
+        assert key not in left
 
 
 def publish(payloads) -> p.Request:
@@ -215,3 +258,70 @@ def test_a_reader_killed_inside_a_snapshot_does_not_keep_the_store_growing(broke
     growth = (data / "data.mdb").stat().st_size - size_before
     assert growth < 4 << 20, f"data.mdb grew by {growth} bytes"
     assert b.status()["Topics"]["t"]["Stored"] == 0
+
+
+def full_old_store(data: Path) -> Path:
+    """The store a schema 4 ppmq filled until it refused a publish for want of
+    room (tests/data/make_old_store.py --full), unpacked into `data`."""
+    with tarfile.open(DATA / "schema4-full-store.tar.gz") as tar:
+        tar.extractall(data, filter="data")
+    return data
+
+
+def full_store_broker(broker_factory, data: Path) -> BrokerProcess:
+    """A broker, not started, on the full store's config and the store at `data`."""
+    return broker_factory([{"Name": "bulk", "Subscribers": ["a"]}], [{"Name": "a", "BatchSize": 50}], start=False, DataPath=str(data), MaxStoreBytes=FULL_MAX_BYTES)
+
+
+def drains_in_order(b: BrokerProcess, sub: Subscriber, stored: int) -> None:
+    """sub gets and acks every message of the full store, each as the old ppmq
+    stored it: also those the old ppmq had in flight to it, which it asks for
+    again as a subscriber that starts does (PROTOCOL §3 RECONNECT)."""
+    with b.client() as c:
+        c.reconnect("a")
+    wait_for(lambda: b.status()["Topics"]["bulk"]["Stored"] == 0, timeout_s=60, what="the full store to drain")
+    payloads = sorted(sub.payloads("bulk"), key=lambda payload: int(payload.split(":")[0]))
+    assert [msgspec.json.encode(payload) for payload in dict.fromkeys(payloads)] == [full_payload(n) for n in range(stored)]
+
+
+def test_serve_upgrades_a_store_an_older_ppmq_filled_to_its_max_store_bytes_and_keeps_within_them(broker_factory, short_tmp):
+    # Given a store that a schema 4 ppmq filled until it refused a publish for want of room
+    b = full_store_broker(broker_factory, full_old_store(short_tmp / "data"))
+    # When ppmq serve starts on it, with the MaxStoreBytes it was filled to
+    b.start()
+    # Then the store is converted, and still full: a publish is refused for want of room
+    assert f"converted from schema 4 to {SCHEMA_VERSION}" in b.log
+    stored = b.status()["Topics"]["bulk"]["Stored"]
+    assert stored * FULL_PAYLOAD_BYTES > FULL_MAX_BYTES * 0.9
+    with b.client() as c, pytest.raises(ClientError) as refused:
+        c.publish("bulk", [{"Payload": "x" * 1000}])
+    assert refused.value.status == 507 and "MaxStoreBytes" in refused.value.error
+    # And once its subscriber has taken and acked every message, each as it was stored, publishes are taken again
+    drains_in_order(b, broker_factory.subscriber(b, "a"), stored)
+    with b.client() as c:
+        assert c.publish("bulk", [{"Payload": "x" * 1000}]) == 1
+    assert fsck(b).returncode == 0
+
+
+def test_an_upgrade_cut_short_by_a_full_disk_fails_cleanly_hides_the_store_and_is_finished_by_the_next_start(broker_factory, short_tmp):
+    # Given the full store on a disk with room for it and for one slice of its conversion, not for the slices after it
+    data_bytes = (full_old_store(short_tmp / "unpacked") / "data.mdb").stat().st_size
+    with tmpfs(short_tmp / "disk", data_bytes + CONVERT_BYTES + (1 << 20)) as disk:
+        shutil.copytree(short_tmp / "unpacked", disk / "data")
+        b = full_store_broker(broker_factory, disk / "data")
+        # When ppmq migrate converts it and runs out of disk
+        migrate = subprocess.run([sys.executable, "-m", "ppmq.cli", "migrate", "-c", str(b.config_path)], capture_output=True, text=True, timeout=60)
+        # Then it says so, without a traceback
+        assert migrate.returncode == 1 and "Traceback" not in migrate.stderr
+        assert f"cannot bring the store at {disk / 'data'} to schema {SCHEMA_VERSION}: disk full" in migrate.stderr
+        # and fsck, which reads no store half converted, refuses it
+        checked = fsck(b)
+        assert checked.returncode == 2 and "part converted" in checked.stderr, checked.stderr
+        # And once the disk has room, the broker's start finishes the conversion, and every message is there as it was
+        subprocess.run(["mount", "-o", f"remount,size={2 * data_bytes}", str(disk)], check=True)
+        b.start()
+        stored = b.status()["Topics"]["bulk"]["Stored"]
+        assert stored * FULL_PAYLOAD_BYTES > FULL_MAX_BYTES * 0.9
+        drains_in_order(b, broker_factory.subscriber(b, "a"), stored)
+        assert b.stop() == 0
+        assert fsck(b).returncode == 0
