@@ -345,13 +345,20 @@ def expires_ns(value: dt.datetime | int | float | None) -> int:
         ns = (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
     elif isinstance(value, int):
         ns = value * 10**9
-    elif math.isfinite(value):
+    elif math.isfinite(value) and abs(value) <= _MAX_EXPIRES_S:  # else the nanoseconds overflow a float
         ns = round(value * 1e9)
     else:
-        raise ValueError(f"{value} is not a number of Unix seconds")
+        ns = 0
     if not 0 < ns < _MAX_EXPIRES_S * 10**9:
-        raise ValueError(f"{value} is outside the range of Unix seconds 1..{_MAX_EXPIRES_S}")
+        raise ValueError(f"{_shown(value)} is outside the range of Unix seconds 1..{_MAX_EXPIRES_S}")
     return ns
+
+
+def _shown(value: dt.datetime | int | float) -> str:
+    """A time as an error names it: a number too long to read by its size."""
+    if isinstance(value, int) and not -(10**20) < value < 10**20:
+        return f"a number of {len(str(abs(value)))} digits"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def format_expires(ns: int) -> str:
