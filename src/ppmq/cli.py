@@ -61,7 +61,37 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if rest:
         tail = argv[argv.index(args.command) + 1 :]
         args = subparsers[args.command].parse_intermixed_args(tail, argparse.Namespace(command=args.command))
+    _require_utf8(subparsers[args.command], args)
     return args
+
+
+PATH_ARGUMENTS = frozenset({"config", "socket", "path"})  # handed to the OS, which takes any bytes
+
+
+def _require_utf8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error naming the first argument that is not UTF-8. Python hands
+    such bytes over as lone surrogates (PEP 383), which a topic, a key, a payload
+    or a NATS URL cannot be encoded from; file paths stay as the OS gave them."""
+    while parser is not None:
+        chosen = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None))
+                continue
+            value = getattr(args, action.dest, None)
+            for text in value if isinstance(value, list) else [value]:
+                if action.dest not in PATH_ARGUMENTS and isinstance(text, str) and not _is_utf8(text):
+                    name = "/".join(action.option_strings) or action.metavar or action.dest
+                    parser.error(f"argument {name}: not UTF-8: {os.fsencode(text)!r}")
+        parser = chosen
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
