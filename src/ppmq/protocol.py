@@ -428,10 +428,13 @@ def _metadata_suffix(attempt: int, published_ns: int) -> bytes:
     return b',"Attempt":%d,"Published":"%s"}' % (attempt, expires_bytes(published_ns))
 
 
-class Origin(msgspec.Struct, rename="pascal"):
+class Origin(msgspec.Struct, rename="pascal", omit_defaults=True):
     """Where a dead letter comes from and why (PROTOCOL §8), delivered with it.
     `Key` is the message's key on its origin topic: a dead-letter topic without
-    Dedupe gives the copy a key of its own, and REDRIVE puts the original back."""
+    Dedupe gives the copy a key of its own, and REDRIVE puts the original back.
+    `Priority` is the message's on its origin topic, which a dead-letter topic
+    of fewer priorities holds lower; an Origin an older ppmq stored has none,
+    and REDRIVE then goes by the copy's."""
 
     topic: str
     subscriber: str
@@ -439,6 +442,7 @@ class Origin(msgspec.Struct, rename="pascal"):
     attempts: int
     published: str
     key: str
+    priority: int | None = None
 
 
 class _Fragment(msgspec.Struct, rename="pascal"):
@@ -449,9 +453,9 @@ class _Fragment(msgspec.Struct, rename="pascal"):
 _fragment_decoder = msgspec.json.Decoder(_Fragment)
 
 
-def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, key: bytes) -> bytes:
+def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, key: bytes, priority: int) -> bytes:
     """The Origin object of a dead-letter copy, as JSON."""
-    return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode()))
+    return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode(), priority))
 
 
 def fragment_parts(fragment: bytes) -> tuple[bytes, Origin | None]:
