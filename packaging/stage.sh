@@ -6,6 +6,7 @@
 #   /usr/lib/systemd/system   the units of systemd/, unchanged
 #   /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
 #   /etc/ppmq/ppmq.yaml       ppmq.example.yaml with the service's paths
+#   /etc/ppmq/subscribers     empty: the handlers ppmq-subscriber@.service runs
 #   /usr/share/man            ppmq(1) and ppmq.yaml(5), made from the parser and the config
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
 #                             copyright, with the bundled packages' licenses, and
@@ -82,6 +83,7 @@ system_files() {
     install -D -m 0644 -t "$stage/usr/lib/systemd/system" "$src"/systemd/*.service "$src"/systemd/*.socket
     install -D -m 0644 "$src/systemd/sysusers.d/ppmq.conf" "$stage/usr/lib/sysusers.d/ppmq.conf"
     install -D -m 0644 "$src/systemd/tmpfiles.d/ppmq.conf" "$stage/usr/lib/tmpfiles.d/ppmq.conf"
+    install -d -m 0755 "$stage/etc/ppmq/subscribers"
     install -D -m 0644 -t "$stage/usr/share/doc/ppmq" "$src/README.md" "$src/packaging/copyright"
     mkdir "$stage/usr/share/doc/ppmq/examples"
     cp -r "$src/examples/subscriber" "$src/examples/parallel" "$stage/usr/share/doc/ppmq/examples/"

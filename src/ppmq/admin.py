@@ -118,7 +118,7 @@ class Admin(Wired):
         key = origin.key.encode() if target.dedupe else None
         if key is not None and txn.get_dedupe(self.state.topic_ids[target.name], key) is not None:
             return False  # a newer version of the key waits there already: newest wins
-        prio = min(body.priority, target.priorities - 1)
+        prio = min(body.priority if origin.priority is None else origin.priority, target.priorities - 1)
         self._publish(txn, target, [prepared(key, prio, 0, payload)], now_ns, [origin.subscriber])
         self._remove_copies(txn, dead.name, t, m, None, None)
         if self._events.journaled:

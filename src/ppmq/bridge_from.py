@@ -64,12 +64,10 @@ async def _ack(batch: list[Any]) -> None:
     """Ack on the connection the batch came on. If that one is gone, so are the
     acks: JetStream redelivers the batch after AckWait and it is published again;
     the next fetch finds the connection lost and reopens it."""
-    import nats.errors
-
     try:
         for m in batch:
             await m.ack()
-    except (nats.errors.Error, OSError) as exc:
+    except Exception as exc:
         log.warning("acks of %d messages lost (%s): JetStream delivers them again", len(batch), exc)
 
 

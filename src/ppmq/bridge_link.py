@@ -40,11 +40,14 @@ class Backoff:
 class Link(Generic[T]):
     """One connection, opened on first use and again after it broke.
 
-    `errors` are the exceptions that mean "try again later"; anything else is a
-    bug and propagates. `broken` tells whether an error left the connection
-    unusable (it is then closed and reopened) or only the operation failed (a
-    JetStream without the stream, a broker answering 507): then only the
-    operation is retried, on the same connection.
+    `errors` are the exceptions that mean "try again later". `broken` tells
+    whether one left the connection unusable (it is then closed and reopened)
+    or only the operation failed (a JetStream without the stream, a broker
+    answering 507): then only the operation is retried, on the same
+    connection. Any other exception is unexpected: logged with its traceback,
+    the connection reopened, and the operation retried all the same. A bridge
+    runs unattended, and an exit would only have systemd restart it into the
+    same failure, with what it holds given back and taken again each time.
     """
 
     def __init__(
@@ -68,7 +71,7 @@ class Link(Generic[T]):
             conn = await self._connection()
             try:
                 result = await op(conn)
-            except self._errors as exc:
+            except Exception as exc:
                 await self._failed(conn, exc)
                 continue
             self._state(True, "")
@@ -84,14 +87,15 @@ class Link(Generic[T]):
             while self._conn is None:
                 try:
                     self._conn = await self._opener()
-                except self._errors as exc:
-                    self._state(False, f"unreachable ({_describe(exc)})")
+                except Exception as exc:
+                    self._state(False, f"unreachable ({_describe(exc)})", self._unexpected(exc))
                     await self._backoff.wait()
             return self._conn
 
     async def _failed(self, conn: T, exc: Exception) -> None:
-        if self._broken(conn, exc):
-            self._state(False, f"connection lost ({_describe(exc)})")
+        unexpected = self._unexpected(exc)
+        if unexpected is not None or self._broken(conn, exc):
+            self._state(False, f"connection lost ({_describe(exc)})", unexpected)
             if conn is self._conn:
                 self._conn = None
                 await self._close_quietly(conn)
@@ -102,10 +106,15 @@ class Link(Generic[T]):
     async def _close_quietly(self, conn: T) -> None:
         try:
             await self._closer(conn)
-        except self._errors:
+        except Exception:
             pass  # it is broken already; closing is only to free it
 
-    def _state(self, up: bool, why: str) -> None:
+    def _unexpected(self, exc: Exception) -> Exception | None:
+        """`exc` if it is none of the errors that mean "try again later"."""
+        return None if isinstance(exc, self._errors) else exc
+
+    def _state(self, up: bool, why: str, unexpected: Exception | None = None) -> None:
+        """Log a change of state, once; an unexpected error with its traceback."""
         if up:
             self._backoff.reset()
         if up == self._up:
@@ -113,6 +122,8 @@ class Link(Generic[T]):
         self._up = up
         if up:
             log.info("%s: connected", self.name)
+        elif unexpected is not None:
+            log.error("%s: %s; retrying with backoff up to %gs", self.name, why, RETRY_MAX_S, exc_info=unexpected)
         else:
             log.warning("%s: %s; retrying with backoff up to %gs", self.name, why, RETRY_MAX_S)
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -61,7 +62,37 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if rest:
         tail = argv[argv.index(args.command) + 1 :]
         args = subparsers[args.command].parse_intermixed_args(tail, argparse.Namespace(command=args.command))
+    _require_utf8(subparsers[args.command], args)
     return args
+
+
+PATH_ARGUMENTS = frozenset({"config", "socket", "path"})  # handed to the OS, which takes any bytes
+
+
+def _require_utf8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error naming the first argument that is not UTF-8. Python hands
+    such bytes over as lone surrogates (PEP 383), which a topic, a key, a payload
+    or a NATS URL cannot be encoded from; file paths stay as the OS gave them."""
+    while parser is not None:
+        chosen = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None))
+                continue
+            value = getattr(args, action.dest, None)
+            for text in value if isinstance(value, list) else [value]:
+                if action.dest not in PATH_ARGUMENTS and isinstance(text, str) and not _is_utf8(text):
+                    name = "/".join(action.option_strings) or action.metavar or action.dest
+                    parser.error(f"argument {name}: not UTF-8: {os.fsencode(text)!r}")
+        parser = chosen
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -81,6 +112,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     command("serve", _serve, "run the broker in the foreground")
     command("check", _check, "validate a config file")
+    reload = command("reload", _reload, "validate a config file, then have the broker PID reload it (what `systemctl reload ppmq` runs)")
+    reload.add_argument("pid", type=int, metavar="PID", help="the broker's process id ($MAINPID in its unit)")
     command("fsck", _fsck, "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)")
     command("migrate", _migrate, "convert a store an older ppmq wrote to this ppmq's schema (the broker also does it when it starts)")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
@@ -139,6 +172,18 @@ def _check(args: argparse.Namespace) -> int:
     path = args.config or default_config_path()
     config = load_config(path)
     print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    """`ppmq check`, then SIGHUP to the broker, with nothing but Python: a
+    minimal system has no /bin/kill. A file that fails the check is not
+    signalled: the reload fails visibly, and the broker runs on unchanged."""
+    _check(args)
+    try:
+        os.kill(args.pid, signal.SIGHUP)
+    except OSError as exc:
+        raise Failure(f"cannot signal the broker, process {args.pid}: {exc.strerror}") from None
     return 0
 
 

@@ -22,6 +22,9 @@ from .protocol import Reply
 _encoder = msgspec.json.Encoder()
 _reply_decoder = msgspec.json.Decoder(Reply)
 DEFAULT_TIMEOUT_S = 30.0
+# The longest reply line AsyncClient reads: more than any reply of a broker, whose
+# largest (a TAKE) holds at most MaxFrameBytes of messages, or one message.
+REPLY_LIMIT_BYTES = 1 << 30
 
 
 class ClientError(Exception):
@@ -144,7 +147,7 @@ class AsyncClient(_Calls):
     @classmethod
     async def connect(cls, path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncClient:
         try:
-            reader, writer = await asyncio.open_unix_connection(path, limit=1 << 24)
+            reader, writer = await asyncio.open_unix_connection(path, limit=REPLY_LIMIT_BYTES)
         except OSError as exc:
             raise ClientError(0, f"cannot connect to {path}: {exc.strerror or exc}") from None
         return cls(reader, writer, timeout_s)
@@ -156,12 +159,20 @@ class AsyncClient(_Calls):
                 self._writer.write(frame)
                 await self._writer.drain()
                 while True:
-                    line = await asyncio.wait_for(self._reader.readline(), self._timeout_s)
+                    line = await self._line()
                     reply = self._check(line)
                     if bytes(reply.id) == rid:
                         return reply
             except (OSError, TimeoutError) as exc:
                 raise ClientError(0, f"connection to the broker failed: {exc!r}") from None
+
+    async def _line(self) -> bytes:
+        """The next reply line; one too long leaves the rest of it unread, so the
+        connection is of no further use (ClientError with status 0)."""
+        try:
+            return await asyncio.wait_for(self._reader.readline(), self._timeout_s)
+        except ValueError:
+            raise ClientError(0, f"a reply longer than {REPLY_LIMIT_BYTES} bytes") from None
 
     async def publish(self, topic: str, messages: list[dict[str, Any]]) -> int:
         return (await self.request(self.publish_wrapper(topic, messages))).accepted or 0

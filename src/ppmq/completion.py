@@ -221,7 +221,7 @@ class Completion(Wired):
         target = self.topics.get(topic.dead_letter) if topic.dead_letter and reason in topic.dead_letter_reasons else None
         if target is None:
             return False
-        origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key)
+        origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key, body.priority)
         copy = prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment), origin=origin)
         try:
             self._publish(txn, target, [copy], now_ns)

@@ -124,18 +124,21 @@ class Filling(Laning):
         ids, fragments = batch
         return Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
-    def _batch(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> tuple[list[int], list[bytes]] | None:
+    def _batch(
+        self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int, max_bytes: int = 0
+    ) -> tuple[list[int], list[bytes]] | None:
         """The next batch for sub, now in flight and journaled, pushed or taken
-        (PROTOCOL §9): its ids and its messages as sub receives them. Its fresh
-        messages when they are its whole queue, else from the ready rows;
-        expired ones met on the way are expired."""
+        (PROTOCOL §9): its ids and its messages as sub receives them, at most
+        `limit` of them and, given `max_bytes`, as many as that many bytes
+        hold (at least one). Its fresh messages when they are its whole queue,
+        else from the ready rows; expired ones met on the way are expired."""
         t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
         queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), True)
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        taken = queue.take_fresh(limit, deadline)
+        taken = queue.take_fresh(limit, deadline, max_bytes)
         fresh = taken is not None  # published in this very step
         if not fresh:
-            pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0)
+            pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0, max_bytes)
             for m in pulled.expired:
                 self._expire(txn, topic.name, t, m)
             if not pulled.entries:

@@ -345,13 +345,20 @@ def expires_ns(value: dt.datetime | int | float | None) -> int:
         ns = (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
     elif isinstance(value, int):
         ns = value * 10**9
-    elif math.isfinite(value):
+    elif math.isfinite(value) and abs(value) <= _MAX_EXPIRES_S:  # else the nanoseconds overflow a float
         ns = round(value * 1e9)
     else:
-        raise ValueError(f"{value} is not a number of Unix seconds")
+        ns = 0
     if not 0 < ns < _MAX_EXPIRES_S * 10**9:
-        raise ValueError(f"{value} is outside the range of Unix seconds 1..{_MAX_EXPIRES_S}")
+        raise ValueError(f"{_shown(value)} is outside the range of Unix seconds 1..{_MAX_EXPIRES_S}")
     return ns
+
+
+def _shown(value: dt.datetime | int | float) -> str:
+    """A time as an error names it: a number too long to read by its size."""
+    if isinstance(value, int) and not -(10**20) < value < 10**20:
+        return f"a number of {len(str(abs(value)))} digits"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def format_expires(ns: int) -> str:
@@ -421,10 +428,13 @@ def _metadata_suffix(attempt: int, published_ns: int) -> bytes:
     return b',"Attempt":%d,"Published":"%s"}' % (attempt, expires_bytes(published_ns))
 
 
-class Origin(msgspec.Struct, rename="pascal"):
+class Origin(msgspec.Struct, rename="pascal", omit_defaults=True):
     """Where a dead letter comes from and why (PROTOCOL §8), delivered with it.
     `Key` is the message's key on its origin topic: a dead-letter topic without
-    Dedupe gives the copy a key of its own, and REDRIVE puts the original back."""
+    Dedupe gives the copy a key of its own, and REDRIVE puts the original back.
+    `Priority` is the message's on its origin topic, which a dead-letter topic
+    of fewer priorities holds lower; an Origin an older ppmq stored has none,
+    and REDRIVE then goes by the copy's."""
 
     topic: str
     subscriber: str
@@ -432,6 +442,7 @@ class Origin(msgspec.Struct, rename="pascal"):
     attempts: int
     published: str
     key: str
+    priority: int | None = None
 
 
 class _Fragment(msgspec.Struct, rename="pascal"):
@@ -442,9 +453,9 @@ class _Fragment(msgspec.Struct, rename="pascal"):
 _fragment_decoder = msgspec.json.Decoder(_Fragment)
 
 
-def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, key: bytes) -> bytes:
+def origin(topic: str, sub: str, reason: str, attempts: int, publish_ns: int, key: bytes, priority: int) -> bytes:
     """The Origin object of a dead-letter copy, as JSON."""
-    return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode()))
+    return _str_encoder.encode(Origin(topic, sub, reason, attempts, format_expires(publish_ns), key.decode(), priority))
 
 
 def fragment_parts(fragment: bytes) -> tuple[bytes, Origin | None]:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
 
 from .body_rows import BodyFinder
-from .ready_rows import DROP, KEEP, TAKE, ReadyRows
-from .schema import BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
+from .ready_rows import DROP, KEEP, STOP, TAKE, ReadyRows
+from .schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
 
 log = logging.getLogger(__name__)
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
@@ -23,14 +23,17 @@ class QueueRows(ReadyRows):
     """The inflight and deadlines databases of one transaction, and the walk that
     moves ready entries into flight."""
 
-    def take_ready(self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int) -> tuple[list[Taken], list[int], list[int]]:
+    def take_ready(
+        self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int, max_bytes: int = 0
+    ) -> tuple[list[Taken], list[int], list[int]]:
         """A batch for s: up to `limit` entries of its queue on t, by priority then
-        position, moved into flight with the AckRetry deadline `deadline_ns`.
+        position, as far as a batch of `max_bytes` holds them (0: no bound),
+        moved into flight with the AckRetry deadline `deadline_ns`.
         Returns what was taken; the ids of messages expired at `expired_at_ns`
         (0: none expire), left where they are; and the priorities of entries
         whose message is missing (a damaged store), deleted. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
-        taken = self.take_tail(t, s, limit, expired_at_ns)
+        taken = self.take_tail(t, s, limit, expired_at_ns, max_bytes)
         if taken is not None:  # the queue was in memory too: its bodies are not read
             self._into_flight(t, s, taken, deadline_ns)
             return taken, [], []
@@ -38,8 +41,10 @@ class QueueRows(ReadyRows):
         taken = []
         expired: list[int] = []
         missing: list[int] = []
+        room = max_bytes  # left in the batch, when bounded
 
         def choose(prio: int, pos: int, m: int, attempts: int) -> int:
+            nonlocal room
             found = find(m)
             if found is None:
                 missing.append(prio)
@@ -49,6 +54,10 @@ class QueueRows(ReadyRows):
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP
+            if max_bytes:
+                room -= end - start - head_size - klen + BATCH_ENTRY_BYTES
+                if taken and room < 0:
+                    return STOP
             attempts += 1  # this delivery
             flight = entry(m, prio, pos, attempts, publish_ns)
             taken.append((m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns))

@@ -21,7 +21,7 @@ from itertools import repeat
 from typing import NamedTuple
 
 from .state import SubStats
-from .schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken
+from .schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken, fitting
 from .store import Txn
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,10 @@ class Queue:
 
     # --- delivery ------------------------------------------------------------------------
 
-    def take_fresh(self, limit: int, deadline_ns: int) -> list[Taken] | None:
+    def take_fresh(self, limit: int, deadline_ns: int, max_bytes: int = 0) -> list[Taken] | None:
         """When the fresh messages (published in this step) are the whole queue:
-        the first `limit` of them in queue order, now in flight; the rest settle.
+        the first `limit` of them in queue order, as far as a batch of
+        `max_bytes` holds them (0: no bound), now in flight; the rest settle.
         None otherwise."""
         fresh = self.fresh
         if not fresh or self.ready != len(fresh):
@@ -120,6 +121,8 @@ class Queue:
         # Queue order is priority, then position: the list is in position order
         # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
         fresh = sorted(fresh, key=TAKEN_PRIO)
+        if max_bytes:
+            limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
         taken, self.fresh = fresh[:limit], fresh[limit:]
         self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
         _count_in_order(self.stats.ready, taken, -1)
@@ -127,14 +130,14 @@ class Queue:
         self.settle()
         return taken
 
-    def pull(self, limit: int, deadline_ns: int, expired_at_ns: int) -> Pulled:
-        """Up to `limit` ready messages by priority then position, now in flight.
-        Those expired at `expired_at_ns` (0: none) stay where they are and are
+    def pull(self, limit: int, deadline_ns: int, expired_at_ns: int, max_bytes: int = 0) -> Pulled:
+        """Up to `limit` ready messages by priority then position, as far as a
+        batch of `max_bytes` holds them (0: no bound), now in flight. Those expired at `expired_at_ns` (0: none) stay where they are and are
         reported. A damaged store (an entry whose message is missing, a count
         with no entries) loses the entry or the count, logged, rather than stop
         delivery."""
         self.settle()
-        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns)
+        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns, max_bytes)
         ready = self.stats.ready
         _count_in_order(ready, taken, -1)  # taken in queue order
         for prio in missing:

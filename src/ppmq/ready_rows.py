@@ -37,7 +37,9 @@ from .schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntr
 log = logging.getLogger(__name__)
 ENTRY = READY_ENTRY.size
 _pos_m = itemgetter(2, 0)  # a Taken's (pos, m), as a ready entry begins
-KEEP, TAKE, DROP = 0, 1, 2  # what a walk does with an entry: leave it, take it (counted), delete it (not counted)
+# What a walk does with an entry: leave it, take it (counted), delete it (not
+# counted), or leave it and stop (the batch is full).
+KEEP, TAKE, DROP, STOP = 0, 1, 2, 3
 
 
 class ReadyRows(DelayedRows):
@@ -146,10 +148,12 @@ class ReadyRows(DelayedRows):
 
     def _take_runs(self, t: int, s: int, limit: int, choose: Callable[[int, int, int, int], int]) -> int:
         """Walk s's queue on t in order, asking `choose` (prio, pos, m, attempts) of
-        each entry whether to KEEP, TAKE or DROP it, until `limit` are taken; return
-        how many were. Each run is read once, then rewritten or deleted once."""
+        each entry whether to KEEP, TAKE, DROP it or STOP there, until `limit` are
+        taken; return how many were. Each run is read once, then rewritten or
+        deleted once."""
         staged = self.staged()
         taken = 0
+        stop = False
         edits: list[tuple[bytes, bytes]] = []
         for prio, key, raw in self._walk_runs(t, s, (0, 0)):
             hidden = staged is not None and _hides_some(staged, t, raw)
@@ -159,6 +163,9 @@ class ReadyRows(DelayedRows):
                 if taken == limit:
                     break
                 what = KEEP if hidden and staged.first <= pos <= staged.last else choose(prio, pos, m, attempts)
+                if what == STOP:
+                    stop = True
+                    break
                 if what == KEEP:
                     kept.append(raw[at : at + ENTRY])
                 else:
@@ -166,19 +173,20 @@ class ReadyRows(DelayedRows):
                 at += ENTRY
             if len(kept) * ENTRY < at:
                 edits.append((key, b"".join(kept) + raw[at:]))
-            if taken == limit:
+            if taken == limit or stop:
                 break
         for key, value in edits:
             self._rewrite(key, value)
         return taken
 
-    def take_tail(self, t: int, s: int, limit: int, expired_at_ns: int) -> list[Taken] | None:
-        """Up to `limit` entries from the head of s's queue on t, taken from its
+    def take_tail(self, t: int, s: int, limit: int, expired_at_ns: int, max_bytes: int = 0) -> list[Taken] | None:
+        """Up to `limit` entries from the head of s's queue on t, as far as a
+        batch of `max_bytes` holds them (0: no bound), taken from its
         tail (ready_tails.py) and their rows deleted; None, and no tail any more,
         if it has none, one of them may have expired at `expired_at_ns`, a staged
         publish may hide entries among its rows, or the rows do not hold exactly
         what the tail says (which would be a bug: logged)."""
-        taken = None if self.staged() is not None else self._tails.take(t, s, limit, expired_at_ns)
+        taken = None if self.staged() is not None else self._tails.take(t, s, limit, expired_at_ns, max_bytes)
         if not taken:
             self._tails.drop(t, s)
             return None

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from itertools import chain, islice
 
-from .schema import TAKEN_EXPIRES, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_PRIO, Taken
+from .schema import TAKEN_EXPIRES, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_PRIO, Taken, fitting
 
 BUDGET_BYTES = 4 << 20  # message bytes in every tail together
 
@@ -93,13 +94,17 @@ class ReadyTails:
         if self._size > self.budget_bytes:
             self.drop(t, s)
 
-    def take(self, t: int, s: int, limit: int, expired_at_ns: int) -> list[Taken] | None:
+    def take(self, t: int, s: int, limit: int, expired_at_ns: int, max_bytes: int = 0) -> list[Taken] | None:
         """The first `limit` entries of (t, s)'s queue, by priority then position,
-        now out of its tail; None if it has none, or if one of its entries may
-        have expired at `expired_at_ns` (a batch skips those: the rows tell)."""
+        as far as a batch of `max_bytes` holds them (0: no bound), now out of
+        its tail; None if it has none, or if one of its entries may have
+        expired at `expired_at_ns` (a batch skips those: the rows tell)."""
         tail = self._tails.get((t, s))
         if tail is None or not tail.prios or 0 < tail.expires_ns <= expired_at_ns:
             return None
+        if max_bytes:
+            in_order = chain.from_iterable(chain.from_iterable(tail.prios[prio]) for prio in sorted(tail.prios))
+            limit = fitting(map(TAKEN_FRAGMENT, islice(in_order, limit)), max_bytes)
         taken: list[Taken] = []
         for prio in sorted(tail.prios):
             chunks = tail.prios[prio]

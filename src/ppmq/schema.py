@@ -67,7 +67,7 @@ publish before it is whole.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from itertools import accumulate
 from operator import itemgetter
@@ -176,6 +176,23 @@ Taken = tuple[int, int, int, int, int, bytes, bytes, int]
 
 # A field of every Taken of a batch, read in C (map, sorted, groupby) where a per-message path needs one.
 TAKEN_M, TAKEN_PRIO, TAKEN_ATTEMPTS, TAKEN_FRAGMENT, TAKEN_FLIGHT, TAKEN_EXPIRES = map(itemgetter, (0, 1, 3, 5, 6, 7))
+
+# What a message adds to a batch besides its fragment: a comma, and for a
+# Metadata subscriber its Attempt and Published (at most 66 bytes).
+BATCH_ENTRY_BYTES = 80
+
+
+def fitting(fragments: Iterable[bytes], max_bytes: int) -> int:
+    """How many of these fragments, in order, a batch of at most `max_bytes`
+    holds (BATCH_ENTRY_BYTES each beside them): at least one, so that a message
+    larger than the bound still goes out alone."""
+    n = size = 0
+    for fragment in fragments:
+        size += len(fragment) + BATCH_ENTRY_BYTES
+        if n and size > max_bytes:
+            break
+        n += 1
+    return n
 
 
 class Staged(NamedTuple):

@@ -26,6 +26,9 @@ from .wiring import Wired
 
 MAX_COUNT = 10_000  # messages one TAKE may ask for
 MAX_WAIT_S = 3600  # seconds one TAKE may wait
+# What a TAKE reply holds besides its Id and its messages: Status, Accepted, the
+# Body around the messages, the newline.
+REPLY_BYTES = 128
 # A subscription's owner entries beyond twice its messages in flight, plus this,
 # are looked through for messages that left flight without an ack.
 PRUNE_SLACK = 64
@@ -57,7 +60,9 @@ class Taking(Wired):
 
     def _take(self, txn: Txn, req: p.Request, taker: int | None, now_ns: int) -> dict:
         """PROTOCOL §9 TAKE: up to Count ready messages, now in flight to the
-        subscriber and held by `taker`; none (at once) when nothing can be taken."""
+        subscriber and held by `taker`; none (at once) when nothing can be taken.
+        The reply is one frame, which a client reads as any other: no more
+        messages than MaxFrameBytes holds, but always one."""
         if taker is None:
             raise p.BadRequest("Command: TAKE is answered on ServerSocket only")
         if req.id is UNSET:
@@ -69,7 +74,8 @@ class Taking(Wired):
         if not self.sub_configs[sub].pull:
             raise p.BadRequest(f"Subscriber: {sub!r} is pushed to; TAKE is for subscribers with Pull: true")
         limit = min(count, self.takeable(topic.name, sub))
-        batch = self._batch(txn, sub, topic, limit, now_ns) if limit > 0 else None
+        max_bytes = max(1, self.config.max_frame_bytes - REPLY_BYTES - len(req.id))
+        batch = self._batch(txn, sub, topic, limit, now_ns, max_bytes) if limit > 0 else None
         if batch is None:
             return {"Messages": []}
         ids, fragments = batch

@@ -10,7 +10,6 @@ import grp
 import json
 import os
 import pwd
-import shutil
 import signal
 import stat
 import subprocess
@@ -101,6 +100,15 @@ def test_postinst_creates_the_user_the_directories_and_enables_the_units(install
     assert (wants / "multi-user.target.wants/ppmq.service").resolve().name == "ppmq.service"
 
 
+def test_the_package_ships_the_directory_of_the_subscriber_handlers(installed: Machine) -> None:
+    """ppmq-subscriber@.service runs /etc/ppmq/subscribers/NAME, which the README
+    installs there: the directory is the package's, owned by root."""
+    (condition,) = unit_values("ppmq-subscriber@.service", "ConditionFileIsExecutable")
+    handlers = Path(condition).parent
+    assert owner(handlers) == ("root", "root", 0o755)
+    assert str(handlers) in run("dpkg-query", "--listfiles", "ppmq").splitlines()
+
+
 def test_ppmq_check_accepts_the_packaged_config(installed: Machine) -> None:
     assert "ok" in run("/usr/bin/ppmq", "check", "-c", CONFIG)
 
@@ -175,9 +183,7 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
     (fdname,) = unit_values("ppmq.socket", "FileDescriptorName")
     printer = Path(next(s["Socket"] for s in config["Subscribers"] if s["Name"] == "printer"))
     handler = Path("/etc/ppmq/subscribers/printer")
-    handler.parent.mkdir()
-    shutil.copy(EXAMPLE_SUBSCRIBER, handler)
-    handler.chmod(0o755)
+    run("install", "-m", "0755", EXAMPLE_SUBSCRIBER, handler)  # as the README's "Adding a subscriber" does
     notify = NotifyListener(ppmq_dir / "notify")
     os.chmod(notify.path, 0o666)
     with open(ppmq_dir / "broker.log", "wb") as log:
@@ -211,7 +217,6 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
             notify.close()
             for leftover in (Path(config["ServerSocket"]), printer, handler):
                 leftover.unlink(missing_ok=True)
-            handler.parent.rmdir()
 
 
 def acked(config: Path, topic: str, subscriber: str) -> int:

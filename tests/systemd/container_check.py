@@ -10,6 +10,7 @@ rest of the picture.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +105,7 @@ def main(results: Path) -> None:
     report["subscriber_after"] = show(SUBSCRIBER, "TriggeredBy", *props)
     report["archived"] = archived()
 
+    report["kill_missing"] = shutil.which("kill") is None and not Path("/bin/kill").exists()
     report["reload"] = systemctl("reload", BROKER)
     report["after_reload"] = show(BROKER, *props)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import uuid
 from pathlib import Path
@@ -84,6 +85,9 @@ def install(tree: Path) -> None:
     (tree / "bin").mkdir()
     (tree / "bin" / "ppmq").write_text('#!/bin/sh\nexec /opt/ppmq/bin/python3 -m ppmq.cli "$@"\n')
     (tree / "bin" / "ppmq").chmod(0o755)
+    # An overlay whiteout: no /bin/kill, as on a minimal system without procps,
+    # which the package does not depend on.
+    os.mknod(tree / "bin" / "kill", stat.S_IFCHR, os.makedev(0, 0))
     (tree / "results").mkdir()
 
 
@@ -148,12 +152,14 @@ def test_systemd_starts_the_subscriber_on_the_brokers_connection_and_every_messa
     assert "Traceback" not in subscriber_log and "RECONNECT failed" not in subscriber_log, subscriber_log
 
 
-def test_reload_runs_the_check_and_keeps_the_broker_running(container):
+def test_reload_runs_the_check_and_keeps_the_broker_running_without_procps(container):
     report, journal = container
+    assert report["kill_missing"], "the container should have no /bin/kill"
     assert report["reload"]["rc"] == 0, report["reload"]["output"] + explain(journal, "ppmq")
     after = report["after_reload"]
     assert (after["ActiveState"], after["MainPID"]) == ("active", report["broker"]["MainPID"])
     assert "Reloaded ppmq.service" in journal
+    assert "config reloaded" in explain(journal, "ppmq["), explain(journal, "ppmq")
 
 
 def test_a_stopped_broker_is_started_by_the_next_producer_with_nothing_lost(container):

@@ -239,7 +239,7 @@ class BrokerMachine(RuleBasedStateMachine):
         msg, attempts = given_up
         target = self.model[c.dead_letter]
         prio = min(msg.prio, target.config.priorities - 1)
-        origin = p.origin(c.name, s, reason, attempts, msg.published_ns, msg.key.encode())
+        origin = p.origin(c.name, s, reason, attempts, msg.published_ns, msg.key.encode(), msg.prio)
         target.publish(("dead", next(self.serial)), Msg(msg.payload, prio, 0, published_ns=self.now, origin=origin))
 
     def tick(self) -> None:
@@ -466,7 +466,7 @@ class BrokerMachine(RuleBasedStateMachine):
             if target is None or key in target.msgs:  # gone, not a dead letter, or a newer version waits there
                 skipped += 1
                 continue
-            prio = min(msg.prio, target.config.priorities - 1)
+            prio = min(origin["Priority"], target.config.priorities - 1)  # its own, which `dead` may hold lower
             new = Msg(msg.payload, prio, 0, published_ns=self.now)
             if not target.publish(("redriven", next(self.serial)) if key is None else key, new, subs=[origin["Subscriber"]]):
                 return None

@@ -180,6 +180,15 @@ REJECTED = [
         third_is("t", b'{"Payload": "caf\xe9", "Key": "k2"}'), 400, r"^Messages\[2\]\.Payload: ",
         id="bytes that are not UTF-8",
     ),
+    *(
+        pytest.param(third_is("t", b'{"Payload": "x", "Key": "k2", "%s": %s}' % (field.encode(), value)), 400,
+                     r"^Messages\[2\]\.%s: " % field, id=f"{field} of {value.decode()[:12]}")
+        for field in ("Expires", "NotBefore", "TTL", "Delay")
+        for value in (b"1e308", b"-1e308", b"1" + b"0" * 400, b"-1" + b"0" * 30, b'"NaN"')
+    ),
+    pytest.param(wrapper(Topic="t", Subscriber="s", Nacks=["1"], Delay=1e308), 400, r"^Delay: ", id="nack Delay of 1e308"),
+    pytest.param(wrapper(Topic="t", Subscriber="s", Command="TAKE", Wait=-1e308), 400, r"^Wait: ", id="TAKE Wait of -1e308"),
+    pytest.param(wrapper(Topic="t", Subscriber="s", Command="TAKE", Wait=1e308), 400, r"^Wait: ", id="TAKE Wait of 1e308"),
     pytest.param(wrapper(Messages=[{"Payload": "x"}]), 400, r"^Topic: ", id="messages without a topic"),
     pytest.param(wrapper(Command="FLUSH"), 400, r"^Command: .*'FLUSH'", id="unknown command"),
     pytest.param(wrapper(Topic="t", Acks=["1"]), 400, r"^Subscriber: ", id="acks without a subscriber"),

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,75 @@ def test_bridge_to_loses_nothing_when_nats_and_the_bridge_are_killed_mid_stream(
     assert sorted(int(m.data) for m in stored) == list(range(n))
     assert len({m.headers["Nats-Msg-Id"] for m in stored}) == n
     assert bridge.lines("connection lost")
+
+
+def test_bridge_to_carries_messages_more_of_which_are_ready_than_one_frame_holds(broker_factory, nats_server, bridges):
+    # Given 60 messages of 500 KB with the default limits: 30 MB ready, where a frame holds 16 MiB
+    b = broker_factory([{"Name": "t", "Subscribers": ["nb"]}], [PULL])
+    nats_server.start().stream()
+    payloads = [f"{i:02d}" + "x" * 500_000 for i in range(60)]
+    with b.client() as c:
+        for i in range(0, len(payloads), 20):
+            c.publish("t", [{"Payload": p} for p in payloads[i : i + 20]])
+    # When the bridge runs
+    bridge = bridges("to", nats_server.url, "nb", "-c", str(b.config_path))
+    # Then every message goes across in TAKEs of one frame each, and the bridge keeps running
+    wait_for(lambda: drained(b, "t"), timeout_s=60, what=f"everything acked to ppmq; log:\n{bridge.log}")
+    assert sorted(m.data[1:3].decode() for m in nats_server.stored()) == [f"{i:02d}" for i in range(60)]  # data: "NNxxx..."
+    assert bridge.proc.poll() is None and "Traceback" not in bridge.log
+
+
+class GarbageBroker:
+    """A socket where the broker should be, answering every line with one that is
+    no reply: what a broken peer does, which the bridge cannot expect."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.connections = path, 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                try:
+                    if conn.recv(1 << 16):
+                        conn.sendall(b"not a reply\n")
+                    conn.recv(1 << 16)  # until the bridge hangs up
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join()
+        Path(self.path).unlink()
+
+
+def test_bridge_to_logs_an_unexpected_error_once_and_retries_until_the_broker_answers(broker_factory, nats_server, bridges):
+    # Given a bridge whose ServerSocket is held by something that answers garbage
+    b = broker_factory([{"Name": "t", "Subscribers": ["nb"]}], [PULL], start=False)
+    nats_server.start().stream()
+    garbage = GarbageBroker(b.socket)
+    bridge = bridges("to", nats_server.url, "nb", "-c", str(b.config_path))
+    # When it has retried a few times
+    wait_for(lambda: garbage.connections >= 3, what=f"three tries; log:\n{bridge.log}")
+    # Then it said so once, with the traceback, and runs on
+    assert len(bridge.lines("connection lost (DecodeError")) == 1 and "Traceback" in bridge.log
+    assert bridge.proc.poll() is None
+    # And once the real broker is there, messages go across
+    garbage.close()
+    b.start()
+    publish(b, "t", ["a", "b"])
+    wait_for(lambda: drained(b, "t"), what=f"the messages acked; log:\n{bridge.log}")
+    assert nats_server.count() == 2
 
 
 def test_bridge_to_a_subscriber_that_is_not_pull_exits_1_before_connecting(broker_factory, bridges):

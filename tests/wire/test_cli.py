@@ -179,6 +179,47 @@ def test_a_usage_error_exits_2_with_the_usage_on_stderr(args):
     assert "usage:" in r.stderr
 
 
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # as Python hands such an argument over: lone surrogates
+
+
+@pytest.mark.parametrize(
+    ("args", "argument"),
+    [
+        (["publish", "t", NOT_UTF8], "PAYLOAD"),
+        (["publish", NOT_UTF8, "x"], "topic"),
+        (["publish", "d", "x", "--key", NOT_UTF8], "--key/-k"),
+        (["ack", "t", "s", "1", NOT_UTF8], "KEY"),
+        (["nack", "t", NOT_UTF8, "1"], "subscriber"),
+        (["reconnect", "s", "--topic", NOT_UTF8], "--topic/-t"),
+        (["status", "--topic", NOT_UTF8], "--topic/-t"),
+        (["peek", NOT_UTF8], "topic"),
+        (["purge", "t", "--key", NOT_UTF8, "--yes"], "--key/-k"),
+        (["redrive", NOT_UTF8], "DEADTOPIC"),
+        (["pause", NOT_UTF8], "subscriber"),
+        (["bridge", "to", f"nats://{NOT_UTF8}", "s"], "NATS_URL"),
+        (["bridge", "from", "nats://localhost", "S", "C", NOT_UTF8], "TOPIC"),
+    ],
+    ids=lambda v: " ".join(v).replace(NOT_UTF8, "\\xff\\xfe") if isinstance(v, list) else v,
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(broker, args, argument):
+    # Given a broker that would take the request
+    before = published(broker)
+    # When an argument holds bytes that are not UTF-8
+    r = ppmq(*args, "-c", broker.config_path)
+    # Then the command exits 2 naming the argument and its bytes, with no traceback, and sends nothing
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"argument {argument}: not UTF-8: b'" in r.stderr and "\\xff\\xfe'\n" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert published(broker) == before
+
+
+def test_a_config_path_that_is_not_utf8_is_read_like_any_other(broker, short_tmp):
+    path = short_tmp / f"{NOT_UTF8}.yaml"
+    path.write_bytes(broker.config_path.read_bytes())
+    r = ppmq("publish", "-c", path, "t", "hello")
+    assert (r.returncode, r.stdout) == (0, "published 1\n"), r.stderr
+
+
 # --- ack, reconnect, status -----------------------------------------------------------------
 
 

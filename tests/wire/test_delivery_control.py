@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tarfile
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -12,6 +14,7 @@ from ppmq.client import ClientError
 from ..conftest import wait_for
 
 RETRY = {"Name": "t", "Subscribers": ["s"], "AckRetry": "2s"}
+DATA = Path(__file__).parents[1] / "data"  # stores older ppmqs wrote (tests/data/make_*.py)
 
 
 def request(b, **wrapper) -> dict:
@@ -118,6 +121,48 @@ def test_a_rejected_message_is_dead_lettered_with_its_origin_and_redrive_brings_
     redriven = sub.wait_messages(2)[1]
     assert redriven["Payload"] == {"n": 1} and redriven["Key"] != key
     assert b.status()["Topics"]["dead"]["Stored"] == 0
+
+
+def test_redrive_restores_the_priority_that_a_dead_letter_topic_of_fewer_priorities_held_lower(broker_factory):
+    # Given a topic of two priorities whose dead letters go to a topic of one
+    topics = [{"Name": "t", "Priorities": 2, "Subscribers": ["s"], "DeadLetter": "dead"}, {"Name": "dead", "Subscribers": ["archive"]}]
+    b = broker_factory(topics, ["s", "archive"])
+    sub = broker_factory.subscriber(b, "s", ack=None)
+    with b.client() as c:
+        c.publish("t", [{"Payload": "low", "Priority": 1}])
+    [key] = keys_of(sub, 1)
+    # When its subscriber rejects a message of priority 1
+    request(b, Topic="t", Subscriber="s", Rejects=[key])
+    # Then the copy waits at priority 0, and its Origin records priority 1
+    [copy] = request(b, Command="PEEK", Topic="dead")["Body"]["Messages"]
+    assert (copy["Priority"], copy["Origin"]["Priority"]) == (0, 1)
+    # When it is redriven while the subscriber is paused, and a message of priority 0 follows
+    request(b, Command="PAUSE", Subscriber="s")
+    assert request(b, Command="REDRIVE", Topic="dead")["Body"] == {"Redriven": 1, "Skipped": 0}
+    with b.client() as c:
+        c.publish("t", [{"Payload": "high", "Priority": 0}])
+    request(b, Command="RESUME", Subscriber="s")
+    # Then the redriven message is back at priority 1, behind the later message of priority 0
+    delivered = sub.wait_messages(3)[1:]
+    assert [(m["Payload"], m["Priority"]) for m in delivered] == [("high", 0), ("low", 1)]
+
+
+def test_redrive_of_a_dead_letter_whose_origin_an_older_ppmq_wrote_without_priority_keeps_the_copys(broker_factory):
+    # Given the store of an older ppmq holding a dead letter of priority 1 whose Origin has no Priority
+    topics = [{"Name": "jobs", "Priorities": 2, "Subscribers": ["w"], "DeadLetter": "dead"},
+              {"Name": "dead", "Priorities": 2, "Subscribers": ["archive"]}]
+    b = broker_factory(topics, ["w", "archive"], start=False)
+    with tarfile.open(DATA / "dead-letter-store.tar.gz") as tar:
+        tar.extractall(b.config["DataPath"], filter="data")
+    b.start()
+    [copy] = request(b, Command="PEEK", Topic="dead")["Body"]["Messages"]
+    assert copy["Priority"] == 1 and "Priority" not in copy["Origin"]
+    # When it is redriven
+    assert request(b, Command="REDRIVE", Topic="dead")["Body"] == {"Redriven": 1, "Skipped": 0}
+    # Then its origin subscriber gets it at the copy's priority
+    sub = broker_factory.subscriber(b, "w")
+    [m] = sub.wait_messages(1)
+    assert (m["Payload"], m["Priority"]) == ({"n": 1}, 1)
 
 
 def test_redrive_of_a_topic_that_is_no_dead_letter_topic_is_refused(broker_factory):

@@ -4,12 +4,18 @@ dropping a message or a connection, or is refused whole and the old one runs on.
 from __future__ import annotations
 
 import copy
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import yaml
 
 from ppmq.client import ClientError
 
-from ..conftest import BrokerProcess, NotifyListener, wait_for
+from ..conftest import WAIT_S, BrokerProcess, NotifyListener, wait_for
 
 
 def _reloaded(b: BrokerProcess, notify: NotifyListener, config: dict | str) -> dict[str, str]:
@@ -209,3 +215,40 @@ def test_a_topic_dropped_and_created_again_goes_on_with_new_keys(broker_factory,
     with b.client() as c:
         c.ack("t", "s", ["1"])
     assert b.sub_status("t", "s")["InFlight"] == 1 and b.sub_status("t", "s")["IgnoredAcks"] == 1
+
+
+def ppmq_reload(config_path: Path, pid: int) -> subprocess.CompletedProcess:
+    """`ppmq reload -c FILE PID`, as ppmq.service's ExecReload runs it."""
+    return subprocess.run([sys.executable, "-m", "ppmq.cli", "reload", "-c", str(config_path), str(pid)], capture_output=True, text=True, timeout=WAIT_S)
+
+
+def test_ppmq_reload_checks_the_file_then_has_the_broker_reload_it(broker_factory, notify_socket):
+    # Given a running broker and its config file with a topic added
+    b = broker_factory([_topic("t", ["s"])], ["s"], start=False).start(env=notify_socket.env())
+    notify_socket.wait("READY", "1")
+    before = len(notify_socket.messages("READY"))
+    config = copy.deepcopy(b.config)
+    config["Topics"].append(_topic("added", ["s"]))
+    b.config_path.write_text(yaml.safe_dump(config))
+    # When `ppmq reload` is given the file and the broker's pid
+    done = ppmq_reload(b.config_path, b.proc.pid)
+    # Then it says the file is fine, and the broker reloads it
+    assert (done.returncode, done.stderr) == (0, "") and "ok" in done.stdout
+    notify_socket.wait("READY", "1", count=before + 1)
+    assert "added" in b.status()["Topics"]
+
+
+def test_ppmq_reload_of_a_broken_file_exits_1_naming_the_problem_and_sends_no_signal(broker_factory, short_tmp):
+    # Given a config file with an unknown key, and a process that SIGHUP would end
+    b = broker_factory([_topic("t", ["s"], Bogus=1)], ["s"], start=False)
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        # When `ppmq reload` is given the file and that process's pid
+        done = ppmq_reload(b.config_path, target.pid)
+        # Then it exits 1 naming the file, the line and the key
+        assert done.returncode == 1, done
+        assert f"{b.config_path}:" in done.stderr and "Topics[0].Bogus: unknown key" in done.stderr
+    finally:
+        target.terminate()
+    # And the process got no SIGHUP: a pending one would have ended it before the SIGTERM
+    assert target.wait(timeout=WAIT_S) == -signal.SIGTERM

@@ -195,6 +195,94 @@ def test_a_waiting_connection_that_closes_takes_nothing_and_stops_waiting(broker
     assert (s["Ready"], s["InFlight"], s["Takers"]) == ([1], 0, 0)
 
 
+class RawTaker:
+    """TAKEs on a socket of its own, each reply read as the line it is, to measure it."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.lines = self.sock.makefile("rb")
+
+    def take(self, count: int, acks: list[str], wait_s: float = 0) -> tuple[int, list[dict]]:
+        """(the reply line's bytes, newline included; its messages), acking `acks` first."""
+        wrapper = {"Id": 1, "Topic": "t", "Subscriber": "w", "Command": "TAKE", "Count": count, "Wait": wait_s, "Acks": acks}
+        self.sock.sendall(json.dumps(wrapper).encode() + b"\n")
+        line = self.lines.readline()
+        reply = json.loads(line)
+        assert reply["Status"] == 200, reply
+        return len(line), reply["Body"]["Messages"]
+
+    def close(self) -> None:
+        self.lines.close()
+        self.sock.close()
+
+
+FRAME_BYTES = 32768
+SMALL = [f"{i:03d}" + "x" * 97 for i in range(250)]  # one publish of 29 KB, whose batch with metadata takes 50 KB
+
+
+def take_all(taker: RawTaker, n: int) -> list[tuple[int, int]]:
+    """(reply bytes, messages) of each TAKE until n messages came, in order."""
+    sizes, payloads, acks = [], [], []
+    while len(payloads) < n:
+        size, messages = taker.take(1000, acks)
+        sizes.append((size, len(messages)))
+        payloads += [m["Payload"] for m in messages]
+        acks = [m["Key"] for m in messages]
+    assert payloads == SMALL
+    return sizes
+
+
+@pytest.mark.parametrize("queue", ["fresh", "in memory", "read from the store"])
+def test_a_take_reply_holds_no_more_messages_than_max_frame_bytes_allows(broker_factory, queue):
+    # Given a MaxFrameBytes of 32 KiB, and a Pull subscriber with Metadata
+    b = broker_factory([TOPIC], [{**PULL, "Metadata": True, "Window": 1000}], MaxFrameBytes=FRAME_BYTES)
+    taker = RawTaker(b.socket)
+    first: list = []
+    try:
+        # When 250 messages come in one publish: into a waiting TAKE, to a queue
+        # in memory, or to one the broker reads from the store after a restart
+        if queue == "fresh":
+            waiting = threading.Thread(target=lambda: first.append(taker.take(1000, [], wait_s=10)))
+            waiting.start()
+            wait_for(lambda: b.sub_status("t", "w")["WaitingTakes"] == 1, what="a waiting TAKE")
+        publish(b, *SMALL)
+        if queue == "read from the store":
+            b.stop()
+            b.start()
+            taker.close()
+            taker = RawTaker(b.socket)
+        if queue == "fresh":
+            waiting.join(10)
+        # Then each TAKE of Count 1000 answers with as many as one frame holds, and all arrive in order
+        sizes = take_all(taker, len(SMALL)) if not first else None
+    finally:
+        taker.close()
+    if first:  # the waiting TAKE got the first part; the rest was left ready
+        (size, messages), = first
+        assert [m["Payload"] for m in messages] == SMALL[: len(messages)]
+        sizes = [(size, len(messages))]
+    assert all(size <= FRAME_BYTES for size, _ in sizes), sizes
+    assert 1 < sizes[0][1] < len(SMALL) and sizes[0][0] > FRAME_BYTES * 0.8, sizes
+
+
+def test_a_take_of_a_message_larger_than_max_frame_bytes_allows_answers_with_it_alone(broker_factory):
+    # Given a MaxFrameBytes of 32 KiB and a message that fills a publish frame, behind a small one
+    b = broker_factory([TOPIC], [{**PULL, "Metadata": True}], MaxFrameBytes=FRAME_BYTES, MaxMessageBytes=FRAME_BYTES)
+    big = "x" * (FRAME_BYTES - 100)
+    publish(b, "small")
+    publish(b, big, "after")
+    taker = RawTaker(b.socket)
+    try:
+        # When a worker takes, and takes again
+        got = [taker.take(10, []) for _ in range(3)]
+    finally:
+        taker.close()
+    # Then the large one comes alone, in a reply larger than one frame, and nothing is lost
+    assert [[m["Payload"][:5] for m in ms] for _, ms in got] == [["small"], ["xxxxx"], ["after"]]
+    assert got[1][1][0]["Payload"] == big and got[1][0] > FRAME_BYTES
+
+
 def test_taken_unacked_messages_are_ready_again_after_a_restart(broker_factory):
     # Given messages taken and not acked on a connection still open, and the broker killed
     b = pull_broker(broker_factory)
