@@ -32,7 +32,7 @@ from . import sockets
 from .access import Peer, Policy
 from .config import Config, TopicConfig
 from .ops import Guarded, Invalid, Op, Requeue
-from .phpmq_consume import Consumer
+from .phpmq_consume import Consumer, Wanted
 from .server import LISTEN_BACKLOG
 from .takes import Takes
 from .writer import Writer
@@ -104,7 +104,7 @@ class PhpmqConnection:
         sub = _phpmq_subscriber(topic)
         if frame.type == wire.CONSUME:
             assert frame.count is not None, "a 002 has a count (phpmq_codec.PACKETS)"
-            self.consumer.consume(topic.name, sub, frame.count)
+            self.consumer.consume(Wanted(topic.name, sub, frame.count, topic.phpmq_dispatch_ttl))
             return
         if frame.type == wire.ACK:
             await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[frame.message_id])), "ack")

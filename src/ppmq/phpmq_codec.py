@@ -166,9 +166,13 @@ def _number(raw: bytes, what: str, limit: int | None) -> int:
     return int(raw)
 
 
-def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_s: int) -> bytes:
-    """A message for a consumer (type 003): queue, content, ID and TTL, in the
-    order php-mq/protocol's MessageServerToClient writes them."""
-    packets = ((QUEUE, queue.encode()), (CONTENT, content), (MESSAGE_ID, message_id.encode()), (TTL, b"%d" % ttl_s))
+def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_s: int | None) -> bytes:
+    """A message for a consumer (type 003): queue, content and ID, in the order
+    php-mq/protocol's MessageServerToClient writes them, then the TTL unless
+    `ttl_s` is None (PROTOCOL §9 PHPMQ dispatch format: 3 packets, H0100303,
+    as php-mq/server sends and php-mq/client reads them; or 4, H0100304)."""
+    packets = [(QUEUE, queue.encode()), (CONTENT, content), (MESSAGE_ID, message_id.encode())]
+    if ttl_s is not None:
+        packets.append((TTL, b"%d" % ttl_s))
     head = b"H%02d%03d%02d" % (VERSION, DISPATCH, len(packets))
     return head + b"".join(b"P%02d%029d%s" % (ptype, len(data), data) for ptype, data in packets)

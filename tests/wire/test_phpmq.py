@@ -14,10 +14,12 @@ from tests.wire import phpmq_client as pm
 from tests.wire.phpmq_client import PhpmqClient
 
 
-def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, **extra) -> BrokerProcess:
-    """Queue `q` (topic q, Expire, a DeadLetter `dead`) consumed through the Pull subscriber `w`."""
+def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, dispatch_ttl: bool = False, **extra) -> BrokerProcess:
+    """Queue `q` (topic q, Expire, a DeadLetter `dead`) consumed through the Pull
+    subscriber `w`, its dispatches with a TTL packet if `dispatch_ttl`."""
+    q = {"Name": "q", "Subscribers": ["w"], "PhpmqSubscriber": "w", "Expire": True, "DeadLetter": "dead"}
     topics = [
-        {"Name": "q", "Subscribers": ["w"], "PhpmqSubscriber": "w", "Expire": True, "DeadLetter": "dead"},
+        q | {"PhpmqDispatchTTL": True} if dispatch_ttl else q,
         {"Name": "dead", "Subscribers": ["d"], "PhpmqSubscriber": "d"},
         {"Name": "plain"},
     ]

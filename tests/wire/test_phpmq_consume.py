@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from tests.conftest import wait_for
 from tests.wire import phpmq_client as pm
@@ -16,8 +17,8 @@ from tests.wire.test_phpmq import phpmq, phpmq_broker, peek, sent
 
 
 def test_every_message_type_consume_dispatch_ack_requeue_and_dead_letter(broker_factory, short_tmp):
-    # Given three messages sent to queue q
-    b = phpmq_broker(broker_factory, short_tmp)
+    # Given three messages sent to queue q, whose dispatches carry the TTL
+    b = phpmq_broker(broker_factory, short_tmp, dispatch_ttl=True)
     sent(b, pm.send("q", "one", 3600), pm.send("q", "two", 0), pm.send("q", "three", 0))
     with phpmq(b) as c:
         # When a consumer asks for 2
@@ -39,7 +40,7 @@ def test_every_message_type_consume_dispatch_ack_requeue_and_dead_letter(broker_
 
 
 def test_the_dispatched_ttl_counts_down(broker_factory, short_tmp):
-    b = phpmq_broker(broker_factory, short_tmp)
+    b = phpmq_broker(broker_factory, short_tmp, dispatch_ttl=True)
     sent(b, pm.send("q", "x", 5))
     time.sleep(2.1)
     with phpmq(b) as c:
@@ -48,7 +49,7 @@ def test_the_dispatched_ttl_counts_down(broker_factory, short_tmp):
 
 
 def test_a_requeue_puts_the_message_at_the_end_of_the_queue_with_its_new_ttl(broker_factory, short_tmp):
-    b = phpmq_broker(broker_factory, short_tmp)
+    b = phpmq_broker(broker_factory, short_tmp, dispatch_ttl=True)
     sent(b, pm.send("q", "a", 10), pm.send("q", "b", 0), pm.send("q", "c", 0))
     with phpmq(b) as c:
         c.write(pm.consume("q", 1))
@@ -89,17 +90,18 @@ from tests.wire import phpmq_client as pm
 c = pm.PhpmqClient(sys.argv[1])
 c.write(pm.consume("q", 3))
 for _ in range(3):
-    print(c.receive().message_id, flush=True)
+    print(getattr(c, sys.argv[2])().message_id, flush=True)
 time.sleep(60)  # holds them, unacked, until killed
 """
 
 
-def test_a_consumer_killed_with_kill_9_loses_nothing_another_gets_its_messages_at_once(broker_factory, short_tmp):
+@pytest.mark.parametrize("reader", ["receive", "receive_as_published"])
+def test_a_consumer_killed_with_kill_9_loses_nothing_another_gets_its_messages_at_once(broker_factory, short_tmp, reader):
     # Given five messages, three of them dispatched to a consumer process that does not ack
     b = phpmq_broker(broker_factory, short_tmp)
     sent(b, *(pm.send("q", str(i), 0) for i in range(5)))
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, b.config["PhpmqSocket"]], stdout=subprocess.PIPE, text=True, cwd=root)
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, b.config["PhpmqSocket"], reader], stdout=subprocess.PIPE, text=True, cwd=root)
     held = [proc.stdout.readline().strip() for _ in range(3)]
     # When it is killed with kill -9
     proc.kill()
@@ -110,6 +112,44 @@ def test_a_consumer_killed_with_kill_9_loses_nothing_another_gets_its_messages_a
     with phpmq(b) as other:
         other.sock.settimeout(5)
         other.write(pm.consume("q", 5))
-        got = [other.receive() for _ in range(5)]
+        got = [getattr(other, reader)() for _ in range(5)]
     assert [m.content for m in got] == [b"0", b"1", b"2", b"3", b"4"]
     assert held == [m.message_id for m in got[:3]]
+
+
+# --- the dispatch format (PROTOCOL §9 PHPMQ dispatch format) --------------------------------
+
+
+def test_the_published_client_consumes_and_acks_message_after_message_on_a_default_topic(broker_factory, short_tmp):
+    # Given a queue whose topic leaves PhpmqDispatchTTL at its default, and three messages with TTLs
+    b = phpmq_broker(broker_factory, short_tmp)
+    sent(b, *(pm.send("q", f"m{i}", 3600) for i in range(3)))
+    with phpmq(b) as c:
+        # When a client that reads dispatches as php-mq/client does consumes one at a time, acking each
+        c.write(pm.consume("q", 1))
+        got = []
+        for _ in range(3):
+            m = c.receive_as_published()
+            got.append(m)
+            c.write(pm.ack("q", m.message_id))
+        # Then it reads every message whole (a fourth packet would be read as the next header)
+        assert [(m.queue, m.content, m.ttl_s) for m in got] == [("q", b"m0", None), ("q", b"m1", None), ("q", b"m2", None)]
+    wait_for(lambda: b.status()["Topics"]["q"]["Subscribers"]["w"]["Acked"] == 3, what="3 acks")
+    assert b.status()["Topics"]["q"]["Stored"] == 0
+
+
+@pytest.mark.parametrize(("dispatch_ttl", "head"), [(False, b"H0100303"), (True, b"H0100304")])
+def test_phpmq_dispatch_ttl_chooses_three_packets_or_four_with_the_ttl(broker_factory, short_tmp, dispatch_ttl, head):
+    b = phpmq_broker(broker_factory, short_tmp, dispatch_ttl=dispatch_ttl)
+    sent(b, pm.send("q", "x", 3600))
+    with phpmq(b) as c:
+        c.write(pm.consume("q", 1))
+        assert c.read_exactly(8) == head
+        packets = []
+        for _ in range(int(head[6:])):
+            ph = c.read_exactly(32)
+            packets.append((ph[:3], c.read_exactly(int(ph[3:]))))
+    # queue, content and ID as php-mq/server writes them; then the TTL, the whole seconds left
+    assert packets[:3] == [(b"P01", b"q"), (b"P02", b"x"), (b"P03", b"1")]
+    assert [p for p, _ in packets[3:]] == ([b"P05"] if dispatch_ttl else [])
+    assert not dispatch_ttl or 3598 <= int(packets[3][1]) <= 3600
