@@ -175,14 +175,21 @@ class PhpmqServer:
         log.info("speaking PHPMQ on %s", self.path)
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+        """One connection. Whatever its bytes do, nothing leaves this handler:
+        an error the serving did not foresee is a bug, logged with its traceback
+        and counted in Rejected, and it costs this connection only."""
         self._count += 1
-        peer = Peer.of_socket(out.get_extra_info("socket"))
+        where = f"phpmq#{self._count}"
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
-            await PhpmqConnection(self, peer, out, f"phpmq#{self._count} ({peer})").serve(reader)
+            peer = Peer.of_socket(out.get_extra_info("socket"))
+            await PhpmqConnection(self, peer, out, f"{where} ({peer})").serve(reader)
         except (ConnectionError, OSError) as exc:
-            log.debug("phpmq#%d: connection error: %s", self._count, exc)
+            log.debug("%s: connection error: %s", where, exc)
+        except Exception as exc:
+            log.exception("%s: internal error; closing the connection", where)
+            self.writer.submit(Invalid(p.RequestError(f"PHPMQ: internal error: {exc}"), UNSET))
         finally:
             self._tasks.discard(task)
             out.close()

@@ -27,6 +27,8 @@ MESSAGE_HEADER_BYTES = 8
 PACKET_HEADER_BYTES = 32
 VERSION = 1
 MAX_TTL_S = 10**9 - 1  # as a ppmq publish's TTL (validate.py)
+MAX_COUNT = 10**9 - 1  # messages a consume request may keep in flight
+MAX_NUMBER_DIGITS = 20  # a count or TTL packet, leading zeros included
 
 # Message types
 SEND, CONSUME, DISPATCH, ACK, REQUEUE, DEAD_LETTER = 1, 2, 3, 4, 5, 6
@@ -146,7 +148,7 @@ def _frame(kind: int, packets: dict[int, bytes]) -> Frame:
         _text(packets[QUEUE], "queue name"),
         content=_text(packets[CONTENT], "message content") if CONTENT in packets else None,
         message_id=_text(packets[MESSAGE_ID], "message ID") if MESSAGE_ID in packets else None,
-        count=_number(packets[COUNT], "message count", None) if COUNT in packets else None,
+        count=_number(packets[COUNT], "message count", MAX_COUNT) if COUNT in packets else None,
         ttl_s=_number(packets[TTL], "TTL", MAX_TTL_S) if TTL in packets else 0,
     )
 
@@ -158,11 +160,14 @@ def _text(raw: bytes, what: str) -> str:
         raise BadFrame(f"{what} is not UTF-8 (byte {exc.start})") from None
 
 
-def _number(raw: bytes, what: str, limit: int | None) -> int:
-    """A packet of ASCII digits (no sign, no space), at most `limit`."""
-    if not raw.isdigit() or (limit is not None and int(raw) > limit):
-        bound = f" up to {limit}" if limit is not None else ""
-        raise BadFrame(f"{what} {raw[:40]!r} is not a whole number of seconds or messages{bound}")
+def _number(raw: bytes, what: str, limit: int) -> int:
+    """A packet of at most MAX_NUMBER_DIGITS ASCII digits (no sign, no space),
+    at most `limit`. The length is checked first: int() refuses (ValueError)
+    digit strings longer than Python's limit, and reads long ones slowly."""
+    if len(raw) > MAX_NUMBER_DIGITS:
+        raise BadFrame(f"{what} of {len(raw)} bytes is longer than {MAX_NUMBER_DIGITS} digits")
+    if not raw.isdigit() or int(raw) > limit:
+        raise BadFrame(f"{what} {raw!r} is not a whole number from 0 to {limit}")
     return int(raw)
 
 

@@ -129,6 +129,20 @@ class PhpmqClient:
         finally:
             self.sock.settimeout(TIMEOUT_S)
 
+    def read_until_closed(self, timeout_s: float = TIMEOUT_S) -> bytes:
+        """Everything the broker sends until it closes the connection; TimeoutError
+        if it has not within timeout_s of the last byte."""
+        self.sock.settimeout(timeout_s)
+        got = []
+        try:
+            while chunk := self.sock.recv(1 << 16):
+                got.append(chunk)
+        except ConnectionResetError:
+            pass
+        finally:
+            self.sock.settimeout(TIMEOUT_S)
+        return b"".join(got)
+
     def close(self) -> None:
         self.sock.close()
 
