@@ -270,7 +270,13 @@ def _status_table(body: dict[str, Any]) -> str:
         )
         lines += ["  " + next(rows) for _ in table]
     lines.append(f"rejected requests: {body['Rejected']} ({body['Forbidden']} forbidden), commits: {body['Commits']}")
+    lines += [_listener_line(name, entry) for name, entry in body.get("Listeners", {}).items()]
     return "\n".join(lines)
+
+
+def _listener_line(name: str, entry: dict[str, Any]) -> str:
+    """A listener's connections."""
+    return f"{name}: {entry['Connections']} connections"
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:

@@ -13,6 +13,9 @@ The protocol has no replies, so whatever ppmq would answer with an error closes
 the connection, logged: a bad frame (counted in `Rejected` as a bad request on
 ServerSocket is), a queue that does not exist, a refused request. The client
 notices the close, and no message it sent is silently dropped.
+
+Connections count toward MaxConnections with ServerSocket's
+(connection_limit.py); one over it is closed at once, before a byte is read.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from . import protocol as p
 from . import sockets
 from .access import Peer, Policy
 from .config import Config, TopicConfig
+from .connection_limit import ConnectionLimit
 from .ops import Guarded, Invalid, Op, Requeue
 from .phpmq_consume import Consumer, Wanted
 from .server import LISTEN_BACKLOG
@@ -40,6 +44,7 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 16
+LISTENER = "PhpmqSocket"  # its name in the connection counts (STATUS Listeners)
 
 
 class Refused(Exception):
@@ -158,11 +163,15 @@ def _message(topic: TopicConfig, frame: wire.Frame) -> p.Message:
 class PhpmqServer:
     """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
 
-    def __init__(self, path: str, writer: Writer, takes: Takes, config: Config, policy: Policy | None = None) -> None:
+    def __init__(
+        self, path: str, writer: Writer, takes: Takes, config: Config, connections: ConnectionLimit, policy: Policy | None = None,
+    ) -> None:
         self.path = path
         self.writer = writer
         self.takes = takes  # consuming is TAKE on behalf of each connection (PROTOCOL §9)
         self.config = config
+        self.connections = connections  # MaxConnections, shared with the other listeners
+        connections.listener(LISTENER)
         self.policy = policy
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -175,11 +184,15 @@ class PhpmqServer:
         log.info("speaking PHPMQ on %s", self.path)
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
-        """One connection. Whatever its bytes do, nothing leaves this handler:
-        an error the serving did not foresee is a bug, logged with its traceback
-        and counted in Rejected, and it costs this connection only."""
+        """One connection, if MaxConnections lets it in (PHPMQ has no reply to
+        refuse it with: it is closed). Whatever its bytes do, nothing leaves
+        this handler: an error the serving did not foresee is a bug, logged with
+        its traceback and counted in Rejected, and it costs this connection only."""
         self._count += 1
         where = f"phpmq#{self._count}"
+        if self.connections.admit(LISTENER, where) is not None:
+            out.close()
+            return
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
@@ -192,6 +205,7 @@ class PhpmqServer:
             self.writer.submit(Invalid(p.RequestError(f"PHPMQ: internal error: {exc}"), UNSET))
         finally:
             self._tasks.discard(task)
+            self.connections.leave(LISTENER)
             out.close()
 
     async def stop(self) -> None:

@@ -85,24 +85,28 @@ class Decoder:
 
     def next_frame(self) -> Frame | None:
         """The next whole frame, taken off the buffer; None until one is whole.
-        Raises BadFrame as soon as the bytes so far cannot begin a good one."""
-        if len(self._buf) < MESSAGE_HEADER_BYTES:
+        Raises BadFrame as soon as the bytes so far cannot begin a good one.
+        Only the headers are read until the frame is whole: a frame that
+        arrives in many reads has its packets copied once."""
+        buf = self._buf
+        if len(buf) < MESSAGE_HEADER_BYTES:
             return None
-        kind, count = _message_header(bytes(self._buf[:MESSAGE_HEADER_BYTES]))
-        packets: dict[int, bytes] = {}
+        kind, count = _message_header(bytes(buf[:MESSAGE_HEADER_BYTES]))
+        spans: dict[int, tuple[int, int]] = {}  # packet type -> where its content lies in the buffer
         at = MESSAGE_HEADER_BYTES
         for _ in range(count):
-            if len(self._buf) < at + PACKET_HEADER_BYTES:
+            if len(buf) < at + PACKET_HEADER_BYTES:
                 return None
-            ptype, length = _packet_header(bytes(self._buf[at : at + PACKET_HEADER_BYTES]), kind, packets)
+            ptype, length = _packet_header(bytes(buf[at : at + PACKET_HEADER_BYTES]), kind, spans)
             at += PACKET_HEADER_BYTES
             if at + length > self.max_frame_bytes:
                 raise TooLarge(f"frame of at least {at + length} bytes exceeds MaxFrameBytes ({self.max_frame_bytes})")
-            if len(self._buf) < at + length:
+            if len(buf) < at + length:
                 return None
-            packets[ptype] = bytes(self._buf[at : at + length])
+            spans[ptype] = (at, at + length)
             at += length
-        del self._buf[:at]
+        packets = {ptype: bytes(buf[start:end]) for ptype, (start, end) in spans.items()}
+        del buf[:at]
         return _frame(kind, packets)
 
 
@@ -125,7 +129,7 @@ def _counts(required: frozenset[int], optional: frozenset[int]) -> str:
     return f"{len(required)}" + (f" or {len(required) + len(optional)}" if optional else "")
 
 
-def _packet_header(head: bytes, kind: int, seen: dict[int, bytes]) -> tuple[int, int]:
+def _packet_header(head: bytes, kind: int, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
     """A packet header's type and content length; its type must be one of the
     message's, and not one it already had."""
     if head[:1] != b"P" or not head[1:].isdigit():
