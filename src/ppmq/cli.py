@@ -275,8 +275,11 @@ def _status_table(body: dict[str, Any]) -> str:
 
 
 def _listener_line(name: str, entry: dict[str, Any]) -> str:
-    """A listener's connections."""
-    return f"{name}: {entry['Connections']} connections"
+    """A listener's connections, and on PhpmqSocket its frames to queues that do not exist."""
+    line = f"{name}: {entry['Connections']} connections"
+    if "UnknownQueue" in entry:
+        line += f", {entry['UnknownQueue']} frames to unknown queues"
+    return line
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:

@@ -285,9 +285,9 @@ class Daemon:
     def _complete_status(self, body: dict) -> None:
         """What STATUS takes from this process rather than the store (PROTOCOL §8,
         §9, §10): whether each subscriber is connected, its takers, the commit
-        times, and each listener's connections. Runs on the writer thread; it
-        only reads flags and counters and copies the dicts the event loop may
-        change meanwhile."""
+        times, and each listener's connections (and PhpmqSocket's frames to
+        unknown queues). Runs on the writer thread; it only reads flags and
+        counters and copies the dicts the event loop may change meanwhile."""
         connected = {name for name, (link, _) in dict(self.links).items() if link.connected}
         for topic in body["Topics"].values():
             for name, sub in topic["Subscribers"].items():
@@ -295,6 +295,8 @@ class Daemon:
         self.takes.complete_status(body)
         body["CommitSeconds"] = self.commit_times.body()
         listeners = {name: {"Connections": count} for name, count in dict(self.connections.open).items()}
+        if self.phpmq is not None:
+            self.phpmq.complete_status(listeners)
         body["Listeners"] = listeners
 
     async def _write_metrics_every(self, interval_s: float) -> None:

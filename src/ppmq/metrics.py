@@ -105,7 +105,8 @@ def _broker_families(body: dict[str, Any]) -> Iterator[Metric]:
 
 def _listener_families(listeners: dict[str, Any]) -> Iterator[Metric]:
     """Per listener (ServerSocket, PhpmqSocket), from STATUS `Listeners`, which
-    the running process adds; a key only some listeners have is a row of those only."""
+    the running process adds; a key only some listeners have (UnknownQueue) is
+    a row of those only."""
     for kind, key, name, doc in _LISTENER_FAMILIES:
         yield _family(kind, name, doc, ["listener"], [([n], s[key]) for n, s in listeners.items() if key in s])
 
@@ -151,6 +152,7 @@ _BROKER_COUNTERS = (
 )
 _LISTENER_FAMILIES = (
     (GaugeMetricFamily, "Connections", "ppmq_connections", "Connections open on the listener (MaxConnections bounds all listeners' together)."),
+    (CounterMetricFamily, "UnknownQueue", "ppmq_unknown_queue", "Frames naming a queue that is no topic; each closed its connection."),
 )
 _BROKER_GAUGES = (
     ("StoreUsedBytes", "ppmq_store_used_bytes", "Bytes of the store's pages in use."),

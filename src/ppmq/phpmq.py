@@ -11,7 +11,8 @@ that Consumer's task while the connection's next frames are read.
 
 The protocol has no replies, so whatever ppmq would answer with an error closes
 the connection, logged: a bad frame (counted in `Rejected` as a bad request on
-ServerSocket is), a queue that does not exist, a refused request. The client
+ServerSocket is), a queue that does not exist (counted in `UnknownQueue` too,
+so that an operator finds a producer's typo), a refused request. The client
 notices the close, and no message it sent is silently dropped.
 
 Connections count toward MaxConnections with ServerSocket's
@@ -49,6 +50,10 @@ LISTENER = "PhpmqSocket"  # its name in the connection counts (STATUS Listeners)
 
 class Refused(Exception):
     """The broker answered a PHPMQ request with an error; the text says which."""
+
+
+class UnknownQueue(wire.BadFrame):
+    """A frame names a queue that is no topic of the config in force."""
 
 
 class PhpmqConnection:
@@ -94,8 +99,11 @@ class PhpmqConnection:
             await self.consumer.close()
 
     def _reject(self, exc: wire.BadFrame) -> None:
-        """Count a bad frame in Rejected, as the writer counts every bad request."""
+        """Count a bad frame in Rejected, as the writer counts every bad request,
+        and one naming an unknown queue in the listener's UnknownQueue."""
         log.warning("%s: bad PHPMQ frame: %s; closing the connection", self.where, exc)
+        if isinstance(exc, UnknownQueue):
+            self.server.unknown_queue += 1
         error = p.TooLarge(str(exc)) if isinstance(exc, wire.TooLarge) else p.BadRequest(f"PHPMQ: {exc}")
         self.server.writer.submit(Invalid(error, UNSET))
 
@@ -124,7 +132,7 @@ class PhpmqConnection:
         does not exist is a bad frame."""
         topic = next((t for t in self.server.config.topics if t.name == frame.queue), None)
         if topic is None:
-            raise wire.BadFrame(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
+            raise UnknownQueue(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
         if frame.type != wire.SEND and topic.phpmq_subscriber is None:
             raise wire.BadFrame(f"queue {topic.name!r} cannot be consumed: its topic has no PhpmqSubscriber")
         return topic
@@ -173,6 +181,7 @@ class PhpmqServer:
         self.connections = connections  # MaxConnections, shared with the other listeners
         connections.listener(LISTENER)
         self.policy = policy
+        self.unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
         self._count = 0
@@ -207,6 +216,10 @@ class PhpmqServer:
             self._tasks.discard(task)
             self.connections.leave(LISTENER)
             out.close()
+
+    def complete_status(self, listeners: dict[str, dict[str, int]]) -> None:
+        """STATUS `Listeners`: this listener's entry gains `UnknownQueue`."""
+        listeners.setdefault(LISTENER, {})["UnknownQueue"] = self.unknown_queue
 
     async def stop(self) -> None:
         """Stop accepting, and remove the socket file."""

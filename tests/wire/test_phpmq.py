@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import BrokerProcess, wait_for
 from tests.wire import phpmq_client as pm
 from tests.wire.phpmq_client import PhpmqClient
+from tests.wire.test_cli import ppmq
+from tests.wire.test_metrics import metrics_now, value
 
 
 def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, dispatch_ttl: bool = False, **extra) -> BrokerProcess:
@@ -145,6 +147,24 @@ def test_a_bad_frame_closes_only_its_connection_and_is_counted_in_rejected_with_
         good.write(pm.send("q", "after"))
         wait_for(lambda: [m["Payload"] for m in peek(b, "q")] == ["before", "after"], what="both sends stored")
         assert not good.closed_by_peer(0.2)
+
+
+def test_a_send_to_an_unknown_queue_closes_the_connection_and_is_logged_by_name_and_counted_for_the_listener(broker_factory, short_tmp):
+    # Given a producer that misspells its queue
+    b = phpmq_broker(broker_factory, short_tmp)
+    with phpmq(b) as c:
+        # When it sends there
+        c.write(pm.send("q-typo", "lost?"))
+        # Then its connection is closed, as the protocol has no error reply
+        assert c.closed_by_peer()
+    # And the operator finds the queue's name in the log, and the count in STATUS and the metrics
+    wait_for(lambda: b.status()["Listeners"]["PhpmqSocket"]["UnknownQueue"] == 1, what="UnknownQueue 1")
+    assert b.log.count("queue 'q-typo' does not exist") == 1
+    assert rejected(b) == 1
+    fams = metrics_now(b)
+    assert value(fams, "ppmq_unknown_queue", "ppmq_unknown_queue_total", listener="PhpmqSocket") == 1
+    assert value(fams, "ppmq_connections", listener="PhpmqSocket") == 0
+    assert "PhpmqSocket: 0 connections, 1 frames to unknown queues" in ppmq("status", "-c", b.config_path).stdout
 
 
 def test_a_frame_that_stalls_midway_is_closed_after_read_timeout(broker_factory, short_tmp):
