@@ -107,8 +107,10 @@ def test_a_consumer_killed_with_kill_9_loses_nothing_another_gets_its_messages_a
     proc.kill()
     proc.wait(10)
     proc.stdout.close()
-    # Then another consumer gets all five, in their order, at once (q has no
-    # AckRetry: without the killed connection's give-back they would never come back)
+    # Then what it held is ready again at once (q has no AckRetry: without the
+    # killed connection's give-back it would never come back)
+    wait_for(lambda: b.sub_status("q", "w")["InFlight"] == 0, what="the killed consumer's messages given back")
+    # And another consumer gets all five, in their order
     with phpmq(b) as other:
         other.sock.settimeout(5)
         other.write(pm.consume("q", 5))
