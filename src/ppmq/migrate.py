@@ -151,12 +151,21 @@ def _3_to_4(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
     return _ready_as_runs(txn, dbs) + _holders_as_groups(txn, dbs)
 
 
+def _copies(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> int:
+    """5 -> 6: the databases `copies` and `copy_expiry` (schema.py) are new,
+    and empty in a converted store: schema 5 gave no copy an expiry of its
+    own (a PHPMQ re-queue changed the message's). Opening the store made them,
+    so nothing is rewritten."""
+    return 0
+
+
 # STEPS[v] converts a store of schema v to v + 1.
 STEPS: dict[int, Callable[[lmdb.Transaction, dict[str, lmdb._Database]], int]] = {
     1: _inflight_with_publish_ns,
     2: _inflight_by_batch,
     3: _3_to_4,
     4: _bodies_as_groups,
+    5: _copies,
 }
 
 

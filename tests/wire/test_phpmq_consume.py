@@ -4,6 +4,7 @@ or dead-lettered (006); what a closed connection held is ready again."""
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import time
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import BrokerProcess, wait_for
 from tests.wire import phpmq_client as pm
-from tests.wire.test_phpmq import phpmq, phpmq_broker, peek, sent
+from tests.wire.test_phpmq import _accepting, phpmq, phpmq_broker, peek, sent
 
 
 def test_every_message_type_consume_dispatch_ack_requeue_and_dead_letter(broker_factory, short_tmp):
@@ -155,3 +156,61 @@ def test_phpmq_dispatch_ttl_chooses_three_packets_or_four_with_the_ttl(broker_fa
     assert packets[:3] == [(b"P01", b"q"), (b"P02", b"x"), (b"P03", b"1")]
     assert [p for p, _ in packets[3:]] == ([b"P05"] if dispatch_ttl else [])
     assert not dispatch_ttl or 3598 <= int(packets[3][1]) <= 3600
+
+
+# --- a re-queue and the topic's other subscribers (PROTOCOL §9) -----------------------------
+
+
+def shared_queue(broker_factory, short_tmp, content: str, ttl_s: int) -> BrokerProcess:
+    """Queue `q` (Expire) consumed through the Pull subscriber `w`, and pushed to
+    `other` as well, not connected yet; one message sent to it with ttl_s."""
+    topics = [{"Name": "q", "Subscribers": ["w", "other"], "PhpmqSubscriber": "w", "Expire": True}]
+    subs = [{"Name": "w", "Pull": True, "Socket": None}, "other"]
+    b = broker_factory(topics, subs, PhpmqSocket=str(short_tmp / "phpmq.sock"))
+    wait_for(lambda: _accepting(b.config["PhpmqSocket"]), what="PhpmqSocket")
+    sent(b, pm.send("q", content, ttl_s))
+    return b
+
+
+def requeued(c: pm.PhpmqClient, ttl_s: int) -> pm.Dispatched:
+    """The consumer takes the queue's message, and re-queues it with ttl_s."""
+    c.write(pm.consume("q", 1))
+    m = c.receive()
+    c.write(pm.requeue("q", m.message_id, ttl_s))
+    return m
+
+
+def expired(b: BrokerProcess, sub: str) -> int:
+    return b.sub_status("q", sub)["Expired"]
+
+
+def test_a_requeue_with_a_short_ttl_expires_the_consumers_copy_only(broker_factory, short_tmp):
+    # Given a message with an hour to live, for the PHPMQ consumer and for `other`
+    b = shared_queue(broker_factory, short_tmp, "for both", 3600)
+    with phpmq(b) as c:
+        # When the consumer re-queues it with a TTL of 1 second
+        m = requeued(c, 1)
+        # Then its copy expires
+        wait_for(lambda: expired(b, "w") == 1, what="the consumer's copy to expire")
+    # And `other` still gets the message, with the producer's expiry
+    other = broker_factory.subscriber(b, "other")
+    other.wait_messages(1)
+    [got] = other.messages
+    assert got["Payload"] == "for both" and got["Key"] == m.message_id
+    assert time.time() + 3500 < dt.datetime.fromisoformat(got["Expires"].replace("Z", "+00:00")).timestamp()
+    assert expired(b, "other") == 0
+
+
+def test_a_requeue_with_ttl_0_keeps_the_consumers_copy_and_the_others_expire_as_the_producer_said(broker_factory, short_tmp):
+    # Given a message with 2 seconds to live, for the PHPMQ consumer and for `other`
+    b = shared_queue(broker_factory, short_tmp, "short", 2)
+    with phpmq(b) as c:
+        # When the consumer re-queues it with a TTL of 0 (no expiry)
+        m = requeued(c, 0)
+        assert c.receive().message_id == m.message_id
+        # Then `other`'s copy expires at the producer's time, and the consumer's does not
+        wait_for(lambda: expired(b, "other") == 1, what="other's copy to expire")
+        assert expired(b, "w") == 0
+        assert [(x["Subscriber"], x["Expires"]) for x in peek(b, "q")] == [("w", None)]
+        c.write(pm.ack("q", m.message_id))
+    wait_for(lambda: b.status()["Topics"]["q"]["Stored"] == 0, what="the ack to finish the message")
