@@ -88,16 +88,14 @@ class Server:
         if refused is not None:
             await self._refuse(conn, refused)
             return
+        task = asyncio.current_task()
         try:
             peer = Peer.of_socket(conn.get_extra_info("socket"))
-            task = asyncio.current_task()
             channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")
             authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
-            try:
-                await Requests(conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes).serve()
-            finally:
-                del self._channels[task]
+            await Requests(conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes).serve()
         finally:
+            self._channels.pop(task, None)
             self.connections.leave(LISTENER)
 
     async def _refuse(self, out: Connection, error: p.Unavailable) -> None:
