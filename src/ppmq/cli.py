@@ -319,7 +319,16 @@ def _status_table(body: dict[str, Any]) -> str:
         )
         lines += ["  " + next(rows) for _ in table]
     lines.append(f"rejected requests: {body['Rejected']} ({body['Forbidden']} forbidden), commits: {body['Commits']}")
+    lines += [_listener_line(name, entry) for name, entry in body.get("Listeners", {}).items()]
     return "\n".join(lines)
+
+
+def _listener_line(name: str, entry: dict[str, Any]) -> str:
+    """A listener's connections, and on PhpmqSocket its frames to queues that do not exist."""
+    line = f"{name}: {entry['Connections']} connections"
+    if "UnknownQueue" in entry:
+        line += f", {entry['UnknownQueue']} frames to unknown queues"
+    return line
 
 
 def _sub_row(name: str, s: dict[str, Any]) -> tuple[str, ...]:

@@ -186,7 +186,10 @@ class Completion(Wired):
     def _requeue_at_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
         """The key, in flight to the subscriber, goes to the end of its priority
         with the new TTL, as a delivery attempt (MaxAttempts may give it up
-        instead). Raises the RequestError that refuses it: the connection's
+        instead). The TTL is that subscriber's copy's alone: while another
+        subscriber holds the message, the copy gets an expiry of its own and
+        the others keep theirs; held by it alone, the message is given the new
+        expiry. Raises the RequestError that refuses it: the connection's
         access check, or a queue a reload took away since it arrived."""
         op.check()
         topic = self.topics.get(op.topic)
@@ -200,7 +203,11 @@ class Completion(Wired):
             self.state.subs[topic.name][sub].ignored_acks += 1
             return p.Reply(status=200, accepted=0)
         if not back[1]:
-            self._retime(txn, topic, t, m, now_ns + op.ttl_s * NS if op.ttl_s else 0)
+            expires_ns = now_ns + op.ttl_s * NS if op.ttl_s else 0
+            if txn.get_holders(t, m).keys() == {s}:
+                self._retime(txn, topic, t, m, expires_ns)
+            else:
+                txn.put_copy_expiry(t, m, s, expires_ns, expire=topic.expire)
         return p.Reply(status=200, accepted=1)
 
     def _give_up(self, txn: Txn, topic: TopicConfig, s: int, flight: Flight, reason: str, now_ns: int) -> None:
@@ -252,6 +259,11 @@ class Completion(Wired):
                 txn.remove_expiry(expires, t, m)
             else:
                 self._expire(txn, topic, t, m)
+        for _, t, m, s in txn.due_copy_expiries(now_ns, PER_TICK):
+            topic = self._topic_name(t)
+            if topic is not None:
+                self._expire_copy(txn, topic, t, s, m)
+            txn.drop_copy_expiries(t, [m], s)  # also of a topic or subscription no config names
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
             self._requeue(txn, t, s, m, now_ns, "AckRetry")
         for t, s, prio, pos in txn.due_delayed(now_ns, PER_TICK):
@@ -266,10 +278,30 @@ class Completion(Wired):
         return name if name in self.topics else None
 
     def _expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
-        """PROTOCOL §3 Expiry: gone from every queue, also from in flight."""
-        for stats in self._discard(txn, topic, t, m, ev.EXPIRE):
+        """PROTOCOL §3 Expiry: gone from every queue, also from in flight; but
+        a copy with an expiry of its own (PROTOCOL §9) stays until that one.
+        The message then stays for those copies, out of the expiry index."""
+        own = txn.copy_expiries_of(t, m)
+        if not own:
+            for stats in self._discard(txn, topic, t, m, ev.EXPIRE):
+                stats.expired += 1
+            self.state.topics[topic].expired += 1
+            return
+        body = txn.get_body(t, m)
+        others = {self._sub_by_id.get(s) for s in txn.get_holders(t, m).keys() - own.keys()}
+        for stats in self._remove_copies(txn, topic, t, m, ev.EXPIRE, others):
             stats.expired += 1
-        self.state.topics[topic].expired += 1
+        self.state.topics[topic].expired += bool(others)
+        if body is not None and body.expires_ns and txn.get_body(t, m) is not None:
+            txn.remove_expiry(body.expires_ns, t, m)
+
+    def _expire_copy(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
+        """A copy's own expiry (PROTOCOL §9 PHPMQ re-queue) passed: gone from
+        that subscriber's queue, also from in flight; the other copies stay."""
+        sub = self._sub_by_id.get(s)
+        for stats in self._remove_copies(txn, topic, t, m, ev.EXPIRE, {sub}):
+            stats.expired += 1
+            self.state.topics[topic].expired += txn.get_body(t, m) is None  # it was the message's last copy
 
     def _discard(self, txn: Txn, topic: str, t: int, m: int, kind: str) -> list[SubStats]:
         """Remove m from every queue and from in flight, and delete it; return the
@@ -314,7 +346,7 @@ class Completion(Wired):
         return removed
 
     def _next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
+        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
         return max(now_ns, min(c for c in candidates if c is not None))
 
 

@@ -75,6 +75,8 @@ class TopicConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     dead_letter_reasons: list[str] = msgspec.field(default_factory=lambda: ["attempts", "rejected"])  # removals copied to DeadLetter
     max_age: Duration | None = None  # the Expires of a message published without one (needs Expire: true)
     phpmq_subscriber: str | None = None  # the pull subscriber PHPMQ consumers of this queue take from (PROTOCOL §9)
+    # PHPMQ dispatches carry a TTL packet (4 packets); off: 3, as php-mq/client reads them (PROTOCOL §9)
+    phpmq_dispatch_ttl: bool = msgspec.field(default=False, name="PhpmqDispatchTTL")
     publishers: list[str | int] | None = None  # who may publish; None: anyone
 
     @property
@@ -347,6 +349,8 @@ def _check_limits(config: Config, topic: TopicConfig) -> list[tuple[str, str]]:
     pullers = {s.name for s in config.subscribers if s.pull}
     if topic.phpmq_subscriber is not None and (topic.phpmq_subscriber not in topic.subscribers or topic.phpmq_subscriber not in pullers):
         errors.append((".PhpmqSubscriber", f"{topic.phpmq_subscriber!r} is not a Pull subscriber of this topic"))
+    if topic.phpmq_dispatch_ttl and topic.phpmq_subscriber is None:
+        errors.append((".PhpmqDispatchTTL", "needs PhpmqSubscriber (only PHPMQ consumers get dispatches)"))
     if topic.max_age is not None and not topic.expire:
         errors.append((".MaxAge", "needs Expire: true (without it, Expires is ignored)"))
     elif topic.max_age is not None and topic.max_age <= 0:

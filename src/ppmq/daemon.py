@@ -21,6 +21,7 @@ from pathlib import Path
 from . import protocol as p
 from .broker import Broker
 from .config import Config, ConfigError, SubscriberConfig, load_config
+from .connection_limit import ConnectionLimit
 from .delivery import SubscriberLink
 from .journal import Journal
 from .metrics import CommitTimes, exposition, write_textfile
@@ -99,11 +100,14 @@ class Daemon:
         )
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
         self.takes = Takes(self.writer)  # TAKEs of every listener's connections (PROTOCOL §9)
+        self.connections = ConnectionLimit(config.max_connections)  # of every listener together (PROTOCOL §9)
         self.server = Server(
             config.server_socket, self.writer, config.max_frame_bytes,
-            max_connections=config.max_connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
+            connections=self.connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
         )
-        self.phpmq = PhpmqServer(config.phpmq_socket, self.writer, self.takes, config, self.policy) if config.phpmq_socket else None
+        self.phpmq = (
+            PhpmqServer(config.phpmq_socket, self.writer, self.takes, config, self.connections, self.policy) if config.phpmq_socket else None
+        )
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
@@ -231,7 +235,7 @@ class Daemon:
         self.server.max_frame_bytes = config.max_frame_bytes
         if self.phpmq is not None:
             self.phpmq.config = config
-        self.server.read_timeout_s, self.server.max_connections = config.read_timeout, config.max_connections
+        self.server.read_timeout_s, self.connections.max_connections = config.read_timeout, config.max_connections
         self.last_error = ""
         log.info("config reloaded: %s", _summary(old, config))
 
@@ -280,15 +284,20 @@ class Daemon:
 
     def _complete_status(self, body: dict) -> None:
         """What STATUS takes from this process rather than the store (PROTOCOL §8,
-        §9, §10): whether each subscriber is connected, its takers, and the commit times. Runs on
-        the writer thread; it only reads flags and copies the links dict, which
-        the event loop may change during a reload."""
+        §9, §10): whether each subscriber is connected, its takers, the commit
+        times, and each listener's connections (and PhpmqSocket's frames to
+        unknown queues). Runs on the writer thread; it only reads flags and
+        counters and copies the dicts the event loop may change meanwhile."""
         connected = {name for name, (link, _) in dict(self.links).items() if link.connected}
         for topic in body["Topics"].values():
             for name, sub in topic["Subscribers"].items():
                 sub["Connected"] = name in connected
         self.takes.complete_status(body)
         body["CommitSeconds"] = self.commit_times.body()
+        listeners = {name: {"Connections": count} for name, count in dict(self.connections.open).items()}
+        if self.phpmq is not None:
+            self.phpmq.complete_status(listeners)
+        body["Listeners"] = listeners
 
     async def _write_metrics_every(self, interval_s: float) -> None:
         """At once, so the file exists from the start, then every Interval."""

@@ -17,6 +17,7 @@ from .lanes import Lanes, room
 from .laning import Laning
 from .ledger import Ledger
 from .ops import Delivery
+from .publishing import fragment_expiring
 from .queues import Queue
 from .schema import Taken
 from .state import NS
@@ -138,12 +139,16 @@ class Filling(Laning):
         taken = queue.take_fresh(limit, deadline, max_bytes)
         fresh = taken is not None  # published in this very step
         if not fresh:
-            pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0, max_bytes)
+            own = txn.copy_expiries(t, s)  # copies a PHPMQ re-queue gave an expiry of their own (PROTOCOL §9)
+            pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0, own, max_bytes)
             for m in pulled.expired:
-                self._expire(txn, topic.name, t, m)
+                if m in own:
+                    self._expire_copy(txn, topic.name, t, s, m)
+                else:
+                    self._expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
-            taken = pulled.entries
+            taken = pulled.entries if not own else [self._with_own_expiry(txn, t, entry, own) for entry in pulled.entries]
         ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*taken)
         if fresh:
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
@@ -152,6 +157,14 @@ class Filling(Laning):
         if self.sub_configs[sub].metadata:
             fragments = p.with_metadata(fragments, attempts, pub_ns)
         return list(ids), list(fragments)
+
+    def _with_own_expiry(self, txn: Txn, t: int, entry: Taken, own: dict[int, int]) -> Taken:
+        """A taken entry as its copy is delivered: with the copy's own Expires if it has one."""
+        m = entry[0]
+        body = txn.get_body(t, m) if m in own else None
+        if body is None:
+            return entry
+        return (*entry[:5], fragment_expiring(body, own[m]), entry[6], own[m])
 
     def _settle_fresh(self, txn: Txn, topic: str) -> None:
         """The fresh messages of one topic join its ready queues now: before a

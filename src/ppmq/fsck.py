@@ -2,7 +2,8 @@
 
 The store (schema in schema.py) keeps every fact twice: a message's place in a
 subscriber's queue is in `ready` or `inflight` and in its `holders`, its expiry
-and dedupe key in their indexes, and the counters STATUS shows in `meta`. A bug
+and dedupe key in their indexes (a copy's own expiry in `copies` and its
+index), and the counters STATUS shows in `meta`. A bug
 or a damaged file shows up as two copies that disagree, which is what this
 checks. Rows of a publish being staged (staging.py) are uncounted by design:
 while the meta `staging` record names their range they are left out of the
@@ -29,6 +30,8 @@ from .ledger import load_state
 from .state import State
 from .reader import (
     BodyRecord,
+    CopyExpiryRecord,
+    CopyRecord,
     Damaged,
     DeadlineRecord,
     DelayedRecord,
@@ -69,6 +72,8 @@ class Snapshot:
     due: set[tuple[int, int, int, int, int]] = field(default_factory=set)  # due_ns, t, s, prio, pos
     expiry: set[tuple[int, int, int]] = field(default_factory=set)  # expires_ns, t, m
     dedupe: dict[tuple[int, bytes], int] = field(default_factory=dict)
+    copies: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, m, s -> the copy's own expires_ns
+    copy_expiry: set[tuple[int, int, int, int]] = field(default_factory=set)  # expires_ns, t, m, s
     fragment_bytes: Counter = field(default_factory=Counter)  # topic id -> bytes of its messages as delivered
     problems: list[str] = field(default_factory=list)
 
@@ -88,6 +93,11 @@ class Snapshot:
 
     def msg(self, t: int, m: int) -> str:
         return f"topic {self.topic(t)} message {m}"
+
+    def all_copies_own(self, t: int, m: int) -> bool:
+        """Every copy of m has an expiry of its own: m's own expiry, passed, is out of the index."""
+        holders = self.holders.get((t, m), {})
+        return bool(holders) and all((t, m, s) in self.copies for s in holders)
 
     def hidden(self, t: int, m: int) -> bool:
         """Message (or queue position) m of topic t belongs to a publish being staged."""
@@ -187,6 +197,14 @@ def _dedupe(snap: Snapshot, record: DedupeRecord, fragments: bool) -> None:
     snap.dedupe[record.t, record.key] = record.m
 
 
+def _copy(snap: Snapshot, record: CopyRecord, fragments: bool) -> None:
+    snap.copies[record.t, record.m, record.s] = record.expires_ns
+
+
+def _copy_expiry(snap: Snapshot, record: CopyExpiryRecord, fragments: bool) -> None:
+    snap.copy_expiry.add(tuple(record))
+
+
 _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
     "bodies": _body,
     "holders": _holders,
@@ -197,6 +215,8 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
     "due": _due,
     "expiry": _expiry,
     "dedupe": _dedupe,
+    "copies": _copy,
+    "copy_expiry": _copy_expiry,
 }
 
 
@@ -208,7 +228,8 @@ def check(snap: Snapshot, config: Config) -> list[str]:
     problems = list(snap.problems)
     for find in (_staging_record_fits, _sequences_reserved, _bodies_referenced, _rows_tile_ids, _holders_point_at_places,
                  _ready_points_at_messages, _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
-                 _due_points_at_delayed, _message_indexes_point_at_bodies, _subscriptions_exist, _counters_match):
+                 _due_points_at_delayed, _message_indexes_point_at_bodies, _copies_point_at_holders, _subscriptions_exist,
+                 _counters_match):
         problems += find(snap, config)
     return problems
 
@@ -256,7 +277,7 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
         tc = flags.get(names[t])
         if tc is not None and tc.dedupe and snap.dedupe.get((t, body.key)) != m:
             out.append(f"dedupe: {where} (key {body.key!r}) is missing from the dedupe index")
-        if tc is not None and tc.expire and body.expires_ns and (body.expires_ns, t, m) not in snap.expiry:
+        if tc is not None and tc.expire and body.expires_ns and (body.expires_ns, t, m) not in snap.expiry and not snap.all_copies_own(t, m):
             out.append(f"expiry: {where} expires but is missing from the expiry index")
     return out
 
@@ -373,6 +394,23 @@ def _message_indexes_point_at_bodies(snap: Snapshot, config: Config) -> list[str
     for (t, key), m in snap.dedupe.items():
         if getattr(snap.bodies.get((t, m)), "key", None) != key:
             out.append(f"dedupe: key {key!r} of topic {snap.topic(t)} points at message {m}, which is not stored under that key")
+    return out
+
+
+def _copies_point_at_holders(snap: Snapshot, config: Config) -> list[str]:
+    """A copy's own expiry belongs to a copy still held, and on an Expire topic
+    is in its index when it expires at all; an index entry names such a copy."""
+    out = []
+    expiring = {tc.name for tc in config.topics if tc.expire}
+    for (t, m, s), expires_ns in snap.copies.items():
+        where = f"copies: subscriber {snap.sub(s)}'s copy of {snap.msg(t, m)}"
+        if s not in snap.holders.get((t, m), {}):
+            out.append(f"{where} has an expiry of its own but is not held")
+        if expires_ns and snap.topic_names.get(t) in expiring and (expires_ns, t, m, s) not in snap.copy_expiry:
+            out.append(f"{where} expires but is missing from the copy_expiry index")
+    for expires_ns, t, m, s in snap.copy_expiry:
+        if snap.copies.get((t, m, s)) != expires_ns:
+            out.append(f"copy_expiry: {expires_ns} for subscriber {snap.sub(s)}'s copy of {snap.msg(t, m)} matches no copy expiring then")
     return out
 
 

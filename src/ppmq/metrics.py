@@ -65,6 +65,7 @@ class StatusCollector(Collector):
         yield from _topic_families(self.body["Topics"])
         yield from _subscriber_families(self.body["Topics"])
         yield from _broker_families(self.body)
+        yield from _listener_families(self.body.get("Listeners", {}))
 
 
 def _topic_families(topics: dict[str, Any]) -> Iterator[Metric]:
@@ -100,6 +101,14 @@ def _broker_families(body: dict[str, Any]) -> Iterator[Metric]:
     if "CommitSeconds" in body:
         commits = body["CommitSeconds"]
         yield HistogramMetricFamily("ppmq_commit_duration_seconds", COMMIT_HELP, buckets=list(commits["Buckets"].items()), sum_value=commits["Sum"])
+
+
+def _listener_families(listeners: dict[str, Any]) -> Iterator[Metric]:
+    """Per listener (ServerSocket, PhpmqSocket), from STATUS `Listeners`, which
+    the running process adds; a key only some listeners have (UnknownQueue) is
+    a row of those only."""
+    for kind, key, name, doc in _LISTENER_FAMILIES:
+        yield _family(kind, name, doc, ["listener"], [([n], s[key]) for n, s in listeners.items() if key in s])
 
 
 def _family(kind: type, name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]) -> Metric:
@@ -140,6 +149,10 @@ _BROKER_COUNTERS = (
     ("Rejected", "ppmq_rejected_requests", "Requests answered with an error status."),
     ("Forbidden", "ppmq_forbidden_requests", "Requests refused for the peer's credentials (also in rejected)."),
     ("Commits", "ppmq_commits", "Write transactions committed."),
+)
+_LISTENER_FAMILIES = (
+    (GaugeMetricFamily, "Connections", "ppmq_connections", "Connections open on the listener (MaxConnections bounds all listeners' together)."),
+    (CounterMetricFamily, "UnknownQueue", "ppmq_unknown_queue", "Frames naming a queue that is no topic; each closed its connection."),
 )
 _BROKER_GAUGES = (
     ("StoreUsedBytes", "ppmq_store_used_bytes", "Bytes of the store's pages in use."),

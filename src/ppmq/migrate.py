@@ -194,12 +194,21 @@ def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], sta
     return rewritten, start
 
 
+def _copies(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
+    """5 -> 6: the databases `copies` and `copy_expiry` (schema.py) are new,
+    and empty in a converted store: schema 5 gave no copy an expiry of its
+    own (a PHPMQ re-queue changed the message's). Opening the store made them,
+    so nothing is rewritten."""
+    return 0, None
+
+
 # STEPS[v]: the parts that convert a store of schema v to v + 1, in order.
 STEPS: dict[int, tuple[Part, ...]] = {
     1: (_inflight_with_publish_ns,),
     2: (_inflight_by_batch,),
     3: (_ready_as_runs, _holders_as_groups),
     4: (_bodies_as_groups,),
+    5: (_copies,),
 }
 
 

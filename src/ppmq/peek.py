@@ -82,29 +82,32 @@ def peek(txn: Txn, t: int, subs: dict[str, int], parts: tuple[int, ...], limit: 
 
 
 def _entries(txn: Txn, t: int, s: int, name: str, part: int, start: Cursor | None) -> Iterator[tuple[Cursor, dict]]:
-    """One part of one subscriber's entries, each with its cursor, after `start`."""
+    """One part of one subscriber's entries, each with its cursor, after `start`;
+    a copy with an expiry of its own (PROTOCOL §9) shows that one."""
+    own = txn.copy_expiries(t, s)
     if part == _INFLIGHT:
         for flight, deadline_ns in txn.inflight_deadlines(t, s):
             body = txn.get_body(t, flight.m)
             if body is not None and (start is None or flight.m > start.pos):
-                yield Cursor(name, part, 0, flight.m), _entry(body, name, "inflight", flight.attempts, deadline_ns)
+                expires_ns = own.get(flight.m, body.expires_ns)
+                yield Cursor(name, part, 0, flight.m), _entry(body, expires_ns, name, "inflight", flight.attempts, deadline_ns)
         return
     after = (0, 0) if start is None else (start.prio, start.pos + 1)
     rows = txn.ready_of(t, s, after) if part == _READY else txn.delayed_of(t, s, after)
     for row in rows:
         body = txn.get_body(t, row.msg)
         if body is not None:
-            yield Cursor(name, part, row.prio, row.pos), _entry(body, name, "ready", row.attempts, 0)
+            yield Cursor(name, part, row.prio, row.pos), _entry(body, own.get(row.msg, body.expires_ns), name, "ready", row.attempts, 0)
 
 
-def _entry(body: Body, sub: str, state: str, attempts: int, deadline_ns: int) -> dict:
+def _entry(body: Body, expires_ns: int, sub: str, state: str, attempts: int, deadline_ns: int) -> dict:
     """One message as PEEK shows it; a dead letter's entry also has its `Origin`."""
     payload, origin = p.fragment_parts(body.fragment)
     entry = {
         "Key": body.key.decode(),
         "Payload": msgspec.Raw(payload),
         "Priority": body.priority,
-        "Expires": p.format_expires(body.expires_ns) if body.expires_ns else None,
+        "Expires": p.format_expires(expires_ns) if expires_ns else None,
         "Subscriber": sub,
         "State": state,
         "Attempt": attempts,

@@ -11,8 +11,12 @@ that Consumer's task while the connection's next frames are read.
 
 The protocol has no replies, so whatever ppmq would answer with an error closes
 the connection, logged: a bad frame (counted in `Rejected` as a bad request on
-ServerSocket is), a queue that does not exist, a refused request. The client
+ServerSocket is), a queue that does not exist (counted in `UnknownQueue` too,
+so that an operator finds a producer's typo), a refused request. The client
 notices the close, and no message it sent is silently dropped.
+
+Connections count toward MaxConnections with ServerSocket's
+(connection_limit.py); one over it is closed at once, before a byte is read.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from . import protocol as p
 from . import sockets
 from .access import Peer, Policy
 from .config import Config, TopicConfig
+from .connection_limit import ConnectionLimit
 from .ops import Guarded, Invalid, Op, Requeue
-from .phpmq_consume import Consumer
+from .phpmq_consume import Consumer, Wanted
 from .server import LISTEN_BACKLOG
 from .takes import Takes
 from .writer import Writer
@@ -40,10 +45,15 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 16
+LISTENER = "PhpmqSocket"  # its name in the connection counts (STATUS Listeners)
 
 
 class Refused(Exception):
     """The broker answered a PHPMQ request with an error; the text says which."""
+
+
+class UnknownQueue(wire.BadFrame):
+    """A frame names a queue that is no topic of the config in force."""
 
 
 class PhpmqConnection:
@@ -89,8 +99,11 @@ class PhpmqConnection:
             await self.consumer.close()
 
     def _reject(self, exc: wire.BadFrame) -> None:
-        """Count a bad frame in Rejected, as the writer counts every bad request."""
+        """Count a bad frame in Rejected, as the writer counts every bad request,
+        and one naming an unknown queue in the listener's UnknownQueue."""
         log.warning("%s: bad PHPMQ frame: %s; closing the connection", self.where, exc)
+        if isinstance(exc, UnknownQueue):
+            self.server.unknown_queue += 1
         error = p.TooLarge(str(exc)) if isinstance(exc, wire.TooLarge) else p.BadRequest(f"PHPMQ: {exc}")
         self.server.writer.submit(Invalid(error, UNSET))
 
@@ -104,7 +117,7 @@ class PhpmqConnection:
         sub = _phpmq_subscriber(topic)
         if frame.type == wire.CONSUME:
             assert frame.count is not None, "a 002 has a count (phpmq_codec.PACKETS)"
-            self.consumer.consume(topic.name, sub, frame.count)
+            self.consumer.consume(Wanted(topic.name, sub, frame.count, topic.phpmq_dispatch_ttl))
             return
         if frame.type == wire.ACK:
             await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[frame.message_id])), "ack")
@@ -119,7 +132,7 @@ class PhpmqConnection:
         does not exist is a bad frame."""
         topic = next((t for t in self.server.config.topics if t.name == frame.queue), None)
         if topic is None:
-            raise wire.BadFrame(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
+            raise UnknownQueue(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
         if frame.type != wire.SEND and topic.phpmq_subscriber is None:
             raise wire.BadFrame(f"queue {topic.name!r} cannot be consumed: its topic has no PhpmqSubscriber")
         return topic
@@ -158,12 +171,17 @@ def _message(topic: TopicConfig, frame: wire.Frame) -> p.Message:
 class PhpmqServer:
     """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
 
-    def __init__(self, path: str, writer: Writer, takes: Takes, config: Config, policy: Policy | None = None) -> None:
+    def __init__(
+        self, path: str, writer: Writer, takes: Takes, config: Config, connections: ConnectionLimit, policy: Policy | None = None,
+    ) -> None:
         self.path = path
         self.writer = writer
         self.takes = takes  # consuming is TAKE on behalf of each connection (PROTOCOL §9)
         self.config = config
+        self.connections = connections  # MaxConnections, shared with the other listeners
+        connections.listener(LISTENER)
         self.policy = policy
+        self.unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
         self._server: asyncio.AbstractServer | None = None
         self._bound: sockets.SocketFile | None = None  # PhpmqSocket's file once bound: removed at stop
         self._tasks: set[asyncio.Task] = set()
@@ -176,17 +194,33 @@ class PhpmqServer:
         log.info("speaking PHPMQ on %s", self.path)
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+        """One connection, if MaxConnections lets it in (PHPMQ has no reply to
+        refuse it with: it is closed). Whatever its bytes do, nothing leaves
+        this handler: an error the serving did not foresee is a bug, logged with
+        its traceback and counted in Rejected, and it costs this connection only."""
         self._count += 1
-        peer = Peer.of_socket(out.get_extra_info("socket"))
+        where = f"phpmq#{self._count}"
+        if self.connections.admit(LISTENER, where) is not None:
+            out.close()
+            return
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
-            await PhpmqConnection(self, peer, out, f"phpmq#{self._count} ({peer})").serve(reader)
+            peer = Peer.of_socket(out.get_extra_info("socket"))
+            await PhpmqConnection(self, peer, out, f"{where} ({peer})").serve(reader)
         except (ConnectionError, OSError) as exc:
-            log.debug("phpmq#%d: connection error: %s", self._count, exc)
+            log.debug("%s: connection error: %s", where, exc)
+        except Exception as exc:
+            log.exception("%s: internal error; closing the connection", where)
+            self.writer.submit(Invalid(p.RequestError(f"PHPMQ: internal error: {exc}"), UNSET))
         finally:
             self._tasks.discard(task)
+            self.connections.leave(LISTENER)
             out.close()
+
+    def complete_status(self, listeners: dict[str, dict[str, int]]) -> None:
+        """STATUS `Listeners`: this listener's entry gains `UnknownQueue`."""
+        listeners.setdefault(LISTENER, {})["UnknownQueue"] = self.unknown_queue
 
     async def stop(self) -> None:
         """Stop accepting, and remove the socket file it bound."""

@@ -27,6 +27,8 @@ MESSAGE_HEADER_BYTES = 8
 PACKET_HEADER_BYTES = 32
 VERSION = 1
 MAX_TTL_S = 10**9 - 1  # as a ppmq publish's TTL (validate.py)
+MAX_COUNT = 10**9 - 1  # messages a consume request may keep in flight
+MAX_NUMBER_DIGITS = 20  # a count or TTL packet, leading zeros included
 
 # Message types
 SEND, CONSUME, DISPATCH, ACK, REQUEUE, DEAD_LETTER = 1, 2, 3, 4, 5, 6
@@ -83,24 +85,28 @@ class Decoder:
 
     def next_frame(self) -> Frame | None:
         """The next whole frame, taken off the buffer; None until one is whole.
-        Raises BadFrame as soon as the bytes so far cannot begin a good one."""
-        if len(self._buf) < MESSAGE_HEADER_BYTES:
+        Raises BadFrame as soon as the bytes so far cannot begin a good one.
+        Only the headers are read until the frame is whole: a frame that
+        arrives in many reads has its packets copied once."""
+        buf = self._buf
+        if len(buf) < MESSAGE_HEADER_BYTES:
             return None
-        kind, count = _message_header(bytes(self._buf[:MESSAGE_HEADER_BYTES]))
-        packets: dict[int, bytes] = {}
+        kind, count = _message_header(bytes(buf[:MESSAGE_HEADER_BYTES]))
+        spans: dict[int, tuple[int, int]] = {}  # packet type -> where its content lies in the buffer
         at = MESSAGE_HEADER_BYTES
         for _ in range(count):
-            if len(self._buf) < at + PACKET_HEADER_BYTES:
+            if len(buf) < at + PACKET_HEADER_BYTES:
                 return None
-            ptype, length = _packet_header(bytes(self._buf[at : at + PACKET_HEADER_BYTES]), kind, packets)
+            ptype, length = _packet_header(bytes(buf[at : at + PACKET_HEADER_BYTES]), kind, spans)
             at += PACKET_HEADER_BYTES
             if at + length > self.max_frame_bytes:
                 raise TooLarge(f"frame of at least {at + length} bytes exceeds MaxFrameBytes ({self.max_frame_bytes})")
-            if len(self._buf) < at + length:
+            if len(buf) < at + length:
                 return None
-            packets[ptype] = bytes(self._buf[at : at + length])
+            spans[ptype] = (at, at + length)
             at += length
-        del self._buf[:at]
+        packets = {ptype: bytes(buf[start:end]) for ptype, (start, end) in spans.items()}
+        del buf[:at]
         return _frame(kind, packets)
 
 
@@ -123,7 +129,7 @@ def _counts(required: frozenset[int], optional: frozenset[int]) -> str:
     return f"{len(required)}" + (f" or {len(required) + len(optional)}" if optional else "")
 
 
-def _packet_header(head: bytes, kind: int, seen: dict[int, bytes]) -> tuple[int, int]:
+def _packet_header(head: bytes, kind: int, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
     """A packet header's type and content length; its type must be one of the
     message's, and not one it already had."""
     if head[:1] != b"P" or not head[1:].isdigit():
@@ -146,7 +152,7 @@ def _frame(kind: int, packets: dict[int, bytes]) -> Frame:
         _text(packets[QUEUE], "queue name"),
         content=_text(packets[CONTENT], "message content") if CONTENT in packets else None,
         message_id=_text(packets[MESSAGE_ID], "message ID") if MESSAGE_ID in packets else None,
-        count=_number(packets[COUNT], "message count", None) if COUNT in packets else None,
+        count=_number(packets[COUNT], "message count", MAX_COUNT) if COUNT in packets else None,
         ttl_s=_number(packets[TTL], "TTL", MAX_TTL_S) if TTL in packets else 0,
     )
 
@@ -158,17 +164,24 @@ def _text(raw: bytes, what: str) -> str:
         raise BadFrame(f"{what} is not UTF-8 (byte {exc.start})") from None
 
 
-def _number(raw: bytes, what: str, limit: int | None) -> int:
-    """A packet of ASCII digits (no sign, no space), at most `limit`."""
-    if not raw.isdigit() or (limit is not None and int(raw) > limit):
-        bound = f" up to {limit}" if limit is not None else ""
-        raise BadFrame(f"{what} {raw[:40]!r} is not a whole number of seconds or messages{bound}")
+def _number(raw: bytes, what: str, limit: int) -> int:
+    """A packet of at most MAX_NUMBER_DIGITS ASCII digits (no sign, no space),
+    at most `limit`. The length is checked first: int() refuses (ValueError)
+    digit strings longer than Python's limit, and reads long ones slowly."""
+    if len(raw) > MAX_NUMBER_DIGITS:
+        raise BadFrame(f"{what} of {len(raw)} bytes is longer than {MAX_NUMBER_DIGITS} digits")
+    if not raw.isdigit() or int(raw) > limit:
+        raise BadFrame(f"{what} {raw!r} is not a whole number from 0 to {limit}")
     return int(raw)
 
 
-def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_s: int) -> bytes:
-    """A message for a consumer (type 003): queue, content, ID and TTL, in the
-    order php-mq/protocol's MessageServerToClient writes them."""
-    packets = ((QUEUE, queue.encode()), (CONTENT, content), (MESSAGE_ID, message_id.encode()), (TTL, b"%d" % ttl_s))
+def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_s: int | None) -> bytes:
+    """A message for a consumer (type 003): queue, content and ID, in the order
+    php-mq/protocol's MessageServerToClient writes them, then the TTL unless
+    `ttl_s` is None (PROTOCOL §9 PHPMQ dispatch format: 3 packets, H0100303,
+    as php-mq/server sends and php-mq/client reads them; or 4, H0100304)."""
+    packets = [(QUEUE, queue.encode()), (CONTENT, content), (MESSAGE_ID, message_id.encode())]
+    if ttl_s is not None:
+        packets.append((TTL, b"%d" % ttl_s))
     head = b"H%02d%03d%02d" % (VERSION, DISPATCH, len(packets))
     return head + b"".join(b"P%02d%029d%s" % (ptype, len(data), data) for ptype, data in packets)

@@ -50,11 +50,13 @@ _taken = msgspec.json.Decoder(_Taken)
 
 class Wanted(NamedTuple):
     """What the connection's last 002 asked for: up to `count` in flight, from
-    `queue`, taken as its PhpmqSubscriber `subscriber`."""
+    `queue`, taken as its PhpmqSubscriber `subscriber`; dispatched with a TTL
+    packet if `with_ttl` (the topic's PhpmqDispatchTTL, PROTOCOL §9)."""
 
     queue: str
     subscriber: str
     count: int
+    with_ttl: bool
 
 
 class Consumer:
@@ -76,10 +78,9 @@ class Consumer:
         self._changed = asyncio.Event()  # room or N changed: the task looks again
         self._interrupt: asyncio.Future[bytes] | None = None  # ends the waiting TAKE
 
-    def consume(self, queue: str, subscriber: str, count: int) -> None:
-        """A 002: from now on up to `count` in flight, from `queue`; what is
-        in flight already stays and counts."""
-        self._wanted = Wanted(queue, subscriber, count)
+    def consume(self, wanted: Wanted) -> None:
+        """A 002: from now on what it wants; what is in flight already stays and counts."""
+        self._wanted = wanted
         self._look_again()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"{self.where} consuming")
@@ -123,7 +124,7 @@ class Consumer:
                     log.warning("%s: PHPMQ consume refused (%d): %s; closing the connection", self.where, reply.status, reply.error)
                     self.out.close()
                     return
-                await self._dispatch(wanted.queue, reply.body["Messages"])
+                await self._dispatch(wanted, reply.body["Messages"])
         except (ConnectionError, OSError) as exc:
             log.debug("%s: connection error while dispatching: %s", self.where, exc)
 
@@ -137,13 +138,14 @@ class Consumer:
         )
         return await self.takes.take(self.taker, request, self.check, self._interrupt)
 
-    async def _dispatch(self, queue: str, messages: list[msgspec.Raw]) -> None:
+    async def _dispatch(self, wanted: Wanted, messages: list[msgspec.Raw]) -> None:
         """Each taken message as a 003, now in this connection's flight."""
         now_ns = time.time_ns()
         for raw in messages:
             message = _taken.decode(raw)
-            self._flight.add((queue, message.key))
-            self.out.write(wire.encode_dispatch(queue, _content(message.payload), message.key, _ttl_s(message.expires, now_ns)))
+            self._flight.add((wanted.queue, message.key))
+            ttl_s = _ttl_s(message.expires, now_ns) if wanted.with_ttl else None
+            self.out.write(wire.encode_dispatch(wanted.queue, _content(message.payload), message.key, ttl_s))
         await self.out.drain()
 
 

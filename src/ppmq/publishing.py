@@ -269,9 +269,7 @@ class Publishing(Wired):
         body = txn.get_body(t, m)
         if body is None:
             return
-        payload, origin = p.fragment_parts(body.fragment)
-        fragment = _fragment(body.key, prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
-        self._put_version(txn, topic, t, m, body._replace(expires_ns=expires_ns, fragment=fragment))
+        self._put_version(txn, topic, t, m, body._replace(expires_ns=expires_ns, fragment=fragment_expiring(body, expires_ns)))
 
     def _put_version(self, txn: Txn, topic: TopicConfig, t: int, m: int, body: Body) -> None:
         """A new version of m in place of the old one, with its expiry index entry
@@ -286,6 +284,12 @@ class Publishing(Wired):
         stats = self.state.topics[topic]
         stats.seq += 1
         return stats.seq
+
+
+def fragment_expiring(body: Body, expires_ns: int) -> bytes:
+    """The JSON a stored message is delivered as, with another Expires (0: none)."""
+    payload, origin = p.fragment_parts(body.fragment)
+    return _fragment(body.key, prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
 
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:

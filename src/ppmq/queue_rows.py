@@ -24,14 +24,17 @@ class QueueRows(ReadyRows):
     moves ready entries into flight."""
 
     def take_ready(
-        self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int, max_bytes: int = 0
+        self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int, own_expiry: dict[int, int] | None = None,
+        max_bytes: int = 0,
     ) -> tuple[list[Taken], list[int], list[int]]:
         """A batch for s: up to `limit` entries of its queue on t, by priority then
         position, as far as a batch of `max_bytes` holds them (0: no bound),
         moved into flight with the AckRetry deadline `deadline_ns`.
         Returns what was taken; the ids of messages expired at `expired_at_ns`
         (0: none expire), left where they are; and the priorities of entries
-        whose message is missing (a damaged store), deleted. One walk of the
+        whose message is missing (a damaged store), deleted. A message in
+        `own_expiry` (id -> expires_ns, schema.py `copies`) is judged, and
+        taken, with that expiry rather than its body's. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
         taken = self.take_tail(t, s, limit, expired_at_ns, max_bytes)
         if taken is not None:  # the queue was in memory too: its bodies are not read
@@ -51,6 +54,8 @@ class QueueRows(ReadyRows):
                 return DROP
             raw, start, end = found
             _, publish_ns, expires_ns, klen = head(raw, start)
+            if own_expiry:
+                expires_ns = own_expiry.get(m, expires_ns)
             if 0 < expires_ns <= expired_at_ns:
                 expired.append(m)
                 return KEEP

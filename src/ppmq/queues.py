@@ -130,14 +130,18 @@ class Queue:
         self.settle()
         return taken
 
-    def pull(self, limit: int, deadline_ns: int, expired_at_ns: int, max_bytes: int = 0) -> Pulled:
+    def pull(
+        self, limit: int, deadline_ns: int, expired_at_ns: int, own_expiry: dict[int, int] | None = None, max_bytes: int = 0
+    ) -> Pulled:
         """Up to `limit` ready messages by priority then position, as far as a
-        batch of `max_bytes` holds them (0: no bound), now in flight. Those expired at `expired_at_ns` (0: none) stay where they are and are
-        reported. A damaged store (an entry whose message is missing, a count
-        with no entries) loses the entry or the count, logged, rather than stop
+        batch of `max_bytes` holds them (0: no bound), now in flight. Those
+        expired at `expired_at_ns` (0: none) stay where they are and are
+        reported; a copy in `own_expiry` (id -> expires_ns) by its own expiry.
+        A damaged store (an entry whose message is missing, a count with no
+        entries) loses the entry or the count, logged, rather than stop
         delivery."""
         self.settle()
-        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns, max_bytes)
+        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns, own_expiry, max_bytes)
         ready = self.stats.ready
         _count_in_order(ready, taken, -1)  # taken in queue order
         for prio in missing:

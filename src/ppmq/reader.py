@@ -23,6 +23,7 @@ from .schema import (
     DTSM,
     DUE,
     ETM,
+    ETMS,
     FLIGHT_ENTRY,
     Flight,
     HOLDER,
@@ -30,6 +31,7 @@ from .schema import (
     SCHEMA_VERSION,
     StoreError,
     TM,
+    TMS,
     TSM,
     TSPQ,
     U64,
@@ -190,6 +192,24 @@ class ExpiryRecord(NamedTuple):
     m: int
 
 
+class CopyRecord(NamedTuple):
+    """copies: subscriber s's copy of message m of topic t expires at expires_ns (0: never), not with m."""
+
+    t: int
+    m: int
+    s: int
+    expires_ns: int
+
+
+class CopyExpiryRecord(NamedTuple):
+    """copy_expiry: when subscriber s's copy of message m of topic t expires."""
+
+    expires_ns: int
+    t: int
+    m: int
+    s: int
+
+
 class DedupeRecord(NamedTuple):
     """dedupe: the newest message of topic t stored under key."""
 
@@ -207,7 +227,10 @@ class Damaged(NamedTuple):
     reason: str
 
 
-Record = BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | DelayedRecord | DueRecord | ExpiryRecord | DedupeRecord
+Record = (
+    BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | DelayedRecord | DueRecord | ExpiryRecord | DedupeRecord
+    | CopyRecord | CopyExpiryRecord
+)
 
 
 def _body_records(key: bytes, value: bytes) -> list[BodyRecord]:
@@ -281,6 +304,8 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
     "due": lambda key, value: DueRecord._make(DUE.unpack(key)),
     "expiry": lambda key, value: ExpiryRecord._make(ETM.unpack(key)),
     "dedupe": _dedupe_record,
+    "copies": lambda key, value: CopyRecord(*TMS.unpack(key), *U64.unpack(value)),
+    "copy_expiry": lambda key, value: CopyExpiryRecord._make(ETMS.unpack(key)),
 }
 
 

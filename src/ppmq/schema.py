@@ -17,6 +17,8 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     due       due_ns T S prio pos -> ""                            (delayed entries, by time)
     expiry    expires_ns T M  -> ""                                (sweep by time)
     dedupe    T key           -> M                                 (newest version of key)
+    copies    T M S           -> expires_ns                        (a copy's own expiry, 0: never)
+    copy_expiry expires_ns T M S -> ""                             (those that expire, by time)
     meta      name            -> schema version, name ids, broker state, staging record,
                                  conversion record (migrate.py: while an older store is converted)
 
@@ -58,6 +60,14 @@ columns, so that a message's record is found by a search of the ids and sliced
 out. Its rows tile a topic's ids as the holders rows do, and hold only stored
 messages: one that goes leaves its row, which is deleted when it empties.
 
+A message has one expiry, its body's, which every subscriber's copy of it
+follows, except a copy that a PHPMQ re-queue gave one of its own while other
+subscribers held the message too (PROTOCOL §9): that copy's expiry is its row
+in `copies`, found by a walk of the topic's few such rows when its subscriber
+takes a batch, and swept by `copy_expiry`. The row goes with the copy (an ack,
+a removal) and with the message (its deletion, or a new version, whose expiry
+is every copy's again).
+
 A publish too large for one transaction is stored over several (staging.py):
 while meta `staging` names its topic and id range, the rows in that range are
 hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
@@ -73,15 +83,17 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import NamedTuple
 
-# Bump when a key or value layout changes, and add the conversion to migrate.STEPS.
-SCHEMA_VERSION = 5
-DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"meta")
+# Bump when a key or value layout changes, and add the conversion to migrate.py.
+SCHEMA_VERSION = 6
+DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"copies", b"copy_expiry", b"meta")
 
 TM = struct.Struct(">IQ")
 TS = struct.Struct(">IH")
 TSPQ = struct.Struct(">IHBQ")
 TSM = struct.Struct(">IHQ")
 ETM = struct.Struct(">QIQ")
+TMS = struct.Struct(">IQH")  # T, M, S: a subscriber's copy of a message (copies)
+ETMS = struct.Struct(">QIQH")  # expires_ns, T, M, S (copy_expiry)
 DTSM = struct.Struct(">QIHQ")
 DUE = struct.Struct(">QIHBQ")  # due_ns, T, S, prio, pos
 DELAYED_VAL = struct.Struct(">QIQ")  # M, attempts, due_ns

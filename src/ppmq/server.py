@@ -1,19 +1,19 @@
 """The server socket: listens on ServerSocket, and serves each connection it
-accepts with `Requests` (intake.py), up to MaxConnections.
+accepts with `Requests` (intake.py), while MaxConnections, counted over every
+listener (connection_limit.py), lets it in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
-import time
 
 from . import protocol as p
 from . import sockets
 from .access import Peer, Policy
 from .connection import Connection, ReplyChannel
+from .connection_limit import ConnectionLimit
 from .intake import Requests
 from .takes import Takes
 from .writer import Writer
@@ -21,7 +21,7 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 1024
-FD_RESERVE = 64  # descriptors kept for the store, subscribers and logs when MaxConnections is 0
+LISTENER = "ServerSocket"  # its name in the connection counts (STATUS Listeners)
 
 
 class Server:
@@ -33,7 +33,7 @@ class Server:
         writer: Writer,
         max_frame_bytes: int,
         *,
-        max_connections: int = 0,
+        connections: ConnectionLimit,
         read_timeout_s: float = 0.0,
         policy: Policy | None = None,
         takes: Takes | None = None,
@@ -42,10 +42,10 @@ class Server:
         self.takes = takes  # TAKE on this socket's connections (PROTOCOL §9)
         self.writer = writer
         self.max_frame_bytes = max_frame_bytes
-        self.max_connections = max_connections  # 0: the open-file limit less FD_RESERVE
+        self.connections = connections  # MaxConnections, shared with the other listeners
+        connections.listener(LISTENER)
         self.read_timeout_s = read_timeout_s
         self.policy = policy
-        self._last_refusal_log = 0.0
         self.stopping = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
@@ -83,26 +83,22 @@ class Server:
 
     async def _handle(self, conn: Connection) -> None:
         self._count += 1
-        limit = self.max_connections or max(1, _open_file_limit() - FD_RESERVE)
-        if len(self._channels) >= limit:
-            await self._refuse(conn, limit)
+        refused = self.connections.admit(LISTENER, f"client#{self._count}")
+        if refused is not None:
+            await self._refuse(conn, refused)
             return
-        peer = Peer.of_socket(conn.get_extra_info("socket"))
         task = asyncio.current_task()
-        channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")
-        authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
         try:
+            peer = Peer.of_socket(conn.get_extra_info("socket"))
+            channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")
+            authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
             await Requests(conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes).serve()
         finally:
-            del self._channels[task]
+            self._channels.pop(task, None)
+            self.connections.leave(LISTENER)
 
-    async def _refuse(self, out: Connection, limit: int) -> None:
-        """Over MaxConnections: one 503 line, then close; logged at most once a second."""
-        error = p.Unavailable(f"too many connections: MaxConnections ({limit}) reached")
-        now = time.monotonic()
-        if now - self._last_refusal_log >= 1.0:
-            log.warning("client#%d: refused: %s", self._count, error)
-            self._last_refusal_log = now
+    async def _refuse(self, out: Connection, error: p.Unavailable) -> None:
+        """Over MaxConnections: one 503 line, then close."""
         try:
             out.write(p.encode_reply(p.error_reply(error)))
             await asyncio.wait_for(out.drain(), 1.0)
@@ -156,8 +152,3 @@ class Server:
         for task in channels:
             task.cancel()
         await asyncio.gather(*channels, return_exceptions=True)
-
-
-def _open_file_limit() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20

@@ -3,7 +3,8 @@
 The layout of every key and value is in schema.py; this module and the layers
 Txn is built on (rows.py, queue_rows.py) are the only writers, and own the
 rules that tie the databases together: a message put, replaced or deleted
-takes its expiry and dedupe entries with it. Only the writer thread touches the
+takes its expiry and dedupe entries with it, and a copy's own expiry goes
+with the copy, and with its message. Only the writer thread touches the
 environment: one Txn is one LMDB write transaction. Readers in other processes
 (fsck, reports) use reader.py.
 """
@@ -21,7 +22,7 @@ import lmdb
 
 from .datapath_lock import DataPathLock
 from .migrate import upgrade
-from .holder_rows import HolderRows
+from .holder_rows import Holders, HolderRows
 from .queue_rows import FlightIndex
 from .ready_tails import ReadyTails
 from .room import Room
@@ -29,6 +30,8 @@ from .schema import (
     Body,
     DBS,
     ETM,
+    ETMS,
+    TMS,
     SCHEMA_VERSION,
     StoreError,
     StoreFullError,
@@ -245,13 +248,15 @@ class Txn(HolderRows):
                 cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in zip(ids, expiries) if expires_ns])
 
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
-        """A new version of m (its dedupe key is the same); returns the old one."""
+        """A new version of m (its dedupe key is the same), whose expiry every
+        copy follows; returns the old one."""
         self._tails.drop_topic(t)
         old = self.put_body(t, m, body)
         if old is not None and old.expires_ns:
             self.remove_expiry(old.expires_ns, t, m)
         if expire and body.expires_ns:
             self.add_expiry(body.expires_ns, t, m)
+        self.drop_copy_expiries(t, [m])
         return old
 
     def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> tuple[int, int]:
@@ -264,7 +269,20 @@ class Txn(HolderRows):
         prefix, dedupe_db = u32(t), self._dedupe
         for key in popped.keys:
             delete(prefix + key, db=dedupe_db)
+        self.drop_copy_expiries(t, ms)
         return popped.count, popped.size
+
+    # --- holders, whose copies take their own expiries with them ---------------------
+    def put_holders(self, t: int, m: int, holders: Holders) -> None:
+        super().put_holders(t, m, holders)
+        if self._has_copy_expiries():
+            for s in self.copy_expiries_of(t, m).keys() - holders.keys():
+                self.drop_copy_expiries(t, [m], s)
+
+    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
+        done = super().release_holders(t, s, ms)
+        self.drop_copy_expiries(t, ms, s)
+        return done
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
@@ -295,6 +313,70 @@ class Txn(HolderRows):
     def next_expiry_ns(self) -> int | None:
         with self.txn.cursor(db=self._expiry) as cur:
             return ETM.unpack(cur.key())[0] if cur.first() else None
+
+    # --- a copy's own expiry (PROTOCOL §9 PHPMQ re-queue) -------------------------------
+    def _has_copy_expiries(self) -> bool:
+        """Whether any copy may have an expiry of its own: almost never, and then
+        the paths every ack and batch take look no further. Asked of LMDB once a
+        transaction, and true from a put on (a removal leaves it true: looking
+        costs a little, never a wrong answer)."""
+        if self._copies_seen is None:
+            self._copies_seen = self.txn.stat(self._copies)["entries"] > 0
+        return self._copies_seen
+
+    def put_copy_expiry(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
+        """Subscriber s's copy of m expires at expires_ns (0: never), whatever
+        m's own expiry; swept then on an Expire topic."""
+        self.drop_copy_expiries(t, [m], s)
+        self._copies_seen = True
+        self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self._copies)
+        if expire and expires_ns:
+            self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self._copy_expiry)
+
+    def copy_expiries_of(self, t: int, m: int) -> dict[int, int]:
+        """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
+        if not self._has_copy_expiries():
+            return {}
+        prefix = TMS.pack(t, m, 0)[:-2]
+        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in self._walk(self._copies, prefix, prefix)}
+
+    def copy_expiries(self, t: int, s: int) -> dict[int, int]:
+        """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
+        if not self._has_copy_expiries():
+            return {}
+        prefix = u32(t)
+        found = (TMS.unpack(key) + U64.unpack(value) for key, value in self._walk(self._copies, prefix, prefix))
+        return {m: expires_ns for _, m, sub, expires_ns in found if sub == s}
+
+    def drop_copy_expiries(self, t: int, ms: list[int], s: int | None = None) -> None:
+        """The copies of ms (of subscriber s only, if given) follow their message's expiry again."""
+        if not self._has_copy_expiries():
+            return  # the path of every ack, and of every message deleted
+        for m in ms:
+            for sub, expires_ns in self.copy_expiries_of(t, m).items():
+                if s is None or sub == s:
+                    self.txn.delete(TMS.pack(t, m, sub), db=self._copies)
+                    self.txn.delete(ETMS.pack(expires_ns, t, m, sub), db=self._copy_expiry)
+
+    def due_copy_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
+        out: list[tuple[int, int, int, int]] = []
+        if not self._has_copy_expiries():
+            return out
+        with self.txn.cursor(db=self._copy_expiry) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    entry = ETMS.unpack(key)
+                    if entry[0] > now_ns or len(out) >= limit:
+                        break
+                    out.append(entry)
+        return out
+
+    def next_copy_expiry_ns(self) -> int | None:
+        if not self._has_copy_expiries():
+            return None
+        with self.txn.cursor(db=self._copy_expiry) as cur:
+            return ETMS.unpack(cur.key())[0] if cur.first() else None
 
     # --- dedupe index -----------------------------------------------------------------
     def get_dedupe(self, t: int, key: bytes) -> int | None:

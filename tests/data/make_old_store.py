@@ -1,7 +1,7 @@
 """How the stores in tests/data were made, each by the last ppmq to write its
 schema: schema1-store.tar.gz by commit 182c8ab, schema2-store.tar.gz by commit
 95916a6, schema3-store.tar.gz by commit ac60ea3, schema4-store.tar.gz by commit
-960dbc3, run as `PYTHONPATH=<a checkout of that commit>/src python
+960dbc3, schema5-store.tar.gz by commit be447ed, run as `PYTHONPATH=<a checkout of that commit>/src python
 tests/data/make_old_store.py OUT` and packed with `tar -C OUT -czf ... .`.
 schema4-full-store.tar.gz was made by commit 960dbc3 too, with `--full`.
 

@@ -118,6 +118,13 @@ def test_keys_left_out_take_their_documented_defaults():
     assert (config.sync, config.max_frame_bytes, config.retry_max) == (True, 16 * MiB, 5.0)
 
 
+def test_phpmq_dispatches_have_three_packets_unless_a_topic_asks_for_the_ttl():
+    subs = "  - Name: w\n    Pull: true"
+    topics = "  - Name: q\n    Subscribers: [w]\n    PhpmqSubscriber: w\n    PhpmqDispatchTTL: true"
+    config = parse_config(config_text(subs=subs, topics=topics), FILE)
+    assert [t.phpmq_dispatch_ttl for t in config.topics] == [False, True]
+
+
 @pytest.mark.parametrize(("sub", "window"), [("    BatchSize: 100", 100), ("    BatchSize: 100\n    Window: 7", 7), ("    Window: 300", 300)])
 def test_the_window_defaults_to_the_batch_size(sub, window):
     config = parse_config(config_text(sub=sub), FILE)
@@ -198,6 +205,10 @@ BAD_CONFIGS = {
     "subscriber socket too long": (
         dict(subs=f"  - Name: b\n    Socket: /{'s' * 107}  # <-"), "Subscribers[1].Socket", "longer than 107 bytes"
     ),
+    "PhpmqDispatchTTL without PhpmqSubscriber": (
+        dict(topic="    PhpmqDispatchTTL: true  # <-"), "Topics[0].PhpmqDispatchTTL", "needs PhpmqSubscriber"
+    ),
+    "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "bool"),
 }
 
 

@@ -17,7 +17,7 @@ from ppmq.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.fsck import FsckError, check, read_snapshot
 from ppmq.ledger import Ledger, load_state
-from ppmq.schema import HOLDER, TM, U64, body_columns, encode_body_row, encode_holders_row, holders_columns, u32
+from ppmq.schema import ETMS, HOLDER, TM, TMS, U64, body_columns, encode_body_row, encode_holders_row, holders_columns, u32
 from ppmq.state import NS, State
 from ppmq.store import Store, Txn
 
@@ -240,6 +240,14 @@ DAMAGES = {
     "an in-flight counter off": (with_state(lambda s: setattr(s.subs["g"]["a"], "inflight", 5)), "counts 5 in flight"),
     "rows of a subscription that is gone": (with_state(lambda s: s.subs["g"].pop("a")), "which it does not take"),
     "holders naming a subscription that is gone": (with_state(lambda s: s.subs["d"].pop("b")), "which does not take that topic"),
+    "a copy's own expiry for a copy not held": (
+        with_txn(lambda txn, i: txn.put_copy_expiry(i["g"], 99, i["a"], 0, expire=True)), "has an expiry of its own but is not held"),
+    "a copy's own expiry missing from its index": (
+        with_txn(lambda txn, i: txn.txn.put(TMS.pack(i["d"], 1, i["a"]), U64.pack(NOW), db=txn.store.dbs["copies"])),
+        "missing from the copy_expiry index"),
+    "a copy expiry entry without its copy": (
+        with_txn(lambda txn, i: txn.txn.put(ETMS.pack(NOW, i["d"], 1, i["a"]), b"", db=txn.store.dbs["copy_expiry"])),
+        "matches no copy expiring then"),
 }
 
 

@@ -1,5 +1,5 @@
 """A store an older ppmq wrote is converted when it is opened (migrate.py), with
-nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 4, one
+nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 5, one
 of them filled to its MaxStoreBytes (tests/data/make_old_store.py says how they
 were made)."""
 
@@ -30,7 +30,7 @@ DATA = Path(__file__).parent.parent / "data"
 PUBLISHED_NS = NOW  # every message of the fixtures was published in their first step
 
 
-@pytest.fixture(params=[1, 2, 3, 4], ids=["schema1", "schema2", "schema3", "schema4"])
+@pytest.fixture(params=[1, 2, 3, 4, 5], ids=["schema1", "schema2", "schema3", "schema4", "schema5"])
 def old_store(request, tmp_path) -> str:
     """A store an older ppmq wrote (the same operations for each schema)."""
     return unpack_store(f"schema{request.param}", tmp_path / "data")
@@ -82,20 +82,26 @@ def test_an_old_store_is_converted_on_open_and_every_message_queue_and_counter_i
     assert snap.holder_rows == {(ids["jobs"], 1): list(range(1, 10)), (ids["latest"], 1): [1, 2]}
     # and so do their bodies
     assert snap.body_rows == snap.holder_rows
+    # and no copy has an expiry of its own yet (schema 6)
+    assert (snap.copies, snap.copy_expiry) == ({}, set())
 
 
-def test_the_broker_goes_on_where_the_old_one_stopped(old_store):
+def test_the_broker_goes_on_where_the_old_one_stopped(old_store, request):
     # Given a converted store, opened by a broker
     store = open_store(old_store)
     broker = Broker(fixture_config(old_store), store, NOW + 3 * 10**9)
     subs = broker.state.subs["jobs"]
     assert (subs["a"].inflight, subs["a"].acked, subs["b"].inflight, subs["b"].ready) == (1, 2, 3, [2, 4])
-    # When a acks what the old broker had in flight to it
-    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=["5"])], set(), NOW + 4 * 10**9)
+    # When a acks what the old broker had in flight to it (message 5; from schema 5 on, a
+    # publish numbers its messages by priority first, and the one left is message 3)
+    with store.write() as txn:
+        [m] = [f.m for f in txn.inflight_of(broker.state.topic_ids["jobs"], broker.state.sub_ids["a"])]
+    assert m == (3 if request.node.callspec.params["old_store"] == 5 else 5)
+    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=[str(m)])], set(), NOW + 4 * 10**9)
     # Then it is applied, and journaled
     assert step.replies[0].accepted == 1
     (event,) = [e for e in step.events if e.event == "ack"]
-    assert event.ids == [5]
+    assert event.ids == [m]
     store.close()
 
 

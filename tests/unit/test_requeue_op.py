@@ -8,10 +8,13 @@ import pytest
 
 from ppmq import protocol as p
 from ppmq.fsck import check, read_snapshot
+from ppmq.broker import Broker
 from ppmq.ops import Requeue
+from ppmq.peek import parts_of, peek
 from ppmq.state import NS
+from ppmq.store import Store
 
-from .test_broker import NOW, open_broker, publish
+from .test_broker import NOW, open_broker, publish, two_subscribers
 
 
 def allowed() -> None:
@@ -92,3 +95,98 @@ def test_a_refused_requeue_is_answered_with_its_error_and_counted_rejected(tmp_p
     assert broker.state.rejected == 1
     assert broker.state.subs["t"]["s"].inflight == 1
     store.close()
+
+
+# --- the re-queuing subscriber's copy alone (PROTOCOL §9 PHPMQ re-queue and other subscribers) ---
+
+
+def shared(tmp_path, ttl_s: int) -> tuple[Broker, Store, str]:
+    """A message with a TTL, held by s and r, in flight to s alone."""
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(two_subscribers(tmp_path, expire=True), store, NOW)
+    broker.step([p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b'"m"'), ttl_s=ttl_s)])], set(), NOW)
+    (key,) = delivered_keys(broker.step([], {"s"}, NOW))
+    return broker, store, key
+
+
+def messages_to(step, sub: str) -> list[dict]:
+    return [m for d in step.deliveries if d.subscriber == sub for m in msgspec.json.decode(d.frame)["Messages"]]
+
+
+def consistent(broker, store, tmp_path) -> list[str]:
+    store.close()
+    return check(read_snapshot(str(tmp_path)), broker.config)
+
+
+def test_a_requeue_gives_its_subscribers_copy_the_new_ttl_and_the_other_copy_keeps_its_expiry(tmp_path):
+    # Given a message with a TTL of 60 s, held by s and r, in flight to s
+    broker, store, key = shared(tmp_path, 60)
+    # When s re-queues it with a TTL of 1 s
+    assert broker.step([Requeue("t", "s", key, 1, allowed)], set(), NOW).replies[0].accepted == 1
+    # Then after 2 s s's copy has expired, and r's has not: r gets it with the producer's Expires
+    later = NOW + 2 * NS
+    step = broker.step([], {"r", "s"}, later)
+    assert (broker.state.subs["t"]["s"].expired, broker.state.subs["t"]["r"].expired) == (1, 0)
+    assert messages_to(step, "s") == []
+    assert [m["Expires"] for m in messages_to(step, "r")] == [p.format_expires(NOW + 60 * NS)]
+    assert broker.state.topics["t"].stored == 1
+    assert consistent(broker, store, tmp_path) == []
+
+
+def test_a_requeue_with_ttl_0_keeps_its_copy_past_the_producers_expiry_but_not_the_other(tmp_path):
+    # Given a message with a TTL of 5 s, held by s and r, in flight to s
+    broker, store, key = shared(tmp_path, 5)
+    # When s re-queues it with a TTL of 0 (no expiry)
+    broker.step([Requeue("t", "s", key, 0, allowed)], set(), NOW)
+    # Then after 10 s r's copy has expired, and s gets its copy again, with no Expires
+    later = NOW + 10 * NS
+    step = broker.step([], {"r", "s"}, later)
+    assert (broker.state.subs["t"]["s"].expired, broker.state.subs["t"]["r"].expired) == (0, 1)
+    (again,) = messages_to(step, "s")
+    assert again["Key"] == key and "Expires" not in again
+    assert messages_to(step, "r") == []
+    with store.write() as txn:  # and PEEK shows s's copy without one
+        t, s = broker.state.topic_ids["t"], broker.state.sub_ids["s"]
+        assert [m["Expires"] for m in peek(txn, t, {"s": s}, parts_of(None), 10, None)["Messages"]] == [None]
+    assert consistent(broker, store, tmp_path) == []  # the message's own expiry, passed, is out of its index
+    # And once s acks it, it is gone
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(two_subscribers(tmp_path, expire=True), store, later)
+    broker.step([p.Request(topic="t", subscriber="s", acks=[key])], set(), later)
+    assert broker.state.topics["t"].stored == 0
+    assert consistent(broker, store, tmp_path) == []
+
+
+def test_a_copys_own_expiry_survives_a_restart_and_goes_with_its_ack(tmp_path):
+    # Given s's copy re-queued with a TTL of 3600 s, r's with the producer's 60 s
+    broker, store, key = shared(tmp_path, 60)
+    broker.step([Requeue("t", "s", key, 3600, allowed)], set(), NOW)
+    store.close()
+    # When the broker starts again, and s takes and acks it
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(two_subscribers(tmp_path, expire=True), store, NOW)
+    (again,) = messages_to(broker.step([], {"s"}, NOW), "s")
+    assert again["Expires"] == p.format_expires(NOW + 3600 * NS)
+    broker.step([p.Request(topic="t", subscriber="s", acks=[key])], set(), NOW)
+    # Then its own expiry is gone with it, and r's copy still expires at 60 s
+    with store.write() as txn:
+        assert txn.copy_expiries(broker.state.topic_ids["t"], broker.state.sub_ids["s"]) == {}
+    broker.step([], set(), NOW + 61 * NS)
+    assert (broker.state.subs["t"]["r"].expired, broker.state.topics["t"].stored) == (1, 0)
+    assert consistent(broker, store, tmp_path) == []
+
+
+def test_a_new_version_of_a_deduped_message_takes_every_copy_back_to_its_expiry(tmp_path):
+    # Given s's copy of key k re-queued with no expiry, r's with the producer's 60 s
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(two_subscribers(tmp_path, expire=True, dedupe=True), store, NOW)
+    version = lambda body, ttl_s: p.Request(topic="t", messages=[p.Message(key="k", payload=msgspec.Raw(body), ttl_s=ttl_s)])  # noqa: E731
+    broker.step([version(b"1", 60)], set(), NOW)
+    broker.step([], {"s"}, NOW)
+    broker.step([Requeue("t", "s", "k", 0, allowed)], set(), NOW)
+    # When a new version with a TTL of 5 s replaces it
+    broker.step([version(b"2", 5)], set(), NOW)
+    # Then both copies expire with it
+    broker.step([], set(), NOW + 6 * NS)
+    assert (broker.state.subs["t"]["s"].expired, broker.state.subs["t"]["r"].expired, broker.state.topics["t"].stored) == (1, 1, 0)
+    assert consistent(broker, store, tmp_path) == []

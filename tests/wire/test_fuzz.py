@@ -11,6 +11,13 @@ to one broker for the whole module:
 - valid frames, mutated: bytes flipped, inserted, deleted, cut short.
 - random bytes, alone or made of JSON's punctuation.
 
+PhpmqSocket (PROTOCOL §9) gets the same three kinds, in PHPMQ's framing: frames
+of every message type with packets in any order and odd values (numbers of
+thousands of digits, signs, other scripts' digits, queues that do not exist),
+mutated, and random bytes. Each connection must be closed by the broker once
+the client closes its side, and nothing a client sends may reach the log as a
+traceback.
+
 For the last two, the framing may legitimately wait for the rest of a frame, so
 the client closes its write side: every reply must be well formed, and the broker
 must close the connection (no hang). After every example the broker is alive and
@@ -39,6 +46,7 @@ from ppmq.config import load_config
 from ppmq.fsck import check, read_snapshot
 
 from ..conftest import WAIT_S, BrokerProcess, Subscriber, make_config, wait_for
+from . import phpmq_client as pm
 from .test_bad_input import Conn
 
 EXAMPLES = int(os.environ.get("PPMQ_FUZZ_EXAMPLES", "200"))
@@ -55,8 +63,12 @@ class Fuzzed:
             {"Name": "t", "Priorities": 3, "Expire": True, "AckRetry": "1s", "Subscribers": ["s"]},
             {"Name": "d", "Dedupe": True, "Subscribers": ["s"]},
             {"Name": "k", "Subscribers": ["q"]},  # q acks only what the test tells it to
+            {"Name": "pq", "Expire": True, "Subscribers": ["p"], "PhpmqSubscriber": "p"},  # a PHPMQ queue
         ]
-        config = make_config(tmp, topics, ["s", "q"], MaxFrameBytes="256KiB", MaxMessageBytes="8KiB", Sync=False)
+        subs = ["s", "q", {"Name": "p", "Pull": True, "Socket": None}]
+        config = make_config(
+            tmp, topics, subs, MaxFrameBytes="256KiB", MaxMessageBytes="8KiB", Sync=False, PhpmqSocket=str(tmp / "phpmq.sock"),
+        )
         self.broker = BrokerProcess(tmp, config).start()
         self.subscriber = Subscriber(self.broker.sub_socket("s"))
         self.quiet = Subscriber(self.broker.sub_socket("q"), ack=None)
@@ -201,21 +213,26 @@ PUNCTUATION = [b"{", b"}", b"[", b"]", b'"', b"\\", b":", b",", b"\n", b" ", b"\
                b"1e999", b"-", b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\\u", b"\x00", b"null", b"}{", b"\t"]
 
 
-@st.composite
-def mutated(draw) -> bytes:
-    data = bytearray(draw(st.sampled_from(VALID)))
-    for _ in range(draw(st.integers(1, 8))):
+def mutate(draw: st.DrawFn, frame: bytes, times: int, inserts: st.SearchStrategy[bytes]) -> bytes:
+    """frame with `times` bytes flipped, runs of `inserts` put in, runs deleted, or its tail cut."""
+    data = bytearray(frame)
+    for _ in range(times):
         at = draw(st.integers(0, len(data)))
         match draw(st.sampled_from(["flip", "insert", "delete", "cut"])):
             case "flip" if at < len(data):
                 data[at] ^= 1 << draw(st.integers(0, 7))
             case "insert":
-                data[at:at] = draw(st.one_of(st.sampled_from(PUNCTUATION), st.binary(max_size=4)))
+                data[at:at] = draw(st.one_of(inserts, st.binary(max_size=4)))
             case "delete":
                 del data[at : at + draw(st.integers(1, 10))]
             case "cut":
                 del data[at:]
     return bytes(data)
+
+
+@st.composite
+def mutated(draw) -> bytes:
+    return mutate(draw, draw(st.sampled_from(VALID)), draw(st.integers(1, 8)), st.sampled_from(PUNCTUATION))
 
 
 GARBAGE = st.one_of(
@@ -257,6 +274,53 @@ def test_an_id_that_is_not_a_json_string_or_number_is_not_echoed_into_an_invalid
         conn.send(b'{"Id":' + rid + b',"Command":"STATUS"}\n' + SENTINEL)
         conn.sock.shutdown(socket.SHUT_WR)
         assert [r.get("Id") for r in conn.replies_until_closed()] == ["sentinel"]
+
+
+# --- PHPMQ: frames from the protocol's layout, mutated, and random bytes ------------------
+
+PHPMQ_NUMBERS = st.one_of(
+    st.integers(0, 10**12).map(str),
+    st.integers(4290, 4400).map(lambda n: "9" * n),  # past Python's int() digit limit
+    st.sampled_from(["-1", "+1", " 1", "1.5", "\u0663", "0x10", "", "0" * 25 + "60", "1_000"]),
+)
+PHPMQ_VALUES = {
+    pm.QUEUE: st.sampled_from(["pq", "t", "nope", "", "pq\x00", "k"]).map(str.encode),
+    pm.CONTENT: st.one_of(st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=40)),
+    pm.MESSAGE_ID: st.one_of(st.sampled_from(["1", "2", "x", ""]), PHPMQ_NUMBERS).map(str.encode),
+    pm.COUNT: PHPMQ_NUMBERS.map(str.encode),
+    pm.TTL: PHPMQ_NUMBERS.map(str.encode),
+}
+PHPMQ_PACKETS = {  # message type -> its packet types (003 is the broker's; 007 is no type)
+    "001": [pm.QUEUE, pm.CONTENT, pm.TTL], "002": [pm.QUEUE, pm.COUNT], "003": [pm.QUEUE, pm.CONTENT, pm.MESSAGE_ID, pm.TTL],
+    "004": [pm.QUEUE, pm.MESSAGE_ID], "005": [pm.QUEUE, pm.MESSAGE_ID, pm.TTL], "006": [pm.QUEUE, pm.MESSAGE_ID], "007": [pm.QUEUE],
+}
+
+
+@st.composite
+def phpmq_frame(draw) -> bytes:
+    """A frame of any message type, its packets in any order, some left out."""
+    mtype = draw(st.sampled_from(sorted(PHPMQ_PACKETS)))
+    kinds = draw(st.permutations(PHPMQ_PACKETS[mtype]))[: draw(st.integers(1, len(PHPMQ_PACKETS[mtype])))]
+    return pm.message(mtype, *(pm.packet(kind, draw(PHPMQ_VALUES[kind])) for kind in kinds))
+
+
+@st.composite
+def phpmq_mutated(draw) -> bytes:
+    return mutate(draw, draw(phpmq_frame()), draw(st.integers(1, 4)), st.sampled_from([b"H", b"P", b"0", b"9" * 30, b"\xff"]))
+
+
+@given(data=st.lists(st.one_of(phpmq_frame(), phpmq_mutated(), GARBAGE), min_size=1, max_size=5).map(b"".join))
+@FUZZ
+def test_phpmq_frames_good_bad_or_random_end_with_the_connection_closed_and_no_traceback(fuzzed, data):
+    with pm.PhpmqClient(fuzzed.broker.config["PhpmqSocket"]) as c:
+        try:
+            c.sock.sendall(data)
+            c.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # closed by the broker at a bad frame before all was sent
+        c.read_until_closed(WAIT_S)  # dispatches a 002 brought, then the close
+    fuzzed.still_serving()
+    assert "Traceback" not in fuzzed.broker.log, (data[:300], fuzzed.broker.log[-3000:])
 
 
 def other_spellings(key: str) -> st.SearchStrategy[str]:

@@ -1,9 +1,11 @@
-"""Limits on a real broker: MaxConnections, ReadTimeout, per-topic MaxMessages and
-MaxBytes with both overflow policies, and MaxAttempts with DeadLetter."""
+"""Limits on a real broker: MaxConnections (over every listener), ReadTimeout,
+per-connection memory, per-topic MaxMessages and MaxBytes with both overflow
+policies, and MaxAttempts with DeadLetter."""
 
 from __future__ import annotations
 
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -17,6 +19,8 @@ import pytest
 from ppmq.client import ClientError
 from ppmq.config import ConfigError, parse_config
 from tests.conftest import rss_anon, wait_for
+from tests.wire import phpmq_client as pm
+from tests.wire.test_phpmq import phpmq, phpmq_broker
 
 TIMEOUT_S = 15.0
 
@@ -79,6 +83,100 @@ def _served(path: str, keep: bool = False) -> Conn | None:
     if not (keep and served):
         c.close()
     return c if served else None
+
+
+def listener_connections(b) -> dict[str, int]:
+    """STATUS Listeners: connections open on each listener, the STATUS's own included."""
+    return {name: entry["Connections"] for name, entry in b.status()["Listeners"].items()}
+
+
+def test_max_connections_counts_the_connections_of_both_listeners_together(broker_factory, short_tmp):
+    # Given MaxConnections 3, held by two PHPMQ connections and one on ServerSocket
+    b = phpmq_broker(broker_factory, short_tmp, MaxConnections=3)
+    held = [phpmq(b), phpmq(b)]
+    try:
+        wait_for(lambda: listener_connections(b) == {"ServerSocket": 1, "PhpmqSocket": 2}, what="two PHPMQ connections open")
+        server = wait_for(lambda: _served(b.socket, keep=True), what="a ServerSocket connection to be served")
+        held.append(server)
+        # When one more connects on either socket
+        extra_phpmq, extra_server = phpmq(b), Conn(b.socket)
+        # Then each is refused: PHPMQ, which has no replies, by a close; ServerSocket with a 503
+        assert extra_phpmq.closed_by_peer()
+        assert extra_server.reply()["Status"] == 503 and extra_server.closed_by_broker()
+        extra_phpmq.close()
+        extra_server.close()
+        # And a PHPMQ connection that closes makes room on ServerSocket
+        held.pop(0).close()
+        wait_for(lambda: _served(b.socket), what="a ServerSocket connection to be served again")
+        wait_for(lambda: listener_connections(b) == {"ServerSocket": 2, "PhpmqSocket": 1}, what="the probes gone")
+    finally:
+        for c in held:
+            c.close()
+
+
+def test_phpmq_connections_over_max_connections_are_closed_and_cannot_take_the_brokers_descriptors(broker_factory, short_tmp):
+    # Given a broker allowed 128 open files and 5 connections, all of them PHPMQ's
+    b = phpmq_broker(broker_factory, short_tmp, MaxConnections=5)
+    resource.prlimit(b.proc.pid, resource.RLIMIT_NOFILE, (128, 128))
+    held = [phpmq(b) for _ in range(4)]
+    try:
+        wait_for(lambda: listener_connections(b)["PhpmqSocket"] == 4, what="four PHPMQ connections open")
+        held.append(phpmq(b))  # accepted before the ones below: the fifth
+        # When far more PHPMQ connections come than it has descriptors
+        for i in range(150):
+            with phpmq(b) as extra:
+                # Then each one is closed at once
+                assert extra.closed_by_peer(5.0), f"PHPMQ connection {i + 6} was kept open over MaxConnections (5)"
+        assert "MaxConnections (5) reached" in b.log
+        # And ServerSocket serves as soon as a PHPMQ connection makes room
+        held.pop().close()
+        wait_for(lambda: _served(b.socket), what="a ServerSocket connection to be served")
+        with b.client() as c:
+            assert c.publish("q", [{"Payload": "still served"}]) == 1
+    finally:
+        for c in held:
+            c.close()
+
+
+PARTIAL_FRAMES = 32  # connections that each send most of a large PHPMQ frame
+PARTIAL_BYTES = 3584 << 10  # of a frame's content, under MaxFrameBytes (4 MiB)
+
+
+def test_many_phpmq_connections_holding_partial_large_frames_hold_memory_within_max_connections(broker_factory, short_tmp):
+    # Given MaxConnections 2 and MaxFrameBytes 4 MiB
+    b = phpmq_broker(broker_factory, short_tmp, MaxConnections=2, MaxFrameBytes="4MiB")
+    wait_for(lambda: listener_connections(b) == {"ServerSocket": 1, "PhpmqSocket": 0}, what="the start-up probes gone")
+    baseline = rss_anon(b.proc.pid)
+    # When many PHPMQ connections each send all but the last byte of a large send (001)
+    head = pm.message("001", pm.packet(pm.QUEUE, "q"), count=2) + b"P02%029d" % PARTIAL_BYTES
+    socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(PARTIAL_FRAMES)]
+
+    def send(sock: socket.socket) -> None:
+        try:
+            sock.connect(b.config["PhpmqSocket"])
+            sock.sendall(head + b"x" * (PARTIAL_BYTES - 1))
+        except OSError:
+            pass  # refused: closed by the broker
+
+    threads = [threading.Thread(target=send, args=(sock,), daemon=True) for sock in socks]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT_S)
+        peak, until = baseline, time.monotonic() + 1.0
+        while time.monotonic() < until:  # what was sent last reaches the broker
+            peak = max(peak, rss_anon(b.proc.pid))
+            time.sleep(0.05)
+        # Then the broker holds no more than MaxConnections times one connection's bound (docs/security.md)
+        bound = 2 * 4 * (4 << 20) + SLACK_BYTES
+        assert peak - baseline < bound, f"RssAnon grew by {(peak - baseline) >> 20} MiB ({baseline >> 20} -> {peak >> 20} MiB)"
+    finally:
+        for sock in socks:
+            sock.close()
+    # And once they are gone, ServerSocket serves again
+    wait_for(lambda: _served(b.socket), what="a ServerSocket connection to be served")
+    assert b.alive()
 
 
 def test_a_connection_stalled_in_the_middle_of_a_frame_gets_408_and_is_closed_but_an_idle_one_stays(broker_factory):

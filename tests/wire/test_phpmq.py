@@ -12,12 +12,16 @@ import pytest
 from tests.conftest import BrokerProcess, wait_for
 from tests.wire import phpmq_client as pm
 from tests.wire.phpmq_client import PhpmqClient
+from tests.wire.test_cli import ppmq
+from tests.wire.test_metrics import metrics_now, value
 
 
-def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, **extra) -> BrokerProcess:
-    """Queue `q` (topic q, Expire, a DeadLetter `dead`) consumed through the Pull subscriber `w`."""
+def phpmq_broker(broker_factory, short_tmp: Path, start: bool = True, dispatch_ttl: bool = False, **extra) -> BrokerProcess:
+    """Queue `q` (topic q, Expire, a DeadLetter `dead`) consumed through the Pull
+    subscriber `w`, its dispatches with a TTL packet if `dispatch_ttl`."""
+    q = {"Name": "q", "Subscribers": ["w"], "PhpmqSubscriber": "w", "Expire": True, "DeadLetter": "dead"}
     topics = [
-        {"Name": "q", "Subscribers": ["w"], "PhpmqSubscriber": "w", "Expire": True, "DeadLetter": "dead"},
+        q | {"PhpmqDispatchTTL": True} if dispatch_ttl else q,
         {"Name": "dead", "Subscribers": ["d"], "PhpmqSubscriber": "d"},
         {"Name": "plain"},
     ]
@@ -119,6 +123,10 @@ BAD_FRAMES = {
     "a length that is not digits": b"H0100102" + b"P01" + b"0" * 28 + b"x" + b"q",
     "non-numeric TTL": pm.message("001", pm.packet(pm.QUEUE, "q"), pm.packet(pm.CONTENT, "x"), pm.packet(pm.TTL, "36o0")),
     "negative TTL": pm.message("005", pm.packet(pm.QUEUE, "q"), pm.packet(pm.MESSAGE_ID, "1"), pm.packet(pm.TTL, "-1")),
+    "a TTL of 4400 digits": pm.message("001", pm.packet(pm.QUEUE, "q"), pm.packet(pm.CONTENT, "x"), pm.packet(pm.TTL, "9" * 4400)),
+    "a count of 4400 digits": pm.message("002", pm.packet(pm.QUEUE, "q"), pm.packet(pm.COUNT, "1" * 4400)),
+    "a count of 21 digits": pm.message("002", pm.packet(pm.QUEUE, "q"), pm.packet(pm.COUNT, "0" * 20 + "1")),
+    "a count in other digits": pm.message("002", pm.packet(pm.QUEUE, "q"), pm.packet(pm.COUNT, "\u0663")),
     "a queue that does not exist": pm.send("nosuch", "x"),
     "a queue without PhpmqSubscriber": pm.ack("plain", "1"),
     "over MaxFrameBytes": pm.send("q", "x" * 5000),
@@ -135,10 +143,28 @@ def test_a_bad_frame_closes_only_its_connection_and_is_counted_in_rejected_with_
         # Then that one is closed, counted and logged, and the other still sends
         assert bad.closed_by_peer()
         wait_for(lambda: rejected(b) == 1, what="Rejected 1")
-        assert "bad PHPMQ frame" in b.log
+        assert "bad PHPMQ frame" in b.log and "Traceback" not in b.log
         good.write(pm.send("q", "after"))
         wait_for(lambda: [m["Payload"] for m in peek(b, "q")] == ["before", "after"], what="both sends stored")
         assert not good.closed_by_peer(0.2)
+
+
+def test_a_send_to_an_unknown_queue_closes_the_connection_and_is_logged_by_name_and_counted_for_the_listener(broker_factory, short_tmp):
+    # Given a producer that misspells its queue
+    b = phpmq_broker(broker_factory, short_tmp)
+    with phpmq(b) as c:
+        # When it sends there
+        c.write(pm.send("q-typo", "lost?"))
+        # Then its connection is closed, as the protocol has no error reply
+        assert c.closed_by_peer()
+    # And the operator finds the queue's name in the log, and the count in STATUS and the metrics
+    wait_for(lambda: b.status()["Listeners"]["PhpmqSocket"]["UnknownQueue"] == 1, what="UnknownQueue 1")
+    assert b.log.count("queue 'q-typo' does not exist") == 1
+    assert rejected(b) == 1
+    fams = metrics_now(b)
+    assert value(fams, "ppmq_unknown_queue", "ppmq_unknown_queue_total", listener="PhpmqSocket") == 1
+    assert value(fams, "ppmq_connections", listener="PhpmqSocket") == 0
+    assert "PhpmqSocket: 0 connections, 1 frames to unknown queues" in ppmq("status", "-c", b.config_path).stdout
 
 
 def test_a_frame_that_stalls_midway_is_closed_after_read_timeout(broker_factory, short_tmp):
