@@ -111,7 +111,9 @@ def test_the_sequences_of_an_old_store_go_on_above_any_id_its_broker_may_have_le
     broker = Broker(fixture_config(old_store), store, NOW + 3 * 10**9)
     jobs = broker.state.topics["jobs"]
     # When a message is published and pushed to a subscriber that acked everything it had
-    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=["5"]), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])], {"a"}, NOW + 4 * 10**9)
+    with store.write() as txn:
+        held = [str(f.m) for f in txn.inflight_of(broker.state.topic_ids["jobs"], broker.state.sub_ids["a"])]
+    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=held), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])], {"a"}, NOW + 4 * 10**9)
     # Then its key is a reservation's length above the ids the older ppmq handed out (9),
     # which its last step may have let out before a commit that never came
     (key,) = [m["Key"] for d in step.deliveries for m in msgspec.json.decode(d.frame)["Messages"] if m["Payload"] == 1]
