@@ -290,7 +290,7 @@ def test_serve_upgrades_a_store_an_older_ppmq_filled_to_its_max_store_bytes_and_
     # When ppmq serve starts on it, with the MaxStoreBytes it was filled to
     b.start()
     # Then the store is converted, and still full: a publish is refused for want of room
-    assert f"converted from schema 4 to {SCHEMA_VERSION}" in b.log
+    assert "converted from schema 4 to 5" in b.log and f"to {SCHEMA_VERSION} (" in b.log
     stored = b.status()["Topics"]["bulk"]["Stored"]
     assert stored * FULL_PAYLOAD_BYTES > FULL_MAX_BYTES * 0.9
     with b.client() as c, pytest.raises(ClientError) as refused:
