@@ -52,6 +52,8 @@ class StoreReader:
     by ReadTxn (below) and nowhere else. The process needs write access to
     lock.mdb, where LMDB registers its readers."""
 
+    copies_seen = True  # a reader always looks for a copy's own expiry (store.Txn._has_copy_expiries)
+
     def __init__(self, path: str) -> None:
         missing = missing_store(path)
         if missing is not None:

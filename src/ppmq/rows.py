@@ -70,7 +70,6 @@ class Rows:
         self._delayed, self._due = d["delayed"], d["due"]
         self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
         self._copies, self._copy_expiry = d["copies"], d["copy_expiry"]
-        self._copies_seen: bool | None = None  # whether `copies` may have rows (Txn._has_copy_expiries); None: not asked yet
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
         self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)

@@ -95,6 +95,11 @@ class Store:
         self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (queue_rows.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (ready_tails.py)
         self._check_schema()
+        # Whether `copies` may have rows (Txn._has_copy_expiries): asked of LMDB
+        # once, true from a put on. A removal, or a put rolled back, leaves it
+        # true: looking then costs a little, never a wrong answer.
+        with self.env.begin() as txn:
+            self.copies_seen = txn.stat(self.dbs["copies"])["entries"] > 0
 
     def _check_schema(self) -> None:
         """A new store gets this ppmq's schema; one an older ppmq wrote is
@@ -317,18 +322,14 @@ class Txn(HolderRows):
     # --- a copy's own expiry (PROTOCOL §9 PHPMQ re-queue) -------------------------------
     def _has_copy_expiries(self) -> bool:
         """Whether any copy may have an expiry of its own: almost never, and then
-        the paths every ack and batch take look no further. Asked of LMDB once a
-        transaction, and true from a put on (a removal leaves it true: looking
-        costs a little, never a wrong answer)."""
-        if self._copies_seen is None:
-            self._copies_seen = self.txn.stat(self._copies)["entries"] > 0
-        return self._copies_seen
+        the paths every ack and batch take look no further (Store.copies_seen)."""
+        return self.store.copies_seen
 
     def put_copy_expiry(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
         """Subscriber s's copy of m expires at expires_ns (0: never), whatever
         m's own expiry; swept then on an Expire topic."""
         self.drop_copy_expiries(t, [m], s)
-        self._copies_seen = True
+        self.store.copies_seen = True
         self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self._copies)
         if expire and expires_ns:
             self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self._copy_expiry)
