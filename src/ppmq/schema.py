@@ -77,6 +77,7 @@ publish before it is whole.
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from itertools import accumulate
@@ -198,13 +199,11 @@ def fitting(fragments: Iterable[bytes], max_bytes: int) -> int:
     """How many of these fragments, in order, a batch of at most `max_bytes`
     holds (BATCH_ENTRY_BYTES each beside them): at least one, so that a message
     larger than the bound still goes out alone."""
-    n = size = 0
-    for fragment in fragments:
-        size += len(fragment) + BATCH_ENTRY_BYTES
-        if n and size > max_bytes:
-            break
-        n += 1
-    return n
+    sizes = [len(fragment) + BATCH_ENTRY_BYTES for fragment in fragments]
+    if sum(sizes) <= max_bytes:  # the usual case: all of them, in one sum
+        return len(sizes)
+    ends = list(accumulate(sizes))
+    return max(1, bisect_right(ends, max_bytes))
 
 
 class Staged(NamedTuple):
