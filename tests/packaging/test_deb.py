@@ -134,9 +134,14 @@ def test_python_finds_every_module_compiled_and_writes_nothing_under_opt(install
 
 @pytest.fixture
 def ppmq_dir() -> Iterator[Path]:
-    """A temp dir the ppmq user owns, with a short path for the sockets."""
+    """A temp dir the ppmq user owns, with a short path for the sockets, and its
+    `sub` directory, as tmpfiles.d makes /run/ppmq/sub (nothing binding a socket
+    creates a directory)."""
     with tempfile.TemporaryDirectory(prefix="ppmq-deb-") as d:
-        os.chown(d, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
+        ppmq = pwd.getpwnam("ppmq")
+        os.mkdir(Path(d) / "sub")
+        for path in (d, Path(d) / "sub"):
+            os.chown(path, ppmq.pw_uid, ppmq.pw_gid)
         yield Path(d)
 
 
