@@ -157,6 +157,24 @@ def test_a_requeue_with_ttl_0_keeps_its_copy_past_the_producers_expiry_but_not_t
     assert consistent(broker, store, tmp_path) == []
 
 
+def test_a_copy_requeued_behind_other_messages_goes_out_with_its_own_expiry_in_the_same_run(tmp_path):
+    # Given a message with a TTL of 60 s, held by s and r, in flight to s
+    broker, store, key = shared(tmp_path, 60)
+    # When s re-queues it with a TTL of 3600 s, and behind it two more messages are published
+    broker.step([Requeue("t", "s", key, 3600, allowed)], set(), NOW)
+    broker.step([p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b'"n"')) for _ in range(2)])], set(), NOW)
+    # Then s is given it again, in the same run, with its own Expires, and r with the producer's
+    later = NOW + 61 * NS
+    step = broker.step([], {"r", "s"}, NOW + NS)
+    assert [m["Expires"] for m in messages_to(step, "s") if m["Key"] == key] == [p.format_expires(NOW + 3600 * NS)]
+    assert [m["Expires"] for m in messages_to(step, "r") if m["Key"] == key] == [p.format_expires(NOW + 60 * NS)]
+    # And past 60 s only r's copy is expired by the sweep, s's is still in flight
+    broker.step([], set(), later)
+    assert (broker.state.subs["t"]["s"].expired, broker.state.subs["t"]["r"].expired) == (0, 1)
+    assert broker.state.subs["t"]["s"].inflight == 3
+    assert consistent(broker, store, tmp_path) == []
+
+
 def test_a_copys_own_expiry_survives_a_restart_and_goes_with_its_ack(tmp_path):
     # Given s's copy re-queued with a TTL of 3600 s, r's with the producer's 60 s
     broker, store, key = shared(tmp_path, 60)
