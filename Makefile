@@ -40,7 +40,7 @@ test-slow: $(STAMP)
 
 ## bench-peers: install the peer brokers (apt) and the bench extra (clients, charts)
 bench-peers: $(STAMP)
-	bash bench/install-peers.sh
+	bash tools/install-peers.sh
 
 ## bench: ppmq side by side with its peers, every workload, 3 runs (not part of the tests)
 bench: $(STAMP)
@@ -62,15 +62,15 @@ test-package: $(STAMP)
 
 ## bench-isolation: a good subscriber's rate with and without four misbehaving ones
 bench-isolation: $(STAMP)
-	$(BIN)/python bench/isolation.py
+	$(BIN)/python tools/isolation.py
 
 ## soak: 500 kill -9 cycles on one store; prints confirmed messages, losses (must be 0), duplicates
 soak: $(STAMP)
-	$(BIN)/python bench/crash_soak.py
+	$(BIN)/python tools/crash_soak.py
 
 ## fuzz: the wire fuzzing with 5000 hypothesis examples per test instead of 200
 fuzz: $(STAMP)
-	$(BIN)/python bench/fuzz_long.py
+	$(BIN)/python tools/fuzz_long.py
 
 clean:
 	rm -rf $(VENV) var dist .pytest_cache .hypothesis build/system-venv

@@ -95,7 +95,7 @@ system_files() {
 # ppmq(1) and ppmq.yaml(5), made by the staged ppmq from its own parser and config
 # Structs (-B: no bytecode written into the stage after compile).
 manual_pages() {
-    "$venv/bin/python" -B -m ppmq.manpages "$stage/usr/share/man" --example "$src/ppmq.example.yaml" >/dev/null
+    "$venv/bin/python" -B -m ppmq.cli.manpages "$stage/usr/share/man" --example "$src/ppmq.example.yaml" >/dev/null
 }
 
 rm -rf "$stage" "$stage.wheels"

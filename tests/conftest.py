@@ -18,8 +18,8 @@ import msgspec
 import pytest
 import yaml
 
-from ppmq.client import Client
-from ppmq.framing import Framer
+from ppmq.client.library import Client
+from ppmq.protocol.framing import Framer
 
 WAIT_S = 15.0
 

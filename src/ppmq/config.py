@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from . import sockets
+from ppmq import sockets
 
 MiB = 1 << 20
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL

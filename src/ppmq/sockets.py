@@ -20,9 +20,10 @@ import logging
 import os
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ppmq.sockets")
 
 
 class ListenError(Exception):
@@ -141,3 +142,13 @@ def group_id(group: str) -> int:
         return grp.getgrnam(group).gr_gid
     except KeyError:
         raise ListenError(f"SocketGroup: no group {group!r} on this host") from None
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """The uid, gid and pid of the process at the other end of a Unix socket,
+    as the kernel vouches for them (SO_PEERCRED)."""
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return uid, gid, pid

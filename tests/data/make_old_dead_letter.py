@@ -14,10 +14,10 @@ import sys
 
 import msgspec
 
-from ppmq import protocol as p
-from ppmq.broker import Broker
+from ppmq.protocol import messages as p
+from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.store import Store
+from ppmq.store.store import Store
 
 NOW = 1_800_000_000 * 10**9
 

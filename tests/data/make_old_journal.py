@@ -18,11 +18,11 @@ from pathlib import Path
 
 import msgspec
 
-from ppmq import protocol as p
-from ppmq.broker import Broker
+from ppmq.protocol import messages as p
+from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.journal import Journal
-from ppmq.store import Store
+from ppmq.server.journal import Journal
+from ppmq.store.store import Store
 
 NS = 1_000_000_000
 NOW = 1_800_000_000 * NS  # the publish

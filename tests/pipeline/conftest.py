@@ -20,7 +20,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from ppmq.client import ClientError  # noqa: E402
+from ppmq.client.library import ClientError  # noqa: E402
 from ppmq.pipeline.datasource import PpmqDataSource  # noqa: E402
 from ppmq.pipeline.session import local_session  # noqa: E402
 

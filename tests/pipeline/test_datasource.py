@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from ppmq.store import Store
+from ppmq.store.store import Store
 
 from ..conftest import wait_for
 

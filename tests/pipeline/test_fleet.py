@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 from pyspark.sql import SparkSession
 
-from ppmq import events as ev
-from ppmq.cli import main
-from ppmq.events import Event
-from ppmq.journal import Journal
+from ppmq.core import events as ev
+from ppmq.cli.main import main
+from ppmq.core.events import Event
+from ppmq.server.journal import Journal
 
 NS = 1_000_000_000
 T0 = 1_795_300_000 * NS

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq.cli import main
+from ppmq.cli.main import main
 
 NS = 1_000_000_000
 T0 = 1_795_300_000 * NS

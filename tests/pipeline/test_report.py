@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq.cli import main
+from ppmq.cli.main import main
 
 from .conftest import SLOW_GROUPS, Workload
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq import events as ev
-from ppmq.cli import main
-from ppmq.events import Event
-from ppmq.journal import Journal
+from ppmq.core import events as ev
+from ppmq.cli.main import main
+from ppmq.core.events import Event
+from ppmq.server.journal import Journal
 from tests.data.make_old_journal import ACKED_AFTER_NS, HOST, NOW, NS
 
 DATA = Path(__file__).parent.parent / "data"

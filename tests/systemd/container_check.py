@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ppmq.client import Client, ClientError
+from ppmq.client.library import Client, ClientError
 
 SERVER_SOCKET = "/run/ppmq/ppmq.sock"
 ARCHIVE = Path("/var/lib/ppmq-archive/messages.jsonl")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ppmq import subscriber as kit
+from ppmq.client import subscriber as kit
 from ppmq.config import load_config
 from tests.systemd.layout import EXAMPLE, PARALLEL, UNITS, install_units
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ppmq.store import Store, Txn
+from ppmq.store.store import Store, Txn
 
 
 @contextmanager

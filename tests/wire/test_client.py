@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ppmq.client import AsyncClient, Client, ClientError
+from ppmq.client.library import AsyncClient, Client, ClientError
 
 
 def test_the_asyncio_client_publishes_acks_reconnects_and_reads_status(broker_factory):

@@ -20,7 +20,7 @@ subscriber (losses must be zero); deliveries beyond the first are the
 at-least-once duplicates. It runs with `Sync: true` and with `Sync: false`: a
 process killed loses nothing without fsync either, since its commits are in the
 page cache, and without Sync batches leave before their commit too. `CrashRun` is
-shared with bench/crash_soak.py, which runs it for 500 cycles.
+shared with tools/crash_soak.py, which runs it for 500 cycles.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import msgspec
 import pytest
 import yaml
 
-from ppmq.client import Client, ClientError
+from ppmq.client.library import Client, ClientError
 from ppmq.config import Config, load_config
-from ppmq.framing import Framer
-from ppmq.fsck import check, read_snapshot
+from ppmq.protocol.framing import Framer
+from ppmq.store.fsck import check, read_snapshot
 
 from ..conftest import BrokerProcess, Subscriber, make_config, wait_for
 

@@ -24,7 +24,7 @@ must close the connection (no hang). After every example the broker is alive and
 a publish on another connection is answered 200.
 
 `PPMQ_FUZZ_EXAMPLES` sets hypothesis' examples per test (default 200);
-bench/fuzz_long.py runs the module with a larger budget.
+tools/fuzz_long.py runs the module with a larger budget.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppmq.client import Client
+from ppmq.client.library import Client
 from ppmq.config import load_config
-from ppmq.fsck import check, read_snapshot
+from ppmq.store.fsck import check, read_snapshot
 
 from ..conftest import WAIT_S, BrokerProcess, Subscriber, make_config, wait_for
 from . import phpmq_client as pm

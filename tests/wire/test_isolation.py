@@ -1,7 +1,7 @@
 """Isolation: subscribers that misbehave in every way at once cost a good
 subscriber nothing it can notice, and the broker's memory stays bounded.
 
-bench/isolation.py measures the good subscriber's delivery rate with and without
+tools/isolation.py measures the good subscriber's delivery rate with and without
 the same misbehaving subscribers (`Misbehaving` below).
 """
 

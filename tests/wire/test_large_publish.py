@@ -12,8 +12,8 @@ import threading
 
 import msgspec
 
-from ppmq.client import Client
-from ppmq.reader import StoreReader
+from ppmq.client.library import Client
+from ppmq.store.reader import StoreReader
 
 from ..conftest import WAIT_S, BrokerProcess, Subscriber, wait_for
 

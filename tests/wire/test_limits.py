@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.client import ClientError
+from ppmq.client.library import ClientError
 from ppmq.config import ConfigError, parse_config
 from tests.conftest import rss_anon, wait_for
 from tests.wire import phpmq_client as pm

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ppmq.cli import main
+from ppmq.cli.main import main
 
 from ..conftest import wait_for
 from .test_access import as_user, users  # noqa: F401 - users is a fixture: throwaway accounts

@@ -8,8 +8,8 @@ import time
 
 import msgspec
 
-from ppmq.client import Client
-from ppmq.framing import Framer
+from ppmq.client.library import Client
+from ppmq.protocol.framing import Framer
 
 from ..conftest import Subscriber, wait_for
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ppmq.client import Client, ClientError
+from ppmq.client.library import Client, ClientError
 
 from ..conftest import wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ppmq import subscriber as kit
+from ppmq.client import subscriber as kit
 from ppmq.config import ConfigError
 
 from ..conftest import WAIT_S, make_config, wait_for
@@ -200,7 +200,7 @@ def test_listen_replaces_a_stale_socket(short_tmp):
 # --- the subscriber kit ----------------------------------------------------------------------
 
 
-SUBSCRIBER = "from ppmq.subscriber import main; raise SystemExit(main('s', lambda batch: None))"
+SUBSCRIBER = "from ppmq.client.subscriber import main; raise SystemExit(main('s', lambda batch: None))"
 
 
 def run_kit(path: Path, short_tmp: Path) -> subprocess.CompletedProcess:

@@ -16,16 +16,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq import protocol as p
-from ppmq.broker import Broker
-from ppmq.client import Client, ClientError
+from ppmq.protocol import messages as p
+from ppmq.core.broker import Broker
+from ppmq.client.library import Client, ClientError
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.fsck import read_snapshot
-from ppmq.migrate import CONVERT_BYTES
-from ppmq.ops import Returned
-from ppmq.schema import SCHEMA_VERSION
-from ppmq.state import NS
-from ppmq.store import Store
+from ppmq.store.fsck import read_snapshot
+from ppmq.store.migrate import CONVERT_BYTES
+from ppmq.core.ops import Returned
+from ppmq.store.schema import SCHEMA_VERSION
+from ppmq.store.state import NS
+from ppmq.store.store import Store
 from tests.data.make_old_store import FULL_MAX_BYTES, FULL_PAYLOAD_BYTES, full_payload
 
 from ..conftest import BrokerProcess, Subscriber, wait_for
@@ -232,7 +232,7 @@ def publish(payloads) -> p.Request:
 
 HOLD_A_SNAPSHOT = """
 import sys, time
-from ppmq.reader import StoreReader
+from ppmq.store.reader import StoreReader
 with StoreReader(sys.argv[1]).snapshot():
     print("reading", flush=True)
     time.sleep(60)

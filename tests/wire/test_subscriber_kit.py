@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ppmq import subscriber as kit
+from ppmq.client import subscriber as kit
 from tests.conftest import BrokerProcess, wait_for
 
 
@@ -196,7 +196,7 @@ def test_a_socket_another_subscriber_listens_on_is_not_taken_over(broker_factory
 
 SLOW_SUBSCRIBER = """
 import sys, time
-from ppmq.subscriber import main
+from ppmq.client.subscriber import main
 
 def handle(batch):
     print("handling", len(batch.messages), flush=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from ppmq.client import Client
+from ppmq.client.library import Client
 
 from ..conftest import WAIT_S, BrokerProcess, NotifyListener, make_config, wait_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ppmq.client import Client, ClientError
+from ppmq.client.library import Client, ClientError
 
 from ..conftest import wait_for
 from .test_metrics import metrics_now, value
@@ -301,7 +301,7 @@ def test_taken_unacked_messages_are_ready_again_after_a_restart(broker_factory):
 
 WORKER = """
 import json, sys, time
-from ppmq.client import Client
+from ppmq.client.library import Client
 c = Client(sys.argv[1], timeout_s=30)
 acks = None
 while True:

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from ppmq.bench.cli import main
 
 sys.exit(main())

@@ -13,18 +13,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import profile as profiling
-from . import report, runner
-from .payload import STAMP
-from .systems import NAMES, load
-from .workloads import scaled, workloads
+from ppmq.bench import profile as profiling
+from ppmq.bench import report, runner
+from ppmq.bench.payload import STAMP
+from ppmq.bench.systems import NAMES, load
+from ppmq.bench.workloads import scaled, workloads
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="ppmq bench",
         description="Run named workloads against ppmq and peer brokers started on this host "
-        "(Redis Streams, beanstalkd, RabbitMQ, NATS JetStream; bench/install-peers.sh installs them).",
+        "(Redis Streams, beanstalkd, RabbitMQ, NATS JetStream; tools/install-peers.sh installs them).",
     )
     ap.add_argument("--workloads", "-w", default=",".join(workloads()), help="comma-separated: %(default)s")
     ap.add_argument("--systems", "-s", default=",".join(NAMES), help="comma-separated: %(default)s")

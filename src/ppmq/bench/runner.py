@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from . import payload
-from .procs import Sampler, cpu_times, disk_bytes, memory, tree
-from .service import Running
-from .workloads import Workload
+from ppmq.bench import payload
+from ppmq.bench.procs import Sampler, cpu_times, disk_bytes, memory, tree
+from ppmq.bench.service import Running
+from ppmq.bench.workloads import Workload
 
 MB = 1 << 20
 RUN_TIMEOUT_S = 1800.0  # a run that takes longer has lost messages or hung

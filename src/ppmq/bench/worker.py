@@ -15,9 +15,9 @@ import sys
 import threading
 import time
 
-from . import payload
-from .systems import load
-from .workloads import Workload
+from ppmq.bench import payload
+from ppmq.bench.systems import load
+from ppmq.bench.workloads import Workload
 
 
 def publish(system, address: dict, w: Workload, max_s: float) -> dict:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from .schema import NS_PER_S
+from ppmq.pipeline.schema import NS_PER_S
 
 PUBLISH, ACK = "publish", "ack"
 

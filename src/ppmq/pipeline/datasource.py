@@ -35,13 +35,13 @@ import msgspec
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, InputPartition, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from ..client import Client, ClientError
-from ..config import load_config
-from ..protocol import fragment_payload
-from ..ledger import HEAD_KEY, load_state
-from ..reader import BodyRecord, Damaged, ReadTxn, StoreReader
-from ..schema import StoreError
-from . import snapshot
+from ppmq.client.library import Client, ClientError
+from ppmq.config import load_config
+from ppmq.protocol.messages import fragment_payload
+from ppmq.store.counters import HEAD_KEY, load_state
+from ppmq.store.reader import BodyRecord, Damaged, ReadTxn, StoreReader
+from ppmq.store.schema import StoreError
+from ppmq.pipeline import snapshot
 
 SNAPSHOT_SCHEMA = (
     "topic string, key string, priority int, payload string, payload_json string, "

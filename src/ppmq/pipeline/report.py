@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from . import charts, fleet, multiples, tables
-from .page import fleet_wide, image, page, table
-from .progress import Progress
+from ppmq.pipeline import charts, fleet, multiples, tables
+from ppmq.pipeline.page import fleet_wide, image, page, table
+from ppmq.pipeline.progress import Progress
 
 Row = dict[str, Any]
 

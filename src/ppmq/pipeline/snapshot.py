@@ -35,7 +35,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..reader import StoreReader
+    from ppmq.store.reader import StoreReader
 
 KEEPER_POLL_S = 1.0  # how often the keeper looks whether the driver still runs
 PREFIX = "ppmq-snapshot-"

@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .ack_latency import ack_latencies, entries_to_join
-from .schema import JOURNAL_SCHEMA, JOURNAL_VERSIONS, NS_PER_S
+from ppmq.pipeline.ack_latency import ack_latencies, entries_to_join
+from ppmq.pipeline.schema import JOURNAL_SCHEMA, JOURNAL_VERSIONS, NS_PER_S
 
 QUANTILES = [0.5, 0.95, 0.99]
 RELATIVE_ERROR = 0.01  # of a percentile, from the histogram's bucket width

@@ -30,7 +30,7 @@ def load(name: str) -> ModuleType:
 def lacking(program: str | None, module: str | None = None) -> str | None:
     """Why a peer cannot run: its server program or its Python client is missing."""
     if program is None or not os.path.exists(program):
-        return "server not installed (bench/install-peers.sh)"
+        return "server not installed (tools/install-peers.sh)"
     if module is not None and importlib.util.find_spec(module) is None:
         return f"Python package {module} not installed (pip install -e .[bench])"
     return None

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..service import Running, Service, free_port
-from ..workloads import Workload
-from . import IDLE_S, lacking
+from ppmq.bench.service import Running, Service, free_port
+from ppmq.bench.workloads import Workload
+from ppmq.bench.systems import IDLE_S, lacking
 
 NAME = "nats"
 STREAM = SUBJECT = "bench"

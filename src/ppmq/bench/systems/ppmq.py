@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from ...client import Client
+from ppmq.client.library import Client
 
-from ..service import Running, Service
-from ..workloads import Workload
-from . import IDLE_S
+from ppmq.bench.service import Running, Service
+from ppmq.bench.workloads import Workload
+from ppmq.bench.systems import IDLE_S
 
 NAME = "ppmq"
 TOPIC = "bench"

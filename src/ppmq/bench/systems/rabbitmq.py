@@ -13,9 +13,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..service import Running, Service, free_port
-from ..workloads import Workload
-from . import IDLE_S, lacking
+from ppmq.bench.service import Running, Service, free_port
+from ppmq.bench.workloads import Workload
+from ppmq.bench.systems import IDLE_S, lacking
 
 NAME = "rabbitmq"
 EXCHANGE = "bench"

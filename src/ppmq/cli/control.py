@@ -1,0 +1,192 @@
+"""The `ppmq` commands of delivery control and for operators (PROTOCOL §8): nack,
+reject, peek, purge, redrive, pause, resume, ping.
+
+Each sends one wrapper and prints what the broker answered; a status other than
+200 raises ClientError, which `ppmq` turns into exit 1 as for the other commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from ppmq.client.library import Client
+from ppmq.config import default_config_path, load_config
+from ppmq.protocol.messages import Reply
+
+# cli.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
+Command = Callable[..., argparse.ArgumentParser]  # also config=False: no -c/-s; a None handler: its subcommands set one
+PAYLOAD_CHARS = 40  # of a payload's JSON in peek's table; a longer one is cut and ends in "…"
+_PEEK_COLUMNS = ("SUBSCRIBER", "STATE", "KEY", "PRIORITY", "ATTEMPT", "PUBLISHED", "DEADLINE", "PAYLOAD")
+
+
+def config_options(parser: argparse.ArgumentParser) -> None:
+    """-c and -s, which every command that talks to the broker or reads its config takes."""
+    parser.add_argument("-c", "--config", default=None, help="config file (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
+    parser.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
+
+
+def open_client(args: argparse.Namespace) -> Client:
+    """The broker named by -s, or by ServerSocket of the config. Here rather than in
+    cli.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
+    path = args.socket or load_config(args.config or default_config_path()).server_socket
+    return Client(path)
+
+
+def seconds(text: str) -> float:
+    """An argparse type for delays: a wait cannot be negative, NaN or endless, and
+    saying so before asking the broker makes it a usage error (exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """An argparse type for -n: a peek at no messages would show nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
+def align(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as lines of left-aligned columns, each as wide as its widest value."""
+    widths = [max(map(len, column)) for column in zip(*rows)]
+    return ["  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows]
+
+
+# --- the parser ------------------------------------------------------------------------
+
+
+def add_commands(command: Command) -> None:
+    """This module's subcommands, made by cli.py's factory so that they take -c/-s
+    and the man page shows them like every other command."""
+    nack = _in_flight_command(command, "nack", _nack, "give messages in flight back to their queue, to be delivered again")
+    nack.add_argument("--delay", type=seconds, help="seconds before they may be delivered again (default 0)")
+    _in_flight_command(command, "reject", _reject, "give up on messages in flight: dead-letter them, or drop them without a DeadLetter")
+    peek = command("peek", _peek, "show messages of a topic in delivery order, ready ones first, without changing anything")
+    peek.add_argument("topic")
+    peek.add_argument("--subscriber", help="only this subscriber's copies")
+    peek.add_argument("--state", choices=("ready", "inflight"), help="only ready or only in-flight copies")
+    peek.add_argument("-n", "--limit", type=_positive, default=10, metavar="N", help="at most N messages (default 10, at most 1000)")
+    peek.add_argument("--json", action="store_true", help="print the PEEK body as JSON")
+    purge = command("purge", _purge, "remove ready and in-flight messages of a topic")
+    purge.add_argument("topic")
+    purge.add_argument("--subscriber", help="only this subscriber's copies")
+    purge.add_argument("--key", "-k", action="append", dest="keys", metavar="K", help="only messages with key K (repeat for more keys)")
+    purge.add_argument("--yes", "-y", action="store_true", help="do not ask first (needed when standard input is not a terminal)")
+    redrive = command("redrive", _redrive, "move dead-lettered messages back to the topic and subscriber they came from")
+    redrive.add_argument("topic", metavar="DEADTOPIC")
+    redrive.add_argument("--key", "-k", action="append", dest="keys", metavar="K", help="only the message with key K (repeat for more keys)")
+    for name, help in (("pause", "deliver nothing more to a subscriber until `ppmq resume` (survives a restart of the broker)"),
+                       ("resume", "deliver again to a paused subscriber")):
+        sub = command(name, _pause_or_resume, help)
+        sub.add_argument("subscriber")
+        sub.add_argument("--topic", "-t", help="on this topic only (default: every topic of the subscriber)")
+    command("ping", _ping, "show that the broker answers, its version and its uptime")
+
+
+def _in_flight_command(command: Command, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    """nack and reject name the same things: keys in flight to a subscriber."""
+    sub = command(name, func, help)
+    sub.add_argument("topic")
+    sub.add_argument("subscriber")
+    sub.add_argument("keys", nargs="+", metavar="KEY")
+    return sub
+
+
+# --- the commands --------------------------------------------------------------------
+
+
+def _request(args: argparse.Namespace, **keys: Any) -> Reply:
+    """Send one wrapper of the keys given, leaving out the None ones: an option not
+    given is a key not sent, so the broker's default applies."""
+    with open_client(args) as client:
+        return client.request({name: value for name, value in keys.items() if value is not None})
+
+
+def _nack(args: argparse.Namespace) -> int:
+    reply = _request(args, Topic=args.topic, Subscriber=args.subscriber, Nacks=args.keys, Delay=args.delay)
+    print(f"nacked {reply.accepted or 0}")
+    return 0
+
+
+def _reject(args: argparse.Namespace) -> int:
+    reply = _request(args, Topic=args.topic, Subscriber=args.subscriber, Rejects=args.keys)
+    print(f"rejected {reply.accepted or 0}")
+    return 0
+
+
+def _peek(args: argparse.Namespace) -> int:
+    body = _request(args, Command="PEEK", Topic=args.topic, Subscriber=args.subscriber, State=args.state, Limit=args.limit).body
+    if args.json:
+        print(msgspec.json.encode(body).decode())
+        return 0
+    print("\n".join(align([_PEEK_COLUMNS, *map(_peek_row, body["Messages"])])))
+    if body["Next"] is not None:
+        print("ppmq peek: more messages follow; -n up to 1000 shows more", file=sys.stderr)
+    return 0
+
+
+def _peek_row(m: dict[str, Any]) -> tuple[str, ...]:
+    payload = msgspec.json.encode(m["Payload"]).decode()
+    if len(payload) > PAYLOAD_CHARS:
+        payload = payload[: PAYLOAD_CHARS - 1] + "…"
+    fields = (m["Subscriber"], m["State"], m["Key"], m["Priority"], m["Attempt"], m["Published"], m["Deadline"], payload)
+    return tuple("-" if value is None else str(value) for value in fields)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    """PURGE cannot be undone, so a person is asked first, and a script must say --yes."""
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("ppmq purge: standard input is not a terminal, so nobody can be asked; pass --yes to purge", file=sys.stderr)
+            return 2
+        if not _confirmed(f"purge {_purge_scope(args)}? [y/N] "):
+            print("ppmq purge: nothing purged", file=sys.stderr)
+            return 1
+    body = _request(args, Command="PURGE", Topic=args.topic, Subscriber=args.subscriber, Keys=args.keys).body
+    print(f"purged {body['Purged']}")
+    return 0
+
+
+def _purge_scope(args: argparse.Namespace) -> str:
+    what = "the messages with key " + ", ".join(map(repr, args.keys)) if args.keys else "every message"
+    whose = f" for subscriber {args.subscriber!r}" if args.subscriber else ""
+    return f"{what} of topic {args.topic!r}{whose}, ready and in flight"
+
+
+def _confirmed(question: str) -> bool:
+    """Ask on stderr, so that the question is seen even when stdout goes to a file;
+    only y or yes is a yes, and end of input is a no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    body = _request(args, Command="REDRIVE", Topic=args.topic, Keys=args.keys).body
+    print(f"redriven {body['Redriven']}, skipped {body['Skipped']}")
+    return 0
+
+
+def _pause_or_resume(args: argparse.Namespace) -> int:
+    _request(args, Command=args.command.upper(), Subscriber=args.subscriber, Topic=args.topic)
+    return 0
+
+
+def _ping(args: argparse.Namespace) -> int:
+    body = _request(args, Command="PING").body
+    print(f"ppmq {body['Version']}, up {float(body['UptimeSeconds']):.1f}s")
+    return 0

@@ -1,0 +1,5 @@
+"""ppmq's client side: the client library (`Client`, `AsyncClient`) and the subscriber kit."""
+
+from ppmq.client.library import AsyncClient, Client, ClientError
+
+__all__ = ["AsyncClient", "Client", "ClientError"]

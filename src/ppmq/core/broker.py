@@ -1,0 +1,492 @@
+"""The broker's state machine (PROTOCOL §3), sans-IO.
+
+`Broker.step` takes every request that arrived since the last commit, the
+subscribers that can take a batch now, and the time; it applies them all in one
+LMDB write transaction (group commit) and returns the replies, the batches to
+push and when it next needs to run. It never touches a socket or reads a clock,
+and it runs on one thread: the writer thread of the server, or a test.
+
+This module is the step and the dispatch of requests (PROTOCOL §2), read top
+down; what a request does to messages is in the parts the Broker is made of:
+publishing.py, completion.py, filling.py, taking.py and admin.py (wiring.py says
+why they are mixins), and the values a step takes and returns are in ops.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from msgspec import UNSET
+
+from ppmq.protocol import messages as p
+from ppmq.core.access import Policy
+from ppmq.core.admin import Admin
+from ppmq.core.settlement import Completion
+from ppmq.config import Config, ConfigError
+from ppmq.core.events import StepEvents
+from ppmq.core.dispatch import Filling
+from ppmq.core.lanes import Lanes
+from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
+from ppmq.core.taker_holdings import Owners
+from ppmq.core.publish import Publishing
+from ppmq.core.staging import Answer, Staging, is_large
+from ppmq.store.schema import StoreError, StoreFullError
+from ppmq.store.counters import Ledger, load_state
+from ppmq.store.state import NS, refused_changes, status_body
+from ppmq.store.store import Store, Txn
+from ppmq.core.pull import ABANDONED, Taking
+from ppmq.core.validate import delay_ns, prepare
+from ppmq.core.wiring import Wiring
+
+log = logging.getLogger("ppmq.broker")
+T = TypeVar("T")
+
+COMMANDS = ("RECONNECT", "CONNECT", "STATUS", "TAKE", "PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME", "PING")
+FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
+MAX_RETRY_NS = 5 * NS
+
+
+class _Replay(Exception):
+    """A request failed in a step applied without savepoints: the step is rolled
+    back, to run again with them."""
+
+
+class Broker(Publishing, Completion, Filling, Taking, Admin):
+    """One store's state machine; run `step` from one thread only."""
+
+    def __init__(
+        self, config: Config, store: Store, now_ns: int, complete_status: Callable[[dict], None] | None = None
+    ) -> None:
+        """Open the broker on a store; ConfigError if the config would drop messages.
+
+        `complete_status` adds to each STATUS body, on the writer thread, what
+        only the process running the broker knows (connections, commit times)."""
+        self.store = store
+        self._complete_status = complete_status
+        self.policy = Policy()  # connections check their requests against it, in the step
+        self._wiring: Wiring | None = None
+        self._fresh = {}
+        self._open, self._lanes, self._watch = set(), {}, None
+        self._owners = Owners()  # who took what (PROTOCOL §9); no taker outlives the process
+        self._events = StepEvents(config.journaled, now_ns)
+        self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
+        self._failures = 0  # commits failed in a row
+        self._retry_at_ns = 0  # after a failed commit, no step without requests before this
+        # Topic -> the last id its sequence handed out in a step whose batches
+        # left but whose commit failed: no rollback takes the sequence below it.
+        self._let_out: dict[str, int] = {}
+        self._started_ns = now_ns  # PING's uptime
+        with store.write() as txn:
+            self.state = load_state(txn)
+            self._ledger = Ledger(self.state)  # the counters' records, and their undo
+            self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
+            self._switch(txn, config)
+            self.state.resume_sequences()
+            self._requeue_unconfirmed(txn, now_ns)
+            self._ledger.save(txn, everything=True)
+        self._ledger.take_touched()
+        self._index_backlog()
+        self._next_tick_ns = now_ns
+
+    @property
+    def next_tick_ns(self) -> int:
+        return self._next_tick_ns
+
+    @property
+    def staging(self) -> bool:
+        """A large publish is in progress (or its rows are being deleted): step
+        again even without requests."""
+        return self._staging.busy
+
+    def has_backlog(self, sub: str) -> bool:
+        """sub has messages ready that wait for room in its Window, as the last
+        step left them (read from the event loop like has_pending)."""
+        return bool(self._backlog.get(sub))
+
+    def has_pending(self, sub: str) -> bool:
+        """sub has messages ready or unacknowledged: worth connecting to (and
+        starting) it; it will RECONNECT to get what it left unacknowledged.
+
+        Read from the event loop while a step may run: it only looks values up,
+        and a stale answer costs one step's delay.
+        """
+        subs = self.state.subs
+        for t in self.sub_topics.get(sub, ()):
+            stats = subs.peek(t.name, {}).get(sub)
+            if stats is not None and (stats.inflight or any(stats.ready)):
+                return True
+        return False
+
+    # --- the step ---------------------------------------------------------------------
+
+    def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
+        """Whether a step with no requests would do anything now; `lanes` as for step."""
+        if now_ns < self._retry_at_ns:
+            return False
+        if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+            return True
+        subs = ((s, self._lanes_of(s, lanes or {})) for s in open_subs)
+        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self._pending_topics(s))
+
+    def step(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,
+        lanes: dict[str, Lanes] | None = None,
+    ) -> Step:
+        """Apply ops, run due timers, fill open subscribers: one transaction, one commit.
+
+        `early`, if given, is handed the step's batches just before the commit,
+        so that they travel while the disk syncs: the ack that made room for a
+        batch does not make it wait for an fsync. A crash or a failed commit can
+        only deliver them again, which at-least-once allows; replies still wait
+        for the commit. A step that handed out ids beyond the reservation of
+        its topic's sequence (state.TopicStats.reserve) hands its batches to
+        `early` after its commit instead: a key that left is never handed out
+        again, whatever the crash. A step that runs out of room looks again for
+        reader slots of dead processes (which pin pages) and, if that freed
+        any, tries once more before answering 507. `lanes`: what each lane of the open
+        subscribers with Connections > 1 carries (laning.py)."""
+        self._lanes = lanes or {}
+        carried, self._carried = self._carried, []
+        ops = carried + ops
+        self._clear_stale_readers()
+        ended: list[Answer] = []  # a staged publish the failed first try ended
+        try:
+            try:
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
+            except StoreFullError as exc:
+                ended = self._staging.rolled_back(_reply_error(exc))
+                if not self._clear_stale_readers():
+                    raise
+                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
+        except StoreError as exc:
+            return self._failed(ops, len(carried), exc, now_ns, ended)
+        self._staging.committed()
+        if self._failures:
+            log.warning("commits succeed again after %d failed", self._failures)
+            self._failures = 0
+        self._next_tick_ns = next_tick
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._left_flight())
+
+    def _clear_stale_readers(self) -> int:
+        """A reader killed inside a snapshot (a report, fsck) pins the pages it
+        could see until its slot is freed, so every commit would grow the file:
+        look for such slots at every step (a look at LMDB's reader table, well
+        under a microsecond)."""
+        cleared = self.store.clear_stale_readers()
+        if cleared:
+            log.warning("freed %d reader slots of processes that died inside a read", cleared)
+        return cleared
+
+    def _commit(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None
+    ) -> tuple[list, list[Delivery], int, list[Answer]]:
+        """The step's one transaction; if it fails, the broker is left exactly as
+        it was before (counters, config, access rules), and the error raised.
+
+        The step's requests are applied as if none will fail: a request that
+        does fail (rare: most are refused before they change anything) rolls the
+        whole step back, and it runs again with a savepoint around each request,
+        so that the failed one alone is undone and answered with its error. A
+        savepoint and the undo levels of the counters cost a request some 15 us,
+        the fixed cost that dominates a step of one message."""
+        try:
+            return self._transact(ops, open_subs, now_ns, early, guarded=False)
+        except _Replay:
+            self._staging.forget_new()
+            return self._transact(ops, open_subs, now_ns, early, guarded=True)
+
+    def _transact(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool
+    ) -> tuple[list, list[Delivery], int, list[Answer]]:
+        """One try at the step's transaction; `guarded`: each request in a savepoint."""
+        wiring = self._wiring
+        self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
+        self._ledger.step()
+        sent = False  # the step's batches left before its commit
+        try:
+            with self.store.write() as txn:
+                self._watch_flights(txn)
+                replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True))
+                if now_ns >= self._next_tick_ns:
+                    self._tick(txn, now_ns)
+                deliveries = self._fill(txn, open_subs, now_ns)
+                self._queue_fresh(txn)
+                self.state.commits += 1
+                held = self._reserve_ids()
+                self._ledger.save(txn)
+                next_tick = self._next_tick(txn, now_ns)
+                if early is not None and deliveries and not held:
+                    early(deliveries)
+                    sent = True
+        except BaseException:
+            if sent:
+                self._note_let_out()
+            self._ledger.rollback(self.store.committed_meta)
+            self._keep_let_out()
+            self._rewire(wiring)
+            self._note_backlog(self._ledger.take_touched())
+            self._events.clear()
+            self._fresh = {}
+            self._owners.undo()
+            raise
+        self._ledger.stepped()
+        self._note_backlog(self._ledger.take_touched())
+        self._owners.commit()
+        if early is not None and deliveries and held:
+            early(deliveries)
+        return replies, deliveries, next_tick, finished
+
+    def _reserve_ids(self) -> bool:
+        """Renew the reservation of every sequence the step may have used (those
+        of the topics it touched); True if its batches must wait for its commit."""
+        topics = self.state.topics
+        held = [stats.reserve() for stats in map(topics.peek, self._ledger.touched) if stats is not None]
+        return any(held)
+
+    def _note_let_out(self) -> None:
+        """The batches of a step that is being rolled back left: the ids its
+        topics' sequences handed out may have gone with them (PROTOCOL §3 Keys)."""
+        topics = self.state.topics
+        self._let_out.update((name, stats.seq) for name in self._ledger.touched if (stats := topics.peek(name)) is not None)
+
+    def _keep_let_out(self) -> None:
+        """After a rollback, which puts back the sequences as the last commit
+        left them: none goes below an id that left (a restart goes on above
+        the reservation instead, TopicStats.resume)."""
+        for name, seq in self._let_out.items():
+            stats = self.state.topics.peek(name)
+            if stats is not None and stats.seq < seq:
+                stats.seq = seq
+
+    def _failed(self, ops: list[Op], carried: int, exc: StoreError, now_ns: int, ended: list[Answer]) -> Step:
+        """Nothing of the step happened: every request is answered with the error
+        (507 when out of room), and steps that no request asks for back off, so
+        that a full store is not retried thousands of times a second."""
+        self._failures += 1
+        if self._failures == 1:
+            log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
+        delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
+        self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
+        # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
+        self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
+        err = _reply_error(exc)
+        replies = [None if isinstance(op, (Returned, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
+        return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
+
+    # --- one op -----------------------------------------------------------------------
+
+    def _apply(self, txn: Txn, op: Op, now_ns: int, guarded: bool = True) -> p.Reply | None:
+        """One op's effect and reply. A request that fails is answered with its
+        error, its writes undone (`guarded`), or raises _Replay (not guarded)."""
+        taker = None
+        if type(op) is not p.Request:  # the usual op is a bare request
+            if not isinstance(op, (Guarded, Take)):
+                return self._apply_internal(txn, op, now_ns)
+            taker = op.taker if isinstance(op, Take) else None
+            try:
+                if op.check is not None:
+                    op.check(op.request)
+            except p.Forbidden as exc:
+                return self._apply(txn, Invalid(exc, op.request.id), now_ns)
+            op = op.request
+        if not guarded:
+            try:
+                return self._events.of_request(lambda: self._request(txn, op, now_ns, taker))
+            except Exception as exc:
+                raise _Replay from exc
+        try:
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
+        except p.RequestError as exc:
+            error = exc
+        except StoreFullError as exc:
+            error = p.StoreFull(f"store full: {exc}")
+        except Exception as exc:  # a bug must cost one request, not the broker
+            log.exception("internal error on a request")
+            error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
+        self.state.rejected += 1
+        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+
+    def _apply_internal(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
+        """An op the broker made itself, not a client's request."""
+        if isinstance(op, Abandoned):
+            self._abandon(txn, op.taker, now_ns)
+            return None
+        if isinstance(op, (Returned, Written)):
+            if op.subscriber not in self.state.subs.get(op.topic, {}):
+                return None  # the subscription was dropped by a reload meanwhile
+            if isinstance(op, Returned):
+                self._return(txn, op)
+            else:
+                self._ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
+            return None
+        if isinstance(op, Invalid):
+            self.state.rejected += 1
+            self.state.forbidden += op.error.status == p.Forbidden.status
+            return self._rejected(p.error_reply(op.error, op.id), None, 0)
+        if isinstance(op, Reconfigure):
+            return self._reconfigure(txn, op.config)
+        if isinstance(op, Requeue):
+            try:
+                return self._requeue_at_end(txn, op, now_ns)
+            except p.RequestError as exc:  # counted and journaled as any refused request
+                return self._apply(txn, Invalid(exc, UNSET), now_ns)
+        log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
+        return p.error_reply(p.RequestError(f"internal error: not an op: {type(op).__name__}"))
+
+    def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
+        """apply(), whose writes, counters, config and fresh messages all vanish if
+        it raises. The step's fresh lists are kept by value: a STATUS or a reload
+        moves them into the queues (and empties the dict) inside it."""
+        wiring, owners = self._wiring, self._owners.mark()
+        fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
+        self._ledger.begin()
+        try:
+            with txn.savepoint():
+                result = apply()
+        except BaseException:
+            self._owners.undo(owners)
+            self._ledger.undo()
+            self._rewire(wiring)
+            self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
+            raise
+        self._ledger.end()
+        return result
+
+    def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
+        self._events.reject(topic, reply.status, reply.error, count)
+        return reply
+
+    def _request(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None = None) -> p.Reply | None:
+        """PROTOCOL §2, §8: messages, acks, nacks, rejects, touches, then the
+        command (a TAKE's on behalf of `taker`); all or nothing.
+        None: a large publish, answered in a later step (staging.py)."""
+        accepted, body = 0, None
+        if req.messages is not None:
+            topic = self._topic_for(req, "Messages")
+            if is_large(topic, req.messages):
+                if not self._publish_staged(txn, topic, req, now_ns):
+                    return None
+            else:
+                prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
+                txn.refuse_when_full()
+                self._publish(txn, topic, prepared, now_ns)
+            accepted += len(req.messages)
+        if req.acks is not None:
+            topic = self._topic_for(req, "Acks")
+            sub = self._subscriber_of(req.subscriber, topic, "Acks")
+            accepted += self._ack_keys(txn, topic, sub, req.acks)
+        accepted += self._control(txn, req)
+        if req.command is not None:
+            body = self._command(txn, req, now_ns, taker)
+        return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
+
+    def _control(self, txn: Txn, req: p.Request) -> int:
+        """PROTOCOL §8: Nacks, Rejects and Touch, in this order; how many keys applied."""
+        if req.delay is not None and req.nacks is None:
+            raise p.BadRequest("Delay: only with Nacks (a message waits with its own Delay or NotBefore)")
+        if req.nacks is None and req.rejects is None and req.touch is None:  # a publish or an ack: the usual
+            return 0
+        applied = 0
+        for field, keys in (("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
+            if keys is None:
+                continue
+            topic = self._topic_for(req, field)
+            sub = self._subscriber_of(req.subscriber, topic, field)
+            if field == "Nacks":
+                applied += self._nack_keys(txn, topic, sub, keys, delay_ns(req.delay or 0, "Delay"))
+            elif field == "Rejects":
+                applied += self._reject_keys(txn, topic, sub, keys)
+            else:
+                applied += self._touch_keys(txn, topic, sub, keys)
+        return applied
+
+    def _command(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None) -> dict | None:
+        """The Body of the request's Command (PROTOCOL §2, §8, §9), None if it has none."""
+        command = req.command.upper()
+        if command == "TAKE":
+            return self._take(txn, req, taker, now_ns)
+        if command in ("RECONNECT", "CONNECT"):
+            self._reconnect(txn, req.subscriber, self._topics_of_subscriber(req, "RECONNECT"), now_ns)
+            return None
+        if command == "STATUS":
+            self._queue_fresh(txn)  # so that OldestReadyAge sees them
+            if req.topic is not None:
+                self._topic_for(req, "STATUS")
+            self._prune_takers(txn)  # so that the takers counted hold messages in flight
+            body = status_body(self.config, self.state, txn, now_ns, req.topic)
+            if self._complete_status is not None:
+                self._complete_status(body)
+            return body
+        try:
+            return self._admin(txn, command, req, now_ns)
+        except KeyError:
+            raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})") from None
+
+    # --- the config in force: one value, switched whole ---------------------------------
+
+    def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
+        """All of the new config, or none of it (the old one keeps running); the
+        reload is always answered, so whoever asked for it never waits for ever."""
+        try:
+            self._undoable(txn, lambda: self._switch(txn, config))
+        except ConfigError as exc:
+            return p.error_reply(p.BadRequest(str(exc)))
+        except StoreFullError as exc:
+            return p.error_reply(p.StoreFull(f"store full: {exc}"))
+        except Exception as exc:
+            log.exception("reload failed")
+            return p.error_reply(p.RequestError(f"reload failed: {type(exc).__name__}: {exc}"))
+        return p.Reply(status=200)
+
+    def _switch(self, txn: Txn, config: Config) -> None:
+        """Make `config` the broker's, dropping what it says goes (PROTOCOL §6 DropTopics)."""
+        errors = refused_changes(self.state, self.topics, config)
+        if errors:
+            raise ConfigError(errors)
+        self._queue_fresh(txn)  # a subscription dropped below must find its messages in the store
+        for topic, subs in list(self.state.subs.items()):
+            tc = next((t for t in config.topics if t.name == topic), None)
+            for sub in [s for s in subs if tc is None or s not in tc.subscribers]:
+                self._drop_subscription(txn, topic, sub)
+            if tc is None:
+                log.warning("topic %s removed from the config: forgotten", topic)
+                self.state.forget(topic)
+        self.state.register(config)
+        self._rewire(Wiring.of(config, self.state))
+        self._wiring.rules.warn_unknown()
+        self._index_backlog()
+
+    def _rewire(self, wiring: Wiring | None) -> None:
+        self._wiring = wiring
+        self.policy.rules = wiring.rules if wiring is not None else None
+
+    def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:
+        """sub no longer takes topic: what it still had there is released, and
+        messages nobody else holds are deleted (like deleting a bound queue)."""
+        msgs = self._queue_of(txn, topic, sub).drop_all()
+        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        self._release(txn, topic, t, s, msgs)
+        del self.state.subs[topic][sub]
+        log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
+
+    def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
+        """Deliver again (at least once) what nothing will ever ack: on an
+        `AckRequired: false` topic, what a previous run pushed without seeing the
+        write finish; for a Pull subscriber, what the takers of that run, all
+        gone with it, took (PROTOCOL §9 Competing consumers)."""
+        for tc in self.config.topics:
+            t = self.state.topic_ids[tc.name]
+            for name in tc.subscribers:
+                if tc.ack_required and not self.sub_configs[name].pull:
+                    continue
+                s = self.state.sub_ids[name]
+                for flight in txn.inflight_of(t, s):
+                    self._requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
+
+
+def _reply_error(exc: StoreError) -> p.RequestError:
+    """What a request in a step that could not commit is answered."""
+    return p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))

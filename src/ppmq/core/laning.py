@@ -1,0 +1,64 @@
+"""The broker's side of parallel push connections (PROTOCOL §9, lanes.py).
+
+A Broker part (see wiring.py for why the parts are mixins), under filling.py.
+For a subscriber with Connections > 1, its link reports with each step what
+each of its lanes carries; a step gives each batch to the open lane with the
+most room under Window, and notes what left flight to the subscriber, so that
+the link frees room on the lane that carried each message, whatever made it
+leave (an ack on any connection or on ServerSocket, a nack, AckRetry...).
+"""
+
+from __future__ import annotations
+
+from ppmq.core.lanes import Lanes, carry, room
+from ppmq.core.ops import Delivery
+from ppmq.store.flight_index import FlightWatch
+from ppmq.store.store import Txn
+from ppmq.core.wiring import Wired
+
+
+class Laning(Wired):
+    _lanes: dict[str, Lanes]  # of the open subscribers with Connections > 1: what each lane carries
+    _watch: FlightWatch | None  # what leaves flight in this step to subscribers with Connections > 1
+
+    def ready_topics(self, sub: str) -> list[str]:
+        """The topics on which sub has messages ready and is not paused: what a
+        link with lanes to spare opens another connection for (PROTOCOL §9).
+        Read from the event loop, as has_pending is."""
+        subs = self.state.subs
+        return [
+            t.name for t in self.sub_topics.get(sub, ())
+            if (stats := subs.peek(t.name, {}).get(sub)) is not None and any(stats.ready) and not stats.paused
+        ]
+
+    def _lanes_of(self, sub: str, lanes: dict[str, Lanes]) -> Lanes | None:
+        """sub's lanes as its link reported them, a copy the step may fill; None
+        for a subscriber of one connection."""
+        reported = lanes.get(sub)
+        if reported is None or self.sub_configs[sub].connections == 1:
+            return None
+        return [None if carried is None else dict(carried) for carried in reported]
+
+    def _to_lane(self, sub: str, delivery: Delivery, lanes: Lanes) -> Delivery:
+        """The batch goes to the least loaded lane, which has that much less room."""
+        lane, _ = room(lanes, delivery.topic, self.config.window(self.sub_configs[sub]))
+        carry(lanes, lane, delivery.topic, len(delivery.msgs))
+        return delivery._replace(lane=lane)
+
+    def _watch_flights(self, txn: Txn) -> None:
+        """Note, in this step's transaction, what leaves flight to subscribers with lanes."""
+        watched = {
+            (self.state.topic_ids[t.name], self.state.sub_ids[sc.name])
+            for sc in self.config.subscribers if sc.connections > 1 for t in self.sub_topics[sc.name]
+        }
+        self._watch = FlightWatch(watched) if watched else None
+        if self._watch is not None:
+            txn.watch_flights(self._watch)
+
+    def _left_flight(self) -> dict[str, dict[str, list[int]]]:
+        """Subscriber -> topic -> the messages that left flight in the step (Step.left)."""
+        left: dict[str, dict[str, list[int]]] = {}
+        if self._watch is not None:
+            for (t, s), ms in self._watch.gone().items():
+                left.setdefault(self._sub_by_id[s], {})[self._topic_by_id[t]] = ms
+        return left

@@ -1,0 +1,300 @@
+"""A subscription's queue: its ready and in-flight entries and their counters, kept by one owner.
+
+A subscription (topic x subscriber) holds each message it has not finished with
+either ready, at its place (priority, position) in the queue, or in flight. The
+store keeps those entries as rows; STATUS shows how many there are from counters
+in `SubStats`. Every change to an entry goes through a `Queue`, which changes
+the counter with the row, so the two cannot disagree.
+
+Messages published in the current step for a subscriber that has nothing older
+queued stay "fresh" (in memory, counted as ready) until the step ends: a batch
+taken in the same step sends them straight into flight, without a ready row
+being written, walked and deleted. `settle` writes the ones no batch took.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from typing import NamedTuple
+
+from ppmq.store.state import SubStats
+from ppmq.store.schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken, fitting
+from ppmq.store.store import Txn
+
+log = logging.getLogger("ppmq.broker")
+
+
+class Pulled(NamedTuple):
+    """What a batch took from the ready queue."""
+
+    entries: list[Taken]  # now in flight, in queue order
+    expired: list[int]  # left in the queue: the caller expires them everywhere
+
+
+class Queue:
+    """One subscription's entries and counters, inside one transaction.
+
+    Made a few times a step: its arguments are given by position, since a
+    keyword call to a class builds a dict (about 1% of a one-message publish)."""
+
+    __slots__ = ("_txn", "t", "s", "stats", "fresh", "keep_tail")
+
+    def __init__(self, txn: Txn, t: int, s: int, stats: SubStats, fresh: list[Taken] | None = None, keep_tail: bool = False) -> None:
+        self._txn = txn
+        self.t, self.s = t, s
+        self.stats = stats
+        self.fresh = fresh  # the step's fresh list of this subscription, for a publish or a batch
+        # When fresh messages get ready rows, the queue keeps them in memory too (ready_tails.py).
+        self.keep_tail = keep_tail
+
+    # --- reading ---------------------------------------------------------------------
+
+    @property
+    def ready(self) -> int:
+        return sum(self.stats.ready)
+
+    def first_ready(self, prio: int) -> ReadyEntry | None:
+        return self._txn.first_ready(self.t, self.s, prio)
+
+    def in_flight(self) -> list[Flight]:
+        return self._txn.inflight_of(self.t, self.s)
+
+    # --- new messages ------------------------------------------------------------------
+
+    def add_new(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, open_: bool, due: Sequence[int] | None = None) -> None:
+        """New messages at the end of the queue. While the subscriber is open and
+        has nothing older queued they stay fresh (those `may_stay_fresh` allows;
+        None: all), else they get ready rows; those with a due time (`due`, 0:
+        none) wait in the delayed rows instead."""
+        fresh = self.fresh
+        caught_up = open_ and fresh is not None and self.ready == len(fresh)
+        ready = self.stats.ready
+        if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
+            _count(ready, msgs, 1)
+            if caught_up:
+                fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+            else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
+                self._txn.push_fresh(self.t, self.s, msgs, self.keep_tail, start=False)
+            return
+        queued = []
+        for i, (f, may) in enumerate(zip(msgs, may_stay_fresh or repeat(True))):
+            m, prio = f[0], f[1]
+            if due is not None and due[i]:
+                self._delay(Delayed(prio, m, m, 0, due[i]))
+            elif caught_up and may:
+                fresh.append(f)
+            else:
+                caught_up = False
+                queued.append(f)
+            if due is None or not due[i]:
+                ready[prio] += 1
+        if queued:
+            self._txn.push_fresh(self.t, self.s, queued, self.keep_tail, start=False)
+
+    def reveal(self, counts: list[int]) -> None:
+        """A staged publish (staging.py) whose ready rows were written hidden is whole:
+        count them."""
+        for prio, count in enumerate(counts):
+            self.stats.ready[prio] += count
+
+    def settle(self) -> None:
+        """Fresh messages no batch took get their ready rows. The list itself is
+        left as it was (the broker drops it): a request undone keeps a prefix of
+        it, so lists only ever grow."""
+        if self.fresh:
+            self._txn.push_fresh(self.t, self.s, self.fresh, self.keep_tail, start=self.ready == len(self.fresh))
+        self.fresh = None
+
+    # --- delivery ------------------------------------------------------------------------
+
+    def take_fresh(self, limit: int, deadline_ns: int, max_bytes: int = 0) -> list[Taken] | None:
+        """When the fresh messages (published in this step) are the whole queue:
+        the first `limit` of them in queue order, as far as a batch of
+        `max_bytes` holds them (0: no bound), now in flight; the rest settle.
+        None otherwise."""
+        fresh = self.fresh
+        if not fresh or self.ready != len(fresh):
+            return None
+        # Queue order is priority, then position: the list is in position order
+        # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
+        fresh = sorted(fresh, key=TAKEN_PRIO)
+        if max_bytes:
+            limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
+        taken, self.fresh = fresh[:limit], fresh[limit:]
+        self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
+        _count_in_order(self.stats.ready, taken, -1)
+        self._count_delivered(len(taken), 0)
+        self.settle()
+        return taken
+
+    def pull(
+        self, limit: int, deadline_ns: int, expired_at_ns: int, own_expiry: dict[int, int] | None = None, max_bytes: int = 0
+    ) -> Pulled:
+        """Up to `limit` ready messages by priority then position, as far as a
+        batch of `max_bytes` holds them (0: no bound), now in flight. Those
+        expired at `expired_at_ns` (0: none) stay where they are and are
+        reported; a copy in `own_expiry` (id -> expires_ns) by its own expiry.
+        A damaged store (an entry whose message is missing, a count with no
+        entries) loses the entry or the count, logged, rather than stop
+        delivery."""
+        self.settle()
+        taken, expired, missing = self._txn.take_ready(self.t, self.s, limit, deadline_ns, expired_at_ns, own_expiry, max_bytes)
+        ready = self.stats.ready
+        _count_in_order(ready, taken, -1)  # taken in queue order
+        for prio in missing:
+            log.error("store: a ready entry of topic %d subscriber %d points at a missing message", self.t, self.s)
+            ready[prio] -= 1
+        if not taken and not expired and not missing:
+            # Only a store changed behind the broker's back gets here: the rows are
+            # the truth, and a count they do not back would make every step come back.
+            log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, ready)
+            self.stats.ready = [0] * len(ready)
+        self._count_delivered(len(taken), len(taken) - [*map(TAKEN_ATTEMPTS, taken)].count(1))  # delivered before: more than 1
+        return Pulled(taken, expired)
+
+    def _count_delivered(self, n: int, again: int) -> None:
+        self.stats.inflight += n
+        self.stats.delivered += n
+        self.stats.redelivered += again
+
+    # --- leaving flight ----------------------------------------------------------------------
+
+    def ack(self, ms: list[int | None]) -> list[int]:
+        """The subscriber is done with ms (None: a key that names no message);
+        returns those that were in flight. Acks of anything else are counted as
+        ignored (PROTOCOL §3 Acks)."""
+        named = ms if None not in ms else [m for m in ms if m is not None]
+        acked = self._txn.ack_flights(self.t, self.s, named)
+        self.stats.inflight -= len(acked)
+        self.stats.acked += len(acked)
+        self.stats.ignored_acks += len(ms) - len(acked)
+        return acked
+
+    def unflight(self, m: int) -> Flight | None:
+        """m leaves flight, to go wherever the caller puts it."""
+        flight = self._txn.pop_flight(self.t, self.s, m)
+        if flight is not None:
+            self.stats.inflight -= 1
+        return flight
+
+    def put_back(self, m: int, flight: Flight, attempts: int | None = None, due_ns: int = 0) -> None:
+        """A delivered message back at its original place (PROTOCOL §3 redelivery),
+        waiting there until `due_ns` if given (PROTOCOL §8 a nack's Delay)."""
+        attempts = flight.attempts if attempts is None else attempts
+        if due_ns:
+            self._delay(Delayed(flight.prio, flight.pos, m, attempts, due_ns))
+            return
+        self._txn.push_ready(self.t, self.s, flight.prio, flight.pos, m, attempts)
+        self.stats.ready[flight.prio] += 1
+
+    def _delay(self, entry: Delayed) -> None:
+        self._txn.push_delayed(self.t, self.s, entry)
+        self.stats.delayed += 1
+
+    def release_due(self, prio: int, pos: int) -> bool:
+        """A delayed entry that came due joins the ready queue at its place."""
+        entry = self._txn.pop_delayed(self.t, self.s, prio, pos)
+        if entry is None:
+            return False
+        self.stats.delayed -= 1
+        self._txn.push_ready(self.t, self.s, prio, pos, entry.msg, entry.attempts)
+        self.stats.ready[prio] += 1
+        return True
+
+    def touch(self, ms: list[int], deadline_ns: int) -> list[int]:
+        """PROTOCOL §8 Touch: those of ms in flight get the AckRetry deadline
+        `deadline_ns`; the others are counted as ignored. Returns the ones in flight."""
+        found = self._txn.retime_flights(self.t, self.s, ms, deadline_ns)
+        self.stats.ignored_acks += len(ms) - len(found)
+        return found
+
+    def give_back(self, m: int) -> bool:
+        """A batch that never reached the subscriber: m is ready again as if it
+        had not been sent, and not counted as delivered."""
+        flight = self.unflight(m)
+        if flight is None:
+            return False  # acked, expired or replaced meanwhile
+        self.put_back(m, flight, flight.attempts - 1)
+        self.stats.delivered -= 1
+        self.stats.redelivered -= flight.attempts > 1
+        return True
+
+    # --- leaving the queue ----------------------------------------------------------------------
+
+    def remove(self, m: int, prio: int, pos: int) -> tuple[int, bool] | None:
+        """m leaves the queue wherever it is (expiry, overflow, purge): its
+        deliveries so far and whether it was in flight, or None if this
+        subscription did not hold it."""
+        attempts = self._txn.pop_ready(self.t, self.s, prio, pos)
+        if attempts is not None:
+            self.stats.ready[prio] -= 1
+            return attempts, False
+        delayed = self._txn.pop_delayed(self.t, self.s, prio, pos)
+        if delayed is not None:
+            self.stats.delayed -= 1
+            return delayed.attempts, False
+        flight = self.unflight(m)
+        return None if flight is None else (flight.attempts, True)
+
+    def requeue_version(self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int], due_ns: int = 0) -> tuple[int, int]:
+        """PROTOCOL §3 Dedupe, for this subscriber: a new version of m with priority
+        `prio`. Still waiting (ready, or delayed) at the same or a higher priority
+        number it keeps its place; otherwise it goes to the end of its priority.
+        It waits there until `due_ns` if given (PROTOCOL §8). Returns its place."""
+        if place is not None and not due_ns and prio >= place[0] and self._txn.restart_ready(self.t, self.s, *place):
+            return place  # ready, and stays where it is: the usual replacement of a message waiting in a backlog
+        kept = place is not None and self._leave_place(m, place) and prio >= place[0]
+        place = place if kept else (prio, new_pos())
+        if due_ns:
+            self._delay(Delayed(place[0], place[1], m, 0, due_ns))
+        else:
+            self._txn.push_ready(self.t, self.s, place[0], place[1], m, 0)
+            self.stats.ready[place[0]] += 1
+        return place
+
+    def _leave_place(self, m: int, place: tuple[int, int]) -> bool:
+        """m leaves this queue; whether it was waiting at `place` (ready or
+        delayed) rather than in flight or done with."""
+        if self._txn.pop_ready(self.t, self.s, *place) is not None:
+            self.stats.ready[place[0]] -= 1
+            return True
+        if self._txn.pop_delayed(self.t, self.s, *place) is not None:
+            self.stats.delayed -= 1
+            return True
+        self.unflight(m)
+        return False
+
+    def drop_all(self) -> list[int]:
+        """Every message of the subscription leaves it (the subscription is dropped)."""
+        msgs: list[int] = []
+        self._txn.pull_ready(self.t, self.s, 1 << 62, lambda entry: msgs.append(entry.msg) or True)
+        for flight in self.in_flight():
+            self.unflight(flight.m)
+            msgs.append(flight.m)
+        for entry in list(self._txn.delayed_of(self.t, self.s)):
+            self._txn.pop_delayed(self.t, self.s, entry.prio, entry.pos)
+            msgs.append(entry.msg)
+        self.stats.ready = [0] * len(self.stats.ready)
+        self.stats.delayed = 0
+        return msgs
+
+
+def _count(ready: list[int], msgs: Iterable[Taken], sign: int) -> None:
+    """Add (sign 1) or take (-1) msgs to the ready counters of their priorities.
+    A plain loop indexing the tuple: cheaper than Counter."""
+    for f in msgs:
+        ready[f[1]] += sign
+
+
+def _count_in_order(ready: list[int], msgs: list[Taken], sign: int) -> None:
+    """_count of msgs in queue order (by priority, as a batch takes them): a
+    bisect per priority instead of a step per message."""
+    lo, n = 0, len(msgs)
+    while lo < n:
+        prio = msgs[lo][1]
+        hi = bisect_right(msgs, prio, lo, key=TAKEN_PRIO)
+        ready[prio] += sign * (hi - lo)
+        lo = hi

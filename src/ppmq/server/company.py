@@ -1,0 +1,113 @@
+"""Which ops queued for the writer's next step may wait for company.
+
+With Sync each commit costs an fsync, and at any rate each step its fixed
+cost, so the writer lets some ops wait up to ACK_GATHER_S (writer.py) for what
+usually comes right behind them, to share one step. It asks for every op it is
+handed, so the answer is kept as the ops are queued, not worked out again from
+all of them each time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from msgspec import UNSET
+
+from ppmq.protocol import messages as p
+from ppmq.core.ops import Op, Written, request_of
+
+
+class Counters(Protocol):
+    """What Company reads of the broker's state, as the last step left it."""
+
+    def has_backlog(self, sub: str) -> bool: ...
+
+    def awaiting_acks(self, topic: str) -> list[str]: ...
+
+
+class Company:
+    """Whether every op queued for the next step may still wait for company."""
+
+    def __init__(self, broker: Counters) -> None:
+        self._broker = broker
+        # Subscribers whose acks a publish waited for in vain: not waited for
+        # again until their next acks come (a slow subscriber, not one on its way).
+        self._late: set[str] = set()
+        self.clear()
+
+    def clear(self) -> None:
+        """Nothing is queued."""
+        self.may_wait = True
+        self.stale = False  # a step ran since the ops were added: recount them
+        self._acking: set[str] = set()  # subscribers whose one-way acks are queued
+        self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
+
+    def recount(self, ops: Iterable[Op]) -> None:
+        """Count `ops`, all that is queued, anew (after a step changed the state)."""
+        self.clear()
+        for op in ops:
+            if not self.add(op):
+                break
+
+    def ran_out(self) -> None:
+        """The ops queued waited as long as they may: what they waited for did not come."""
+        self._late |= self._awaited
+
+    def add(self, op: Op) -> bool:
+        """op is queued too: whether every op queued may still wait. Read between
+        steps only, when the broker's state is the event loop's to read."""
+        if self.may_wait:
+            self.may_wait = self._may_wait(op)
+        return self.may_wait
+
+    def _may_wait(self, op: Op) -> bool:
+        """Acks that nobody waits for: applying them a moment later changes
+        nothing anyone can see but the counters (they are at least once anyway).
+        Unless their subscriber has messages ready: then the Window room they
+        free is what the next batch waits for (a Window of one batch makes every
+        batch wait so), and holding them back would idle the subscriber.
+
+        And a publish to subscribers whose Window is full and that have at
+        most a batch ready (Broker.awaiting_acks), until their acks are queued
+        too: applied after theirs, in one step, its messages go straight into
+        flight (or the batch ready does, theirs taking its place), where before
+        them they would wait in the ready queue for a step of the acks' own.
+        At Window = BatchSize without Sync the publisher's next batch mostly
+        comes before the acks of its last, so every batch took two steps and
+        the ready queue's path; with Sync the acks mostly come first, while
+        the commit before waits for the disk. The wait ends with the acks of
+        the last subscriber waited for; an awaited ack waits with it for the
+        others, even with messages ready for its subscriber. A subscriber whose
+        acks did not come in time is not waited for again until its next acks
+        come: a slow one would hold every publish up for the whole wait, where
+        so it holds up at most one publish a batch it takes."""
+        sub = one_way_acks_of(op)
+        if sub is not None:
+            self._late.discard(sub)
+            self._acking.add(sub)
+            if sub in self._awaited:
+                self._awaited.discard(sub)
+                return bool(self._awaited)
+            return not self._broker.has_backlog(sub)
+        req = request_of(op)
+        if req is None:
+            return False
+        if req.acks is not None and req.subscriber:  # acks that owe a reply
+            self._late.discard(req.subscriber)
+        if not req.messages:
+            return False
+        awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking and s not in self._late]
+        self._awaited.update(awaited)
+        return bool(awaited)
+
+
+def one_way_acks_of(op: Op) -> str | None:
+    """The subscriber whose acks op only carries, owing no reply ("" when they
+    name none); None for any other op."""
+    if isinstance(op, Written):
+        return op.subscriber
+    op = request_of(op)
+    if isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None:
+        return op.subscriber or ""
+    return None

@@ -1,0 +1,246 @@
+"""A connection as the broker sees it: bytes in, replies out in order, with flow control (PROTOCOL §1, §4).
+
+Every connection, on ServerSocket or a subscriber's delivery connection, is a
+`Connection`, an asyncio.Protocol: what arrives goes to its `Requests`
+(intake.py), straight from the loop's read callback, and the replies go out
+through its `ReplyChannel` in the order the requests arrived. The channel also
+keeps the budget that bounds what a connection may have waiting, so that what
+a client sends cannot grow the broker's memory without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from msgspec import UNSET
+
+from ppmq.protocol import messages as p
+from ppmq.server.waiters import Waiters
+from ppmq.server.group_commit import ReplySink
+
+
+
+class Requests(Protocol):
+    """What a connection hands its bytes to (requests.Requests): it frames and
+    queues them; `end` says the peer is gone, with the error if one ended it."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def end(self, exc: BaseException | None) -> None: ...
+
+log = logging.getLogger("ppmq.connection")
+
+# A connection's requests waiting for their commit, by count and by frame bytes;
+# a frame larger than MAX_OUTSTANDING_BYTES is taken alone. 1 MiB is several
+# batches of 100 messages of 1 KiB (110 KB each), so a pipelining producer still
+# fills every commit; the count bounds what each request costs beyond its bytes
+# (a thousand tiny acks are few bytes but many objects).
+MAX_OUTSTANDING_REQUESTS = 1000
+MAX_OUTSTANDING_BYTES = 1 << 20
+# Replies written but not yet taken by the peer, above which its next request
+# waits (asyncio's own default): a peer that reads keeps it near empty, and a
+# larger buffer would only hold more for one that does not.
+MAX_UNSENT_BYTES = 1 << 16
+
+
+class Connection(asyncio.Protocol):
+    """A socket as the broker sees it: what arrives goes to its `Requests`, and
+    what it writes has flow control (`drain`), as a StreamWriter's has."""
+
+    def __init__(self, on_connect: Callable[[Connection], Awaitable[None]] | None = None) -> None:
+        """`on_connect` runs as the connection's task once it is made (a server's
+        connections; a connection the broker makes is served by its caller)."""
+        self.transport: asyncio.Transport | None = None
+        self._on_connect = on_connect
+        self._task: asyncio.Task[None] | None = None
+        self._requests: Requests | None = None
+        self._early: list[bytes] = []  # arrived before a Requests listened
+        self._early_end: tuple[BaseException | None] | None = None
+        self._lost = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+
+    # --- asyncio's callbacks ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self._on_connect is not None:  # kept: the loop holds its tasks only weakly
+            self._task = asyncio.get_running_loop().create_task(self._on_connect(self))
+
+    def data_received(self, data: bytes) -> None:
+        if self._requests is None:  # kept for it, and nothing more read until it listens
+            self._early.append(data)
+            self.transport.pause_reading()
+        else:
+            self._requests.feed(data)
+
+    def eof_received(self) -> bool:
+        self._end(None)
+        return True  # the replies still owed go out; the task closes once they have
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._end(exc)
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("Connection lost") if exc is None else exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # --- the broker's side ------------------------------------------------------------
+    def listen(self, requests: Requests) -> None:
+        """From now on what arrives goes to `requests`, beginning with what came already."""
+        self._requests = requests
+        for data in self._early:
+            requests.feed(data)
+        self._early.clear()
+        if self._early_end is not None:
+            requests.end(*self._early_end)
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._requests is None:
+            self._early_end = (exc,)
+        else:
+            self._requests.end(exc)
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    @property
+    def unsent(self) -> int:
+        """Bytes written but not yet taken by the kernel."""
+        return self.transport.get_write_buffer_size()
+
+    def get_extra_info(self, name: str) -> object:
+        return self.transport.get_extra_info(name)
+
+    def flush_before_drain(self) -> None:
+        """Make `drain()` return only once every byte written is the kernel's.
+
+        asyncio has no call that waits for that. With the high-water mark at 0
+        (and so the low one too), the transport calls pause_writing as soon as
+        write() leaves any byte in its buffer (_maybe_pause_protocol: size >
+        high) and resume_writing only when a send empties it
+        (_maybe_resume_protocol: size <= low), and drain() waits exactly while
+        paused. So do both loops the broker may run on: uvloop's transports
+        (basetransport.pyx, the same two rules, with libuv's write queue counted
+        in the size) and asyncio's selector transport, as checked in CPython
+        3.11 to 3.13 (transports.py, selector_events.py). A write the kernel
+        takes at once never pauses, so a peer that keeps up costs no extra wait.
+        The one way drain() returns with bytes unsent is transport.abort(),
+        never used here: errors close the transport with the error, and close()
+        flushes first.
+        """
+        self.transport.set_write_buffer_limits(high=0)
+
+    async def drain(self) -> None:
+        """Wait until writing may go on (see `flush_before_drain`); raises
+        ConnectionResetError once the connection is lost."""
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._write_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._drain_waiters.remove(waiter)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class ReplyChannel:
+    """Replies of one connection, and the budget that bounds what it may hold.
+
+    A request is handed to the writer only while the connection has room for
+    it (`fits`): at most MAX_OUTSTANDING_REQUESTS and MAX_OUTSTANDING_BYTES
+    waiting for their commit, and no more than MAX_UNSENT_BYTES of replies
+    unsent in the transport. A peer that does not read its replies is therefore
+    no longer read either: it slows only itself, and none of its replies is
+    dropped.
+    """
+
+    def __init__(self, out: Connection, peer: str) -> None:
+        self.out = out
+        self.peer = peer
+        self.outstanding = 0
+        self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
+        self._frame_bytes: deque[int] = deque()  # of each of them, oldest first
+        self._replied = Waiters()  # woken by every reply: admit and settled look again
+        self._last_log = 0.0
+        self._unlogged = 0
+
+    def fits(self, frame_bytes: int, alone: bool) -> bool:
+        """A request of `frame_bytes` may be handed over now; one that must go
+        `alone` (see `_answers_with_state`) only once every earlier one is answered."""
+        return self._fits(frame_bytes, alone) and self.out.unsent <= MAX_UNSENT_BYTES
+
+    async def admit(self, frame_bytes: int, alone: bool) -> None:
+        """Wait until a request of `frame_bytes` fits."""
+        while not self._fits(frame_bytes, alone):
+            await self._replied.wait()
+        # Not drain() alone: a delivery connection drains only when its buffer is
+        # empty (see delivery), and its acks must not wait for a batch in transit.
+        while self.out.unsent > MAX_UNSENT_BYTES:
+            await self.out.drain()
+
+    def _fits(self, frame_bytes: int, alone: bool) -> bool:
+        if not self.outstanding:
+            return True
+        if alone:
+            return False
+        return self.outstanding < MAX_OUTSTANDING_REQUESTS and self.outstanding_bytes + frame_bytes <= MAX_OUTSTANDING_BYTES
+
+    def expect(self, frame_bytes: int) -> ReplySink:
+        """Count a request handed to the writer; returns where its reply goes: one
+        sink for every request of the connection, which is how the writer tells a
+        connection's requests apart (and keeps them, and their replies, in order)."""
+        self.outstanding += 1
+        self.outstanding_bytes += frame_bytes
+        self._frame_bytes.append(frame_bytes)
+        return self._reply
+
+    def _reply(self, reply: p.Reply) -> None:
+        self.outstanding -= 1
+        self.outstanding_bytes -= self._frame_bytes.popleft()  # replies come in the order of the requests
+        self._replied.wake()
+        if reply.id is not UNSET:
+            self.send(reply)
+        elif reply.status != 200:
+            self._log_one_way_error(reply)
+
+    def send(self, reply: p.Reply) -> None:
+        if not self.out.is_closing():
+            self.out.write(p.encode_reply(reply))
+
+    async def settled(self) -> None:
+        """Wait until every request of this connection has had its reply."""
+        while self.outstanding:
+            await self._replied.wait()
+
+    def _log_one_way_error(self, reply: p.Reply) -> None:
+        """ppMQ's one-way mode has nobody to tell: log, at most once a second per connection."""
+        now = time.monotonic()
+        if now - self._last_log < 1.0:
+            self._unlogged += 1
+            return
+        more = f" (and {self._unlogged} more)" if self._unlogged else ""
+        log.warning("%s: request without Id rejected (%d): %s%s", self.peer, reply.status, reply.error, more)
+        self._last_log, self._unlogged = now, 0

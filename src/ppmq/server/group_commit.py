@@ -1,0 +1,410 @@
+"""Group commit: the one thread that writes, fed by the event loop.
+
+Requests from every connection queue up while a transaction is being committed;
+the next step takes all of them into one transaction, so one fsync serves them
+all, and replies leave only after that commit. With Sync the broker runs on a
+single worker thread: LMDB releases the GIL while it writes and syncs, so the
+event loop keeps reading sockets, and pushes the step's batches, while the disk
+works. Without Sync a commit does not wait for the disk, and the step runs on
+the event loop itself, which costs less than the hand-off to a thread. Either
+way a step's batches leave before its commit, and its replies after.
+
+A step's work is bounded, so that no request makes the others wait long: at most
+MAX_OPS_PER_STEP requests, and about CHUNK_MESSAGES messages beside one chunk of
+a large publish, which the broker stages over several steps (staging.py) and
+answers in a later step than the one it arrived in. Until then the writer keeps
+its reply sink, and holds back what its connection sent after it, so that a
+connection's requests still apply, and are answered, in the order it sent them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from ppmq.protocol import messages as p
+from ppmq.core import staging
+from ppmq.core.broker import Broker
+from ppmq.server.company import Company
+from ppmq.core.events import Event
+from ppmq.core.lanes import Lanes
+from ppmq.core.ops import Delivery, Op, Returned, request_of
+from ppmq.core.staging import Answer
+from ppmq.server.waiters import Waiters
+
+ReplySink = Callable[[p.Reply], None]
+EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
+Joiner = Callable[[list[Op]], list[tuple[Op, ReplySink]]]  # a step's ops -> ops to run after them in it
+MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
+MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
+# Acks that owe no reply wait this long for company: with Sync each commit costs an
+# fsync, and the next publish usually arrives right behind the acks of the last one.
+# Not those of a subscriber with messages ready, which its next batch waits for.
+# A publish whose subscribers' acks are on their way waits for them as long (company.py).
+ACK_GATHER_S = 0.002
+
+
+class Outlet(Protocol):
+    """Where a subscriber's batches go: its delivery task."""
+
+    def push(self, delivery: Delivery) -> None: ...
+
+
+class LanedOutlet(Outlet, Protocol):
+    """The outlet of a subscriber with Connections > 1 (lanes.py)."""
+
+    def lanes(self) -> Lanes:
+        """What each lane carries now; None for a lane that cannot take a batch."""
+        ...
+
+    def left(self, topic: str, msgs: list[int]) -> None:
+        """msgs of topic left flight (Step.left)."""
+        ...
+
+
+class Writer:
+    """Runs the broker's steps on its own thread, one after another, each with
+    everything that was queued while the previous one committed."""
+
+    def __init__(
+        self, broker: Broker, journal: EventSink | None = None, *, durable: bool = True, on_step: Callable[[float], None] | None = None
+    ) -> None:
+        """`on_step` is told each step's seconds, commit included (on the event loop)."""
+        self.broker = broker
+        # With fsync, steps run on a thread of their own, so the loop goes on while
+        # the disk syncs, and batches leave before the sync ends (Broker.step's
+        # `early`). Without, a step costs less than handing it to a thread would.
+        self._durable = durable
+        self._journal = journal
+        # The last step's events, written while the next step commits (_early), or
+        # before the writer waits: not between two steps, with the step thread idle.
+        self._unjournaled: list[Event] = []
+        self._on_step = on_step
+        self._pending: list[tuple[Op, ReplySink | None]] = []
+        self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
+        self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
+        self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
+        self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
+        # run()'s loop, kept: asyncio.get_running_loop() makes a getpid() system
+        # call each time, and the writer waits a few times for every step.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
+        self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
+        self._heartbeat = time.monotonic()  # last time the loop below went round
+        self._busy_since: float | None = None  # a step is running on the thread since then
+        self._stepped = Waiters()  # woken after each step
+        self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
+        self._joiners: list[Joiner] = []  # asked what joins each step (join_steps)
+        self._company = Company(broker)  # whether the ops pending may wait for company
+
+    def healthy(self, max_age_s: float) -> bool:
+        """Committing or idling normally: no step stuck (on a lock or a dead disk)
+        and the loop going round; what the systemd watchdog vouches for."""
+        since = self._busy_since if self._busy_since is not None else self._heartbeat
+        return time.monotonic() - since < max_age_s
+
+    @property
+    def busy(self) -> bool:
+        """A step is running: the broker's state belongs to the writer thread."""
+        return self._busy_since is not None
+
+    async def wanted(self, subscriber: str) -> None:
+        """Return once the broker holds something for subscriber."""
+        await self.until(lambda: self.broker.has_pending(subscriber))
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Return once predicate, asked at once and after every step, holds."""
+        while not predicate():
+            await self._stepped.wait()
+
+    def watch_steps(self, watcher: Callable[[], None]) -> None:
+        """Call `watcher` on the event loop after every step, before the next one
+        starts, so that it reads the broker's counters as that step left them:
+        how waiting TAKEs (takes.py) learn that messages may be there, without
+        a step of their own."""
+        self._watchers.append(watcher)
+
+    def join_steps(self, joiner: Joiner) -> None:
+        """Before every step, on the event loop, show `joiner` the step's ops: the
+        ops (and their reply sinks) it returns run in the same step, after them.
+        How a waiting TAKE (takes.py) is served by the step of the publish that
+        brings its messages, not by one more step of its own."""
+        self._joiners.append(joiner)
+
+    async def call(self, op: Op) -> p.Reply:
+        """Submit `op` and wait for its reply."""
+        done: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self.submit(op, partial(_resolve, done))  # the caller may be cancelled before the reply
+        return await done
+
+    def submit(self, op: Op, sink: ReplySink | None = None) -> None:
+        """Queue an op for the next transaction; `sink` receives its reply after commit.
+
+        The writer is not woken while every op queued may wait for company
+        (company.py): one more ack while acks gather changes nothing for it, and
+        the first to come while it waits idle only brings its timer forward to
+        the end of the gathering (every subscriber sends one per batch, and at
+        a paced rate the wake-up cost as much as the rest of the ack's way in).
+        It is woken by the op that ends the wait: the acks a publish waits for."""
+        self._pending.append((op, sink))
+        if self._gather_until is None:  # the company of what is queued is known while ops gather
+            if self._waiter is None or len(self._pending) > 1:  # a step runs, or the writer is woken already
+                self._company.stale = True  # op is not counted
+                self._wake()
+                return
+            self._company.clear()  # the writer waits idle: no step runs, the state is the loop's to read
+        if self._company.add(op):
+            self._gather()
+        else:
+            self._wake()
+
+    def open(self, subscriber: str, outlet: Outlet) -> None:
+        """The subscriber is connected and idle: it may be given batches.
+
+        A subscriber opens again after every batch it takes, and mostly nothing
+        more is ready for it yet: the writer is woken only when a step would
+        fill it. While the writer waits, no step runs, so the broker's state is
+        the event loop's to read; while a step runs, the writer looks at every
+        open subscriber once it is done anyway.
+        """
+        self._open[subscriber] = outlet
+        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes()):
+            self._wake()
+
+    def close(self, subscriber: str) -> None:
+        self._open.pop(subscriber, None)
+
+    def track(self, subscriber: str, outlet: LanedOutlet | None) -> None:
+        """subscriber has lanes (None: no longer): each step asks it what they
+        carry and tells it what left flight."""
+        if outlet is None:
+            self._laned.pop(subscriber, None)
+        else:
+            self._laned[subscriber] = outlet
+
+    def _lanes(self) -> dict[str, Lanes]:
+        return {name: outlet.lanes() for name, outlet in self._laned.items() if name in self._open}
+
+    def stop(self) -> None:
+        """Finish what is queued, then return from run()."""
+        self._stopping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let run() look again, if it waits; when it does not, it looks anyway
+        before it next waits."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def run(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        thread = _StepThread(loop) if self._durable else None
+
+        def early(deliveries: list[Delivery]) -> None:  # on the step thread
+            loop.call_soon_threadsafe(self._early, deliveries)
+
+        try:
+            while True:
+                self._heartbeat = time.monotonic()
+                if not self._pending:
+                    if self._stopping and not self.broker.staging:  # a large publish is finished first
+                        return
+                    now_ns = time.time_ns()
+                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes()):
+                        self._write_journal()
+                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
+                        continue
+                else:
+                    await self._gather_acks()
+                batch = self._take_batch()
+                for joiner in self._joiners:
+                    batch += joiner([op for op, _ in batch])
+                open_subs = set() if self._stopping else set(self._open)
+                lanes = self._lanes()
+                ops = [op for op, _ in batch]
+                started = self._busy_since = time.monotonic()
+                try:
+                    if thread is not None:
+                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early, lanes)
+                    else:
+                        step = self.broker.step(ops, open_subs, time.time_ns(), self._dispatch, lanes)
+                finally:
+                    self._busy_since = None
+                if self._on_step is not None:
+                    self._on_step(time.monotonic() - started)
+                self._company.stale = True  # counted against the state before the step
+                self._answer(batch, step.replies)
+                self._answer_later(step.finished)
+                self._free(step.left)
+                self._stepped.wake()
+                for watcher in self._watchers:
+                    watcher()
+                self._write_journal()  # the step before's, unless this one's batches took them
+                self._unjournaled = step.events
+        finally:
+            if thread is not None:
+                thread.stop()
+            self._write_journal()
+
+    async def _gather_acks(self) -> None:
+        """While every op queued may wait for company, give whatever comes next
+        until ACK_GATHER_S after the first of them to join them, so that one
+        commit serves both."""
+        loop, company = self._loop, self._company
+        if company.stale:
+            company.recount(op for op, _ in self._pending)
+        self._gather()
+        try:
+            while not self._stopping and self._pending and company.may_wait:
+                remaining = self._gather_until - loop.time()
+                if remaining <= 0:
+                    company.ran_out()
+                    return
+                await self._sleep(remaining)
+        finally:
+            self._gather_until = None
+
+    def _gather(self) -> None:
+        """Acks begin to gather, unless they do already; a wait of run() ends when they are done."""
+        if self._gather_until is not None:
+            return
+        loop = self._loop
+        self._gather_until = until = loop.time() + ACK_GATHER_S
+        if self._timer is not None and self._timer.when() > until:
+            self._timer.cancel()
+            self._timer = loop.call_at(until, _resolve, self._waiter, None)
+
+    async def _sleep(self, timeout_s: float) -> None:
+        """Until something is submitted or a subscriber opens, or the next timer
+        (at most a second away). A bare future and a timer handle: this runs a
+        few times for every step, and wait_for would add a task each time."""
+        loop = self._loop
+        self._waiter = waiter = loop.create_future()
+        self._timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
+        try:
+            await waiter
+        finally:
+            self._timer.cancel()
+            self._timer = self._waiter = None
+
+    def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
+        """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
+        MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
+        out the ops of connections whose staged publish is not answered yet, or
+        that come after a publish large enough to be staged."""
+        waiting = {sink for _, sink in self._later.values()} if self._later else set()
+        batch, kept, messages = [], [], 0
+        for i, (op, sink) in enumerate(self._pending):
+            if len(batch) >= MAX_OPS_PER_STEP or (batch and messages >= MAX_MESSAGES_PER_STEP):
+                kept += self._pending[i:]
+                break
+            if sink is not None and sink in waiting:
+                kept.append((op, sink))
+                continue
+            batch.append((op, sink))
+            req = request_of(op)
+            if req is not None and req.messages:
+                messages += min(len(req.messages), staging.CHUNK_MESSAGES)
+                if len(req.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
+                    waiting.add(sink)
+        self._pending = kept
+        return batch
+
+    def _answer(self, batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
+        for (op, sink), reply in zip(batch, replies):
+            if sink is None:
+                continue
+            req = request_of(op)
+            if reply is not None:
+                sink(reply)
+            elif req is not None:  # staged: answered in a later step
+                self._later[id(req)] = (req, sink)
+
+    def _answer_later(self, finished: list[Answer]) -> None:
+        for op, reply in finished:
+            _, sink = self._later.pop(id(op), (op, None))
+            if sink is not None:
+                sink(reply)
+
+    def _early(self, deliveries: list[Delivery]) -> None:
+        """A step's batches, handed over just before its commit: they go out while
+        the disk syncs, and so do the step before's journal events, encoded while
+        the step thread waits for the disk without the interpreter lock. Encoded
+        between two steps instead, they held the next step back (docs/performance.md)."""
+        self._dispatch(deliveries)
+        self._write_journal()
+
+    def _write_journal(self) -> None:
+        events, self._unjournaled = self._unjournaled, []
+        if events and self._journal is not None:
+            self._journal(events)
+
+    def _dispatch(self, deliveries: list[Delivery]) -> None:
+        outlets: dict[str, Outlet | None] = {}
+        for delivery in deliveries:
+            if delivery.subscriber not in outlets:
+                outlets[delivery.subscriber] = self._open.pop(delivery.subscriber, None)
+            outlet = outlets[delivery.subscriber]
+            if outlet is None:  # the connection went away while the step ran
+                self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
+            else:
+                outlet.push(delivery)
+
+
+    def _free(self, left: dict[str, dict[str, list[int]]]) -> None:
+        """Room again on the lanes that carried what left flight in the step; after
+        the step's batches went out, since those were booked on their lanes then."""
+        for name, topics in left.items():
+            outlet = self._laned.get(name)
+            if outlet is not None:
+                for topic, msgs in topics.items():
+                    outlet.left(topic, msgs)
+
+
+class _StepThread:
+    """The writer's thread: runs one call at a time and hands its result back to
+    the event loop with one call_soon_threadsafe, without the executor's work
+    items, locks and chained futures, which cost the loop more than the hand-off."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ppmq-writer", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """fn(*args) on the thread; the future has its result or its exception."""
+        done = self._loop.create_future()
+        self._calls.put((done, fn, args))
+        return done
+
+    def stop(self) -> None:
+        """Return once the call in progress, if any, has finished and the thread is gone."""
+        self._calls.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            done, fn, args = call
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # whatever it is, run() hears it as run_in_executor told it
+                self._loop.call_soon_threadsafe(_fail, done, exc)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, done, result)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,237 @@
+"""The messages themselves: the bodies database, a row per group of the messages
+of one publish (schema.py).
+
+With a row per message, fan-out wrote and deleted a row for every message, and
+a batch taken from the store read one per message and subscriber. Here a
+publish writes a row per GROUP_MESSAGES of its messages (fewer where they pass
+BODY_ROW_BYTES), the last ack of a group deletes one row, and a batch reads each
+row its messages are in once. Rows tile a topic's ids as holders rows do: the
+row of message m is the one with the largest key at or below m. A row holds
+only stored messages: one that is deleted is cut out of it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import repeat
+from dataclasses import dataclass, field
+
+import lmdb
+
+from ppmq.store.rows import Rows, at_row
+from ppmq.store.schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, record_span, replace_body_record, u32
+
+Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
+
+
+@dataclass(slots=True)
+class Popped:
+    """What left the bodies rows (BodyRows.pop_bodies)."""
+
+    count: int = 0
+    size: int = 0  # bytes of delivered JSON
+    expiries: list[tuple[int, int]] = field(default_factory=list)  # (expires_ns, m) of those that expire
+    keys: list[bytes] = field(default_factory=list)  # their dedupe keys, when asked for
+
+
+class BodyRows(Rows):
+    """The bodies database of one transaction."""
+
+    def get_body(self, t: int, m: int) -> Body | None:
+        found = self._body_at(t, m)
+        return None if found is None else decode_body(found[0][found[1] : found[2]])
+
+    def publish_ns(self, t: int, m: int) -> int:
+        """When m was published (0 if it is gone); decodes the header only."""
+        found = self._body_at(t, m)
+        return 0 if found is None else BODY_HEAD.unpack_from(found[0], found[1])[1]
+
+    def _body_at(self, t: int, m: int) -> Found | None:
+        with self.txn.cursor(db=self._bodies) as cur:
+            return BodyFinder(cur, t).find(m)
+
+    def put_body(self, t: int, m: int, body: Body) -> Body | None:
+        """m's body; returns the version it replaced, if any. A new version
+        takes the old one's place in its row, spliced in (a Dedupe topic's
+        replacement: the rest of the row is copied, not taken apart); a new
+        message joins the row whose range it is in (or starts one below them)."""
+        record = encode_body(body)
+        with self.txn.cursor(db=self._bodies) as cur:
+            key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
+        if raw is None:
+            self._write_body_row(key, [m], [record])
+            return None
+        ids, ends, base = body_columns(raw)
+        i = bisect_left(ids, m)
+        if i < len(ids) and ids[i] == m:
+            start, end = record_span(ends, base, i)
+            old = decode_body(raw[start:end])
+            row = replace_body_record(raw, ends, base, i, record)
+            if not _oversized(len(ids), len(row) - base):
+                self._put_row(key, row, len(ids))
+                return old
+        else:
+            old = None
+        all_ids, records = _split(raw)
+        all_ids[i : i + (old is not None)] = [m]
+        records[i : i + (old is not None)] = [record]
+        self._write_body_row(key, all_ids, records)
+        return old
+
+    def _write_body_row(self, key: bytes, ids: list[int], records: list[bytes]) -> None:
+        """Put a row; one that an insert took past GROUP_MESSAGES, or past twice
+        BODY_ROW_BYTES, is split in two, its upper half keyed by its first id."""
+        if _oversized(len(ids), sum(map(len, records))):
+            half = len(ids) // 2
+            self._write_body_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], records[half:])
+            ids, records = ids[:half], records[:half]
+        self._put_row(key, encode_body_row(ids, records), len(ids))
+
+    def _put_row(self, key: bytes, row: bytes, n: int) -> None:
+        """A row of n messages, counted toward the store's growth."""
+        self.store.room.wrote(len(row), n)
+        self.txn.put(key, row, db=self._bodies)
+
+    def put_records(self, t: int, first: int, records: list[bytes]) -> None:
+        """New messages, the records (schema.body_record) of ids first, first + 1,
+        ...: ids new from the topic's sequence, so above every stored one (a
+        publish). They start rows of their own, GROUP_MESSAGES a row at most;
+        a message put anywhere else is put_body's."""
+        total, n = sum(map(len, records)), len(records)
+        self.store.room.wrote(total, n)
+        if not n:
+            return
+        if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
+            self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
+            return
+        spans = body_row_spans(list(map(len, records)))
+        rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
+        self._put_all_in_order(rows, self._bodies)
+
+    def pop_bodies(self, t: int, ms: list[int], *, keys: bool) -> Popped:
+        """Cut each of ms out of its row (a row left empty is deleted). Returns
+        how many were stored, the bytes of their delivered JSON, their
+        (expires_ns, m) where they expire, and their dedupe keys if `keys`:
+        what the counters and the indexes need (store.py). The path of every
+        last ack: each row is read and written once, and each header read
+        where it lies, with no object made per message."""
+        popped = Popped()
+        self._change_rows(self._bodies, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
+        return popped
+
+    def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
+        """Every stored message of topic t, by id; none of a publish being staged."""
+        staged = self.staged()
+        for m, raw, start, end in self._records_from(t, 0):
+            if staged is None or not staged.hides(t, m):
+                yield m, decode_body(raw[start:end])
+
+    def staged_ids(self, staged: Staged, limit: int) -> list[int]:
+        """Up to `limit` ids of stored messages in the staged range, lowest first."""
+        out = []
+        for m, *_ in self._records_from(staged.t, staged.first):
+            if m > staged.last or len(out) >= limit:
+                break
+            out.append(m)
+        return out
+
+    def _records_from(self, t: int, first: int) -> Iterator[tuple[int, bytes, int, int]]:
+        """Each stored message of t from id `first` on, by id: (m, row, start, end)."""
+        prefix = u32(t)
+        with self.txn.cursor(db=self._bodies) as cur:
+            if not at_row(cur, t, first) and not cur.set_range(TM.pack(t, first)):
+                return
+            while cur.key()[:4] == prefix:
+                raw = cur.value()
+                ids, ends, base = body_columns(raw)
+                start = base
+                for m, end in zip(ids, ends):
+                    if m >= first:
+                        yield m, raw, start, base + end
+                    start = base + end
+                if not cur.next():
+                    return
+
+
+class BodyFinder:
+    """Finds messages' records in the rows of one topic, for a walk that asks
+    for many (a batch taken from the store): a row is read once for all the
+    messages it holds that come one after another."""
+
+    __slots__ = ("_cur", "_t", "_raw", "_ids", "_ends", "_base")
+
+    def __init__(self, cur: lmdb.Cursor, t: int) -> None:
+        self._cur, self._t = cur, t
+        self._raw, self._ids, self._ends, self._base = b"", (), (), 0
+
+    def find(self, m: int) -> Found | None:
+        """m's row, and where its record begins and ends in it; None if m is not stored."""
+        ids = self._ids
+        i = bisect_left(ids, m)
+        if i == len(ids) or ids[i] != m:
+            if not at_row(self._cur, self._t, m):
+                return None
+            self._raw = self._cur.value()
+            self._ids, self._ends, self._base = ids, _, _ = body_columns(self._raw)
+            i = bisect_left(ids, m)
+            if i == len(ids) or ids[i] != m:
+                return None
+        return self._raw, *record_span(self._ends, self._base, i)
+
+
+def _oversized(n: int, size: int) -> bool:
+    """A row of n messages whose records take `size` bytes is split in two:
+    past GROUP_MESSAGES, or past twice BODY_ROW_BYTES (unless it holds one)."""
+    return n > GROUP_MESSAGES or (n > 1 and size > 2 * BODY_ROW_BYTES)
+
+
+def _split(raw: bytes) -> tuple[list[int], list[bytes]]:
+    """A row's ids and records, as lists to change."""
+    ids, ends, base = body_columns(raw)
+    starts = (0, *ends[:-1])
+    return list(ids), [raw[base + a : base + b] for a, b in zip(starts, ends)]
+
+
+def _cut(raw: bytes, want: set[int], keys: bool, popped: Popped) -> tuple[bytes, list[int]]:
+    """`raw` without the records of `want`, whose counts, sizes, expiries and
+    keys are added to `popped`; b"" when nothing is left."""
+    ids, ends, base = body_columns(raw)
+    if len(want) >= len(ids) and want.issuperset(ids):  # ids the row does not hold are none of its business
+        return _pop_row(raw, ids, ends, base, keys, popped)
+    head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
+    kept_ids, kept = [], []
+    count = size = 0
+    start = base
+    for m, end in zip(ids, ends):
+        end += base
+        if m in want:
+            _, _, expires_ns, klen = head(raw, start)
+            count += 1
+            size += end - start - head_size - klen
+            if expires_ns:
+                popped.expiries.append((expires_ns, m))
+            if keys:
+                popped.keys.append(raw[start + head_size : start + head_size + klen])
+        else:
+            kept_ids.append(m)
+            kept.append(raw[start:end])
+        start = end
+    popped.count += count
+    popped.size += size
+    return (encode_body_row(kept_ids, kept) if kept_ids else b""), []
+
+
+def _pop_row(raw: bytes, ids: tuple[int, ...], ends: tuple[int, ...], base: int, keys: bool, popped: Popped) -> tuple[bytes, list[int]]:
+    """_cut of every record of the row, what the last ack of a whole publish
+    is: their heads read by columns, with no step per message in Python."""
+    size = BODY_HEAD.size
+    starts = list(map(base.__add__, (0, *ends[:-1])))
+    _, _, expiries, klens = zip(*map(BODY_HEAD.unpack_from, repeat(raw), starts))
+    popped.count += len(ids)
+    popped.size += ends[-1] - size * len(ids) - sum(klens)
+    if any(expiries):
+        popped.expiries += [(expires_ns, m) for expires_ns, m in zip(expiries, ids) if expires_ns]
+    if keys:
+        popped.keys += [raw[start + size : start + size + klen] for start, klen in zip(starts, klens)]
+    return b"", []

@@ -1,0 +1,55 @@
+"""A subscription's delayed entries (PROTOCOL §8 Delay, NotBefore, nacks with a
+Delay): queue entries that keep their place but are not to be delivered before
+their due time.
+
+They live apart from the ready rows, so that a batch's walk of the ready queue
+never steps over entries it may not take, and a topic that delays nothing pays
+nothing for them. The `due` index orders them by time; the timer moves each into
+the ready queue, at its place, when it comes due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ppmq.store.bodies import BodyRows
+from ppmq.store.schema import DELAYED_VAL, DUE, TS, TSPQ, Delayed
+
+
+class DelayedRows(BodyRows):
+    """The delayed and due databases of one transaction."""
+
+    def push_delayed(self, t: int, s: int, entry: Delayed) -> None:
+        self.txn.put(TSPQ.pack(t, s, entry.prio, entry.pos), DELAYED_VAL.pack(entry.msg, entry.attempts, entry.due_ns), db=self._delayed)
+        self.txn.put(DUE.pack(entry.due_ns, t, s, entry.prio, entry.pos), b"", db=self._due)
+
+    def pop_delayed(self, t: int, s: int, prio: int, pos: int) -> Delayed | None:
+        """Remove the delayed entry at (prio, pos), with its due entry."""
+        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self._delayed)
+        if raw is None:
+            return None
+        m, attempts, due_ns = DELAYED_VAL.unpack(raw)
+        self.txn.delete(DUE.pack(due_ns, t, s, prio, pos), db=self._due)
+        return Delayed(prio, pos, m, attempts, due_ns)
+
+    def delayed_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[Delayed]:
+        """s's delayed entries on t by place, from `start` (prio, pos) on."""
+        for key, raw in self._walk(self._delayed, TS.pack(t, s), TSPQ.pack(t, s, *start)):
+            _, _, prio, pos = TSPQ.unpack(key)
+            yield Delayed(prio, pos, *DELAYED_VAL.unpack(raw))
+
+    def due_delayed(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """Up to `limit` (t, s, prio, pos) of delayed entries due at now_ns, earliest first."""
+        out = []
+        with self.txn.cursor(db=self._due) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    due_ns, t, s, prio, pos = DUE.unpack(key)
+                    if due_ns > now_ns or len(out) >= limit:
+                        break
+                    out.append((t, s, prio, pos))
+        return out
+
+    def next_due_ns(self) -> int | None:
+        with self.txn.cursor(db=self._due) as cur:
+            return DUE.unpack(cur.key())[0] if cur.first() else None

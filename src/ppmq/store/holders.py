@@ -1,0 +1,235 @@
+"""Which subscribers still hold a message, and at which place in their queue:
+the holders database, a row per group of messages (schema.py).
+
+A publish's messages are held by the same subscribers, and an ack lets go of a
+run of them; with a row per message, both cost a row operation per message and
+subscriber. Here a publish writes a row per GROUP_MESSAGES of its messages, and
+an ack reads, decodes and writes each row its messages are in once. Rows tile a
+topic's ids, so the row of message m is the one with the largest key at or
+below m: one cursor move finds it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from functools import cache
+from itertools import accumulate, chain, islice, repeat
+from struct import Struct
+
+from ppmq.store.flights import QueueRows
+from ppmq.store.rows import at_row
+from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
+
+SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
+PACKED_FROM = 10  # new messages whose entries are packed in one call
+
+Holders = dict[int, tuple[int, int]]  # S -> (prio, pos)
+
+
+class HolderRows(QueueRows):
+    """The holders database of one transaction."""
+
+    def get_holders(self, t: int, m: int) -> Holders:
+        with self.txn.cursor(db=self._holders) as cur:
+            if not at_row(cur, t, m):
+                return {}
+            raw = cur.value()
+        ids, counts, base = holders_columns(raw)
+        i = bisect_left(ids, m)
+        if i == len(ids) or ids[i] != m:
+            return {}
+        start = base + SIZE * sum(counts[:i])
+        return _decode(raw[start : start + SIZE * counts[i]])
+
+    def put_holders(self, t: int, m: int, holders: Holders) -> None:
+        """m's holders become `holders` (none: m leaves its row). A message no
+        row holds joins the row whose range it is in, or starts one below them."""
+        with self.txn.cursor(db=self._holders) as cur:
+            key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
+        if raw is None:
+            ids, counts, entries = [], [], b""
+        else:
+            columns = holders_columns(raw)
+            ids, counts, entries = list(columns[0]), list(columns[1]), raw[columns[2] :]
+        i = bisect_left(ids, m)
+        present = int(i < len(ids) and ids[i] == m)
+        start = SIZE * sum(counts[:i])
+        end = start + SIZE * counts[i] if present else start
+        ids[i : i + present] = [m] if holders else []
+        counts[i : i + present] = [len(holders)] if holders else []
+        self._write_row(key, ids, counts, entries[:start] + _encode(holders) + entries[end:])
+
+    def _write_row(self, key: bytes, ids: list[int], counts: list[int], entries: bytes) -> None:
+        """Put a row, or delete it when empty; one that an insert took past
+        GROUP_MESSAGES is split in two, its upper half keyed by its first id."""
+        if not ids:
+            self.txn.delete(key, db=self._holders)
+            return
+        if len(ids) > GROUP_MESSAGES:
+            half = len(ids) // 2
+            cut = SIZE * sum(counts[:half])
+            self._write_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], counts[half:], entries[cut:])
+            ids, counts, entries = ids[:half], counts[:half], entries[:cut]
+        self.txn.put(key, encode_holders_row(ids, counts, entries), db=self._holders)
+
+    def put_new_holders(self, t: int, subs: list[int], first: int, prios: Sequence[int]) -> None:
+        """Every subscriber in subs holds each new message first, first + 1, ...,
+        of priority prios[i], at its id as position. The ids are new, so above
+        those of t's rows: they start rows of their own, GROUP_MESSAGES messages
+        a row at most."""
+        if not subs:
+            return
+        rows = []
+        for i in range(0, len(prios), GROUP_MESSAGES):
+            group = prios[i : i + GROUP_MESSAGES]
+            ids = range(first + i, first + i + len(group))
+            entries = _new_entries(subs, group, ids)
+            rows.append((TM.pack(t, ids[0]), encode_holders_row(ids, [len(subs)] * len(ids), entries)))
+        self._put_all_in_order(rows, self._holders)
+
+    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """Remove s from the holders of each of ms; return, ascending, those nobody
+        holds any more (and any no row holds). The path of every ack: each row
+        is read, decoded and written once, however many of ms it holds."""
+        sub = s.to_bytes(2, "big")
+        return self._change_rows(self._holders, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+
+    def pop_holders(self, t: int, ms: list[int]) -> dict[int, Holders]:
+        """Remove ms from their rows; return the holders each had (none for one no row holds)."""
+        popped: dict[int, Holders] = {}
+
+        def take(raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+            ids, counts, base = holders_columns(raw)
+            want, kept, kept_counts, entries = set(wanted), [], [], []
+            for m, n, start, end in zip(ids, counts, *_bounds(counts, base)):
+                if m in want:
+                    popped[m] = _decode(raw[start:end])
+                else:
+                    kept.append(m)
+                    kept_counts.append(n)
+                    entries.append(raw[start:end])
+            return _row(kept, kept_counts, b"".join(entries)), wanted
+
+        self._change_rows(self._holders, t, sorted(set(ms)), take)
+        return popped
+
+
+def _bounds(counts: tuple[int, ...], base: int) -> tuple[list[int], islice]:
+    """Where each message's entries begin, and where they end."""
+    starts = list(accumulate(map(SIZE.__mul__, counts), initial=base))
+    return starts, islice(starts, 1, None)
+
+
+def _decode(entries: bytes) -> Holders:
+    return {s: (prio, pos) for s, prio, pos in HOLDER.iter_unpack(entries)}
+
+
+def _new_entries(subs: list[int], prios: Sequence[int], ids: range) -> bytes:
+    """The HOLDER entries of new messages that all of subs hold, each at its id
+    as position: packed in one call from columns, which costs more than a call
+    an entry below about ten messages (a paced publish has one)."""
+    if len(ids) < PACKED_FROM:
+        return b"".join([HOLDER.pack(s, prio, m) for m, prio in zip(ids, prios) for s in subs])
+    columns: list[Iterable[int]] = []
+    for s in subs:
+        columns += (repeat(s), prios, ids)  # (S, prio, pos) of each holder of a message
+    return repeated(HOLDER, len(ids) * len(subs)).pack(*chain.from_iterable(zip(*columns)))
+
+
+def _encode(holders: Holders) -> bytes:
+    return b"".join([HOLDER.pack(s, prio, pos) for s, (prio, pos) in holders.items()])
+
+
+def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
+    """A holders row; b"" for one of no message, which is deleted."""
+    return encode_holders_row(ids, counts, entries) if ids else b""
+
+
+def _release(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+    """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
+    those of wanted that nobody holds any more, or that the row does not hold."""
+    if len(wanted) == 1:
+        one = _release_one(raw, sub, wanted)
+        if one is not None:
+            return one
+    ids, counts, base = holders_columns(raw)
+    run = _release_run(raw, sub, wanted, ids, counts, base)
+    if run is not None:
+        return run
+    want, kept, kept_counts, entries, done = set(wanted), [], [], [], []
+    for m, start, end in zip(ids, *_bounds(counts, base)):
+        held = raw[start:end]
+        if m in want:
+            held = held[SIZE:] if held[:2] == sub else _without(held, sub)
+            if not held:
+                done.append(m)
+                continue
+        kept.append(m)
+        kept_counts.append(len(held) // SIZE)
+        entries.append(held)
+    missing = want.difference(ids)
+    if missing:
+        done = sorted(done + list(missing))
+    return _row(kept, kept_counts, b"".join(entries)), done
+
+
+def _release_one(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]] | None:
+    """`_release` of a row of one message (a publish of one, as at a paced
+    rate), read and written without its columns; None for any other row, or
+    if `sub` is not among the message's holders."""
+    n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
+    if n != 1 or wanted[0] != m:
+        return None
+    base = ONE_HOLDERS_HEAD.size
+    place = _place(raw, sub, base, len(raw))
+    if place < 0:
+        return None
+    if count == 1:  # its last holder: the row goes
+        return b"", wanted
+    return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
+
+
+def _release_run(raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...], counts: tuple[int, ...], base: int) -> tuple[bytes, list[int]] | None:
+    """`_release` without a step per message, for what an ack most often is: a
+    run of the row's messages with as many holders each, `sub` at the same
+    place among them. None if `wanted` is not such a run."""
+    lo = bisect_left(ids, wanted[0])
+    hi = lo + len(wanted)
+    if ids[lo:hi] != tuple(wanted):
+        return None
+    n, each = counts[lo], SIZE * counts[lo]
+    if counts[lo:hi].count(n) != hi - lo:
+        return None
+    start = base + SIZE * sum(counts[:lo])
+    end = start + each * (hi - lo)
+    place = _place(raw, sub, start, start + each)
+    if place < 0 or raw[place:end:each] != sub[:1] * (hi - lo) or raw[place + 1 : end : each] != sub[1:] * (hi - lo):
+        return None
+    if n == 1:  # the run's last holder: it leaves the row (the whole row, often)
+        return (b"" if hi - lo == len(ids) else _row(ids[:lo] + ids[hi:], counts[:lo] + counts[hi:], raw[base:start] + raw[end:])), wanted
+    cut = _cutter(each, place - start)
+    kept = b"".join(chain.from_iterable(cut.iter_unpack(raw[start:end])))
+    return encode_holders_row(ids, counts[:lo] + (n - 1,) * (hi - lo) + counts[hi:], raw[base:start] + kept + raw[end:]), []
+
+
+def _place(raw: bytes, sub: bytes, start: int, end: int) -> int:
+    """Where, among the entries between start and end, subscriber sub's begins; -1 if none."""
+    at = raw.find(sub, start, end)
+    while at >= 0 and (at - start) % SIZE:  # two bytes of an entry's other fields
+        at = raw.find(sub, at + 1, end)
+    return at
+
+
+@cache
+def _cutter(each: int, at: int) -> Struct:
+    """Splits `each` bytes of entries around the one at offset `at`, dropping it."""
+    return Struct(f">{at}s{SIZE}x{each - at - SIZE}s")
+
+
+def _without(held: bytes, sub: bytes) -> bytes:
+    """A message's entries without subscriber sub's (unchanged if it has none)."""
+    for i in range(0, len(held), SIZE):
+        if held[i : i + 2] == sub:
+            return held[:i] + held[i + SIZE :]
+    return held

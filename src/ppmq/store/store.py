@@ -1,0 +1,398 @@
+"""The operations the broker composes into LMDB write transactions.
+
+The layout of every key and value is in schema.py; this module and the layers
+Txn is built on (rows.py, queue_rows.py) are the only writers, and own the
+rules that tie the databases together: a message put, replaced or deleted
+takes its expiry and dedupe entries with it, and a copy's own expiry goes
+with the copy, and with its message. Only the writer thread touches the
+environment: one Txn is one LMDB write transaction. Readers in other processes
+(fsck, reports) use reader.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import lmdb
+
+from ppmq.protocol import messages as p
+from ppmq.store.lock import DataPathLock
+from ppmq.store.migrate import upgrade
+from ppmq.store.holders import Holders, HolderRows
+from ppmq.store.flight_index import FlightIndex
+from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.room import Room
+from ppmq.store.schema import (
+    Body,
+    DBS,
+    ETM,
+    ETMS,
+    TMS,
+    SCHEMA_VERSION,
+    StoreError,
+    StoreFullError,
+    U64,
+    body_records,
+    u32,
+)
+
+DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
+
+
+def missing_store(path: str) -> str | None:
+    """Why `path` holds no store, if it does not (LMDB's data file is not
+    there): what the commands that read or convert a store say instead of
+    opening one, which would create it."""
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return None
+    return f"no ppmq store at {path} (no data.mdb)"
+
+
+class Store:
+    """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir.
+    It holds DataPath's lock (datapath_lock.py) from before it opens anything
+    there until it closes, so the journal beside it is this process's too."""
+
+    def __init__(self, data_path: str, *, sync: bool, max_bytes: int) -> None:
+        self._tmp = data_path == "mem"
+        self.path = tempfile.mkdtemp(prefix="ppmq-mem-") if self._tmp else data_path
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create DataPath {self.path}: {exc.strerror}") from None
+        self._lock = None if self._tmp else DataPathLock.take(self.path)
+        try:
+            self._open(sync, max_bytes)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def _open(self, sync: bool, max_bytes: int) -> None:
+        """The LMDB environment and its databases, under DataPath's lock."""
+        self.room = Room(max_bytes)  # whether publishes are refused (status 507), and its limit
+        self.migrated = False  # whether opening converted a store an older ppmq wrote
+        # Publishes stop at max_bytes (status 507); the headroom lets acks, expiry
+        # and deliveries, which also need fresh pages in a copy-on-write tree, go on.
+        headroom = max(32 << 20, max_bytes // 20)
+        try:
+            self.env = lmdb.open(
+                self.path,
+                map_size=max_bytes + headroom,
+                max_dbs=len(DBS),
+                sync=sync and not self._tmp,
+                metasync=sync and not self._tmp,
+                readahead=False,  # the backlog is read in order, and RAM is scarce
+                lock=True,
+            )
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
+        self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
+        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (queue_rows.py)
+        self.ready_tails = ReadyTails()  # in memory, beside the ready rows (ready_tails.py)
+        self._check_schema()
+        # Whether `copies` may have rows (Txn._has_copy_expiries): asked of LMDB
+        # once, true from a put on. A removal, or a put rolled back, leaves it
+        # true: looking then costs a little, never a wrong answer.
+        with self.env.begin() as txn:
+            self.copies_seen = txn.stat(self.dbs["copies"])["entries"] > 0
+
+    def _check_schema(self) -> None:
+        """A new store gets this ppmq's schema; one an older ppmq wrote is
+        converted (migrate.py) before anything else reads it."""
+        try:
+            self.migrated = upgrade(self.env, self.dbs, self.path)
+        except StoreError:
+            self.env.close()
+            raise
+        except lmdb.Error as exc:
+            self.env.close()
+            raise StoreError(f"cannot bring the store at {self.path} to schema {SCHEMA_VERSION}: {self.translate(exc)}") from None
+
+    def write(self) -> Writing:
+        """One write transaction, `with store.write() as txn:`; committed when
+        the block ends without an exception (Writing)."""
+        return Writing(self)
+
+    def forget(self) -> None:
+        """Writes were undone: what memory keeps of the rows goes with them."""
+        self.flight_index.clear()
+        self.ready_tails.clear()
+        self.room.forget()
+
+    def undo(self, txn: lmdb.Transaction, exc: BaseException) -> None:
+        """Abort txn (a step's, or a savepoint's), which `exc` ended, and forget
+        what memory keeps of its rows; an LMDB error goes on as the store's own."""
+        txn.abort()
+        self.forget()
+        if isinstance(exc, lmdb.Error):
+            raise self.translate(exc) from None
+
+    def committed_meta(self, name: bytes) -> bytes | None:
+        """A meta record as the last commit left it (in a read transaction of its own)."""
+        with self.env.begin(db=self.dbs["meta"]) as txn:
+            return txn.get(name)
+
+    def translate(self, exc: lmdb.Error) -> StoreError:
+        """The store's error for an LMDB one: every way of running out of room
+        (LMDB's map, or the disk under it) is a StoreFullError (status 507)."""
+        if isinstance(exc, lmdb.MapFullError):
+            return StoreFullError("LMDB map is full")
+        free = self._disk_free_bytes()
+        if free < DISK_LOW_BYTES or os.strerror(errno.ENOSPC) in str(exc):
+            return StoreFullError(f"disk full: {free} bytes left on the device of {self.path} ({exc})")
+        return StoreError(f"store error: {exc}")
+
+    def _disk_free_bytes(self) -> int:
+        """A commit cut short by a full disk fails with EIO as often as with ENOSPC
+        (LMDB reports a short write as EIO), so the disk itself is asked."""
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read transaction
+        (a report or fsck killed mid-read): until then LMDB keeps every page those
+        readers could see, so freed pages are never reused and the file grows to
+        map full. Returns how many slots were freed."""
+        try:
+            return self.env.reader_check()
+        except lmdb.Error:
+            return 0
+
+    def close(self) -> None:
+        self.env.close()
+        if self._lock is not None:
+            self._lock.release()
+        if self._tmp:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Writing:
+    """Store.write's block: begun on entry, committed on a clean exit, aborted otherwise.
+
+    LMDB's errors, from the block or from the commit, leave as StoreFullError
+    (no room: map full or disk full) or StoreError, so callers above the
+    store never see lmdb's exception types. A class rather than a
+    generator-based context manager: every step of the broker enters one."""
+
+    __slots__ = ("_store", "_txn")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __enter__(self) -> Txn:
+        self._txn = self._store.env.begin(write=True)
+        return Txn(self._store, self._txn)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        store, txn = self._store, self._txn
+        if exc is not None:
+            store.undo(txn, exc)
+            return
+        try:
+            txn.commit()
+        except lmdb.Error as error:
+            store.forget()
+            raise store.translate(error) from None
+
+
+class Txn(HolderRows):
+    """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested transaction: the block's writes vanish if it raises."""
+        outer, noted = self.txn, self._watch.mark() if self._watch is not None else 0
+        self.txn = self.store.env.begin(write=True, parent=outer)
+        try:
+            yield
+        except BaseException as exc:
+            if self._watch is not None:
+                self._watch.undo(noted)
+            self.store.undo(self.txn, exc)
+            raise
+        else:
+            self.txn.commit()
+        finally:
+            self.txn = outer
+            self._staged = False  # the block may have changed the staging record
+
+    def used_bytes(self) -> int:
+        """Pages in use by every database (freed pages are reused, so not counted)."""
+        main = self.txn.stat()
+        pages = main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]
+        for db in self.store.dbs.values():
+            s = self.txn.stat(db)
+            pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
+        return pages * main["psize"]
+
+    def full(self) -> bool:
+        """Whether the store has reached MaxStoreBytes: publishes are refused (room.py)."""
+        return self.store.room.full(self.used_bytes)
+
+    def refuse_when_full(self) -> None:
+        """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
+        if self.full():
+            raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")
+
+    # --- messages and their indexes ------------------------------------------------
+    def put_messages(
+        self, t: int, first: int, prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes],
+        *, dedupe: bool, expire: bool,
+    ) -> None:
+        """New messages, ids first, first + 1, ..., from their publish's columns:
+        their records (schema.body_records) and, from the same columns, their
+        index entries: the dedupe key of each on a Dedupe topic, its expiry on
+        an Expire topic."""
+        self.put_records(t, first, body_records(prios, publish_ns, expiries, keys, fragments))
+        ids = range(first, first + len(keys))
+        if dedupe:
+            with self.txn.cursor(db=self._dedupe) as cur:
+                cur.putmulti(zip(map(u32(t).__add__, keys), map(U64.pack, ids)))
+        if expire and any(expiries):
+            with self.txn.cursor(db=self._expiry) as cur:
+                cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in zip(ids, expiries) if expires_ns])
+
+    def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
+        """A new version of m (its dedupe key is the same), whose expiry every
+        copy follows; returns the old one."""
+        self._tails.drop_topic(t)
+        old = self.put_body(t, m, body)
+        if old is not None and old.expires_ns:
+            self.remove_expiry(old.expires_ns, t, m)
+        if expire and body.expires_ns:
+            self.add_expiry(body.expires_ns, t, m)
+        self.drop_copy_expiries(t, [m])
+        return old
+
+    def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> tuple[int, int]:
+        """Delete each of ms with its index entries; return how many were stored
+        and the bytes of their delivered JSON, which is all the counters need."""
+        popped = self.pop_bodies(t, ms, keys=dedupe)
+        delete, expiry, pack = self.txn.delete, self._expiry, ETM.pack
+        for expires_ns, m in popped.expiries:
+            delete(pack(expires_ns, t, m), db=expiry)
+        prefix, dedupe_db = u32(t), self._dedupe
+        for key in popped.keys:
+            delete(prefix + key, db=dedupe_db)
+        self.drop_copy_expiries(t, ms)
+        return popped.count, popped.size
+
+    # --- holders, whose copies take their own expiries with them ---------------------
+    def put_holders(self, t: int, m: int, holders: Holders) -> None:
+        super().put_holders(t, m, holders)
+        if self._has_copy_expiries():
+            for s in self.copy_expiries_of(t, m).keys() - holders.keys():
+                self.drop_copy_expiries(t, [m], s)
+
+    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
+        done = super().release_holders(t, s, ms)
+        self.drop_copy_expiries(t, ms, s)
+        return done
+
+    # --- expiry index ---------------------------------------------------------------
+    def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
+        self.txn.put(ETM.pack(expires_ns, t, m), b"", db=self._expiry)
+
+    def remove_expiry(self, expires_ns: int, t: int, m: int) -> None:
+        self.txn.delete(ETM.pack(expires_ns, t, m), db=self._expiry)
+
+    def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        """(expires_ns, t, m) with expires_ns <= now_ns, oldest first, among the first
+        `limit` due entries. Those of a staged publish count toward the limit but are
+        left out: they wait (a delivery still checks expiry) rather than let one
+        sweep read a whole staged publish."""
+        out = []
+        staged = self.staged()
+        seen = 0
+        with self.txn.cursor(db=self._expiry) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    entry = ETM.unpack(key)
+                    if entry[0] > now_ns or seen >= limit:
+                        break
+                    seen += 1
+                    if staged is None or not staged.hides(entry[1], entry[2]):
+                        out.append(entry)
+        return out
+
+    def next_expiry_ns(self) -> int | None:
+        with self.txn.cursor(db=self._expiry) as cur:
+            return ETM.unpack(cur.key())[0] if cur.first() else None
+
+    # --- a copy's own expiry (PROTOCOL §9 PHPMQ re-queue) -------------------------------
+    def _has_copy_expiries(self) -> bool:
+        """Whether any copy may have an expiry of its own: almost never, and then
+        the paths every ack and batch take look no further (Store.copies_seen)."""
+        return self.store.copies_seen
+
+    def put_copy_expiry(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
+        """Subscriber s's copy of m expires at expires_ns (0: never), whatever
+        m's own expiry; swept then on an Expire topic."""
+        self.drop_copy_expiries(t, [m], s)
+        self.store.copies_seen = True
+        self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self._copies)
+        if expire and expires_ns:
+            self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self._copy_expiry)
+
+    def copy_expiries_of(self, t: int, m: int) -> dict[int, int]:
+        """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
+        if not self._has_copy_expiries():
+            return {}
+        prefix = TMS.pack(t, m, 0)[:-2]
+        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in self._walk(self._copies, prefix, prefix)}
+
+    def copy_expiries(self, t: int, s: int) -> dict[int, int]:
+        """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
+        if not self._has_copy_expiries():
+            return {}
+        prefix = u32(t)
+        found = (TMS.unpack(key) + U64.unpack(value) for key, value in self._walk(self._copies, prefix, prefix))
+        return {m: expires_ns for _, m, sub, expires_ns in found if sub == s}
+
+    def drop_copy_expiries(self, t: int, ms: list[int], s: int | None = None) -> None:
+        """The copies of ms (of subscriber s only, if given) follow their message's expiry again."""
+        if not self._has_copy_expiries():
+            return  # the path of every ack, and of every message deleted
+        for m in ms:
+            for sub, expires_ns in self.copy_expiries_of(t, m).items():
+                if s is None or sub == s:
+                    self.txn.delete(TMS.pack(t, m, sub), db=self._copies)
+                    self.txn.delete(ETMS.pack(expires_ns, t, m, sub), db=self._copy_expiry)
+
+    def due_copy_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
+        out: list[tuple[int, int, int, int]] = []
+        if not self._has_copy_expiries():
+            return out
+        with self.txn.cursor(db=self._copy_expiry) as cur:
+            if cur.first():
+                for key in cur.iternext(values=False):
+                    entry = ETMS.unpack(key)
+                    if entry[0] > now_ns or len(out) >= limit:
+                        break
+                    out.append(entry)
+        return out
+
+    def next_copy_expiry_ns(self) -> int | None:
+        if not self._has_copy_expiries():
+            return None
+        with self.txn.cursor(db=self._copy_expiry) as cur:
+            return ETMS.unpack(cur.key())[0] if cur.first() else None
+
+    # --- dedupe index -----------------------------------------------------------------
+    def get_dedupe(self, t: int, key: bytes) -> int | None:
+        raw = self.txn.get(u32(t) + key, db=self._dedupe)
+        return U64.unpack(raw)[0] if raw is not None else None
+
+    def dedupe_ids(self, t: int, keys: list[bytes | None]) -> list[int | None]:
+        """get_dedupe of each key (None for a None key), in one pass: what a
+        publish or an ack of a Dedupe topic looks up a message."""
+        prefix, get, db, unpack = u32(t), self.txn.get, self._dedupe, U64.unpack
+        found = [None if key is None else get(prefix + key, db=db) for key in keys]
+        return [None if raw is None else unpack(raw)[0] for raw in found]
