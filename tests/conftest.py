@@ -151,7 +151,9 @@ class BrokerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ppmq.cli", "serve", "-c", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
         if wait:
             wait_for(self._accepting, what=f"broker socket {self.socket}; log:\n{self.log}")
@@ -212,7 +214,14 @@ def make_config(tmp: Path, topics: list[dict], subscribers: list[str] | list[dic
     for s in subscribers:
         s = {"Name": s} if isinstance(s, str) else s
         subs.append({"Socket": str(tmp / "sub" / f"{s['Name']}.sock"), **s})
-    return {"ServerSocket": str(tmp / "ppmq.sock"), "DataPath": str(tmp / "data"), "Subscribers": subs, "Topics": topics, "RetryMax": "200ms", **extra}
+    return {
+        "ServerSocket": str(tmp / "ppmq.sock"),
+        "DataPath": str(tmp / "data"),
+        "Subscribers": subs,
+        "Topics": topics,
+        "RetryMax": "200ms",
+        **extra,
+    }
 
 
 @pytest.fixture

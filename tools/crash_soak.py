@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.wire.test_crash import run_cycles  # noqa: E402
+from tests.wire.test_crash import run_cycles
 
 
 def main() -> int:

@@ -27,7 +27,8 @@ def main() -> int:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", "tests/wire/test_fuzz.py"],
-        cwd=ROOT, env=env,
+        cwd=ROOT,
+        env=env,
     )
     print(f"{args.examples} examples per test, {time.monotonic() - started:.0f}s, exit {done.returncode}")
     return done.returncode

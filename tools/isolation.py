@@ -35,7 +35,7 @@ from ppmq.client.library import Client
 from quick import SUBSCRIBER, memory, payload, start_broker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.wire.test_isolation import MISBEHAVIOURS, Misbehaving  # noqa: E402
+from tests.wire.test_isolation import MISBEHAVIOURS, Misbehaving
 
 PRELOAD = 1000
 
@@ -104,6 +104,7 @@ def main() -> None:
     if args.shared:
         print(f"  misbehaving vs absent: {(rate['misbehaving'] / rate['absent'] - 1) * 100:+.1f}%")
     print(json.dumps({"runs": runs, "shared": args.shared}))
+
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quick import fanout  # noqa: E402
+from quick import fanout
 
 BOOTSTRAP_SAMPLES = 2000
 
@@ -49,7 +49,9 @@ def pool(paths: list[Path]) -> None:
         saved = json.loads(path.read_text())
         ratios += pair_ratios(saved["on"]["runs"], saved["off"]["runs"])
     low, high = interval(ratios)
-    print(f"{len(paths)} sets, {len(ratios)} pairs: throughput {statistics.median(ratios):+.2%} (median of pairs, 95% interval {low:+.2%} to {high:+.2%})")
+    print(
+        f"{len(paths)} sets, {len(ratios)} pairs: throughput {statistics.median(ratios):+.2%} (median of pairs, 95% interval {low:+.2%} to {high:+.2%})"
+    )
 
 
 def main() -> None:
@@ -70,7 +72,11 @@ def main() -> None:
     results = {}
     for on in (True, False):
         rates, cpus = zip(*runs[on])
-        results["on" if on else "off"] = {"median_msgs_per_s": statistics.median(rates), "broker_cpu_s_per_10k": statistics.median(cpus), "runs": runs[on]}
+        results["on" if on else "off"] = {
+            "median_msgs_per_s": statistics.median(rates),
+            "broker_cpu_s_per_10k": statistics.median(cpus),
+            "runs": runs[on],
+        }
     on, off = results["on"], results["off"]
     change = on["median_msgs_per_s"] / off["median_msgs_per_s"] - 1
     ratios = pair_ratios(runs[True], runs[False])
@@ -83,7 +89,15 @@ def main() -> None:
         f"(CPU {off['broker_cpu_s_per_10k']:.3f} s/10k): throughput {change:+.1%} (medians), "
         f"{paired:+.1%} (median of pairs, 95% interval {low:+.1%} to {high:+.1%}); broker CPU {cpu_change:+.1%}"
     )
-    summary = {"sync": args.sync, "pairs": args.runs, **results, "throughput_change": change, "paired_change": paired, "paired_interval": [low, high], "cpu_change": cpu_change}
+    summary = {
+        "sync": args.sync,
+        "pairs": args.runs,
+        **results,
+        "throughput_change": change,
+        "paired_change": paired,
+        "paired_interval": [low, high],
+        "cpu_change": cpu_change,
+    }
     if args.json:
         args.json.write_text(json.dumps(summary))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("on", "off")}))

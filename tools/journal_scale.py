@@ -128,7 +128,9 @@ def record(tmp: Path, messages: int) -> Path:
     rng = random.Random(1)
     subs = [AckingSubscriber(str(tmp / f"{s}.sock"), UNACKED if s == "archiver" else 0.0, rng) for s in SUBSCRIBERS]
     with open(tmp / "broker.log", "wb") as log:
-        broker = subprocess.Popen([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], stdout=log, stderr=subprocess.STDOUT)
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "ppmq.cli", "serve", "-c", str(tmp / "ppmq.yaml")], stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         _wait(lambda: os.path.exists(config["ServerSocket"]), 30)
         producers = [threading.Thread(target=_produce, args=(config["ServerSocket"], messages // PRODUCERS, p)) for p in range(PRODUCERS)]
@@ -220,7 +222,10 @@ def generate(base: Path, hosts: int, events: int) -> int:
     recording.mkdir(parents=True)
     records = _read_records(record(recording, RECORDED_MESSAGES))
     recorded = sum(map(_events, records))
-    print(f"recorded {len(records):,} records, {recorded:,} events ({recorded / len(records):.1f} a record) in {time.monotonic() - start:.0f} s", flush=True)
+    print(
+        f"recorded {len(records):,} records, {recorded:,} events ({recorded / len(records):.1f} a record) in {time.monotonic() - start:.0f} s",
+        flush=True,
+    )
     total = sum(replicate(records, base / "journals" / f"host{h:02d}", f"host{h:02d}", h * 7 * NS, events // hosts) for h in range(hosts))
     size = sum(p.stat().st_size for p in (base / "journals").rglob("*.gz"))
     print(f"generated {total:,} events for {hosts} hosts in {time.monotonic() - start:.0f} s: {size / 1e6:.0f} MB gzipped", flush=True)
@@ -269,7 +274,9 @@ def main() -> None:
             (base / "events").write_text(str(generate(base, args.hosts, args.events)))
         done, wall_s, peak = run_report(base / "journals", base / "report", args.master)
         if done.returncode:
-            sys.exit(f"ppmq report failed after {wall_s:.0f} s (JVM peak RSS {peak / 2**20:,.0f} MiB; load average {os.getloadavg()[0]:.1f}):\n{done.stderr[-3000:]}")
+            sys.exit(
+                f"ppmq report failed after {wall_s:.0f} s (JVM peak RSS {peak / 2**20:,.0f} MiB; load average {os.getloadavg()[0]:.1f}):\n{done.stderr[-3000:]}"
+            )
         events = int(done.stdout.split()[0].replace(",", ""))
         print(done.stdout.strip())
         generated = int((base / "events").read_text())

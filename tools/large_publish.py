@@ -26,10 +26,10 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.client.library import Client
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.store import Store
 
 MESSAGE = b'{"Payload":1}'
@@ -47,9 +47,13 @@ def in_process() -> tuple[float, int, float]:
     """Writer seconds until the big publish is answered, steps, longest step."""
     req = p.decode_request(FRAME)
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
-        config = Config(server_socket=f"{d}/s.sock", data_path=d, sync=True,
-                        subscribers=[SubscriberConfig(name="s", socket=f"{d}/s.sock")],
-                        topics=[TopicConfig(name="bulk", subscribers=["s"])])
+        config = Config(
+            server_socket=f"{d}/s.sock",
+            data_path=d,
+            sync=True,
+            subscribers=[SubscriberConfig(name="s", socket=f"{d}/s.sock")],
+            topics=[TopicConfig(name="bulk", subscribers=["s"])],
+        )
         store = Store(d, sync=True, max_bytes=4 << 30)
         broker = Broker(config, store, time.time_ns())
         total, longest, steps, ops = 0.0, 0.0, 0, [req]
@@ -69,12 +73,16 @@ def over_the_wire() -> tuple[float, float, int]:
     came (seconds after it was sent), and how many small replies came meanwhile."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         path = Path(d)
-        config = {"ServerSocket": str(path / "s.sock"), "DataPath": str(path / "data"),
-                  "Subscribers": [{"Name": "s", "Socket": str(path / "sub.sock")}],
-                  "Topics": [{"Name": "bulk", "Subscribers": ["s"]}, {"Name": "small", "Subscribers": ["s"]}]}
+        config = {
+            "ServerSocket": str(path / "s.sock"),
+            "DataPath": str(path / "data"),
+            "Subscribers": [{"Name": "s", "Socket": str(path / "sub.sock")}],
+            "Topics": [{"Name": "bulk", "Subscribers": ["s"]}, {"Name": "small", "Subscribers": ["s"]}],
+        }
         (path / "ppmq.yaml").write_text(yaml.safe_dump(config))
-        proc = subprocess.Popen([sys.executable, "-m", "ppmq.cli", "serve", "-c", str(path / "ppmq.yaml")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ppmq.cli", "serve", "-c", str(path / "ppmq.yaml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             while not (path / "s.sock").exists():
                 time.sleep(0.05)

@@ -44,7 +44,8 @@ def cpu_s(pid: int) -> float:
 
 def start(tmp: Path) -> tuple[subprocess.Popen, str]:
     config = {
-        "ServerSocket": str(tmp / "ppmq.sock"), "DataPath": str(tmp / "data"),
+        "ServerSocket": str(tmp / "ppmq.sock"),
+        "DataPath": str(tmp / "data"),
         "Subscribers": [{"Name": "w", "Pull": True}],
         "Topics": [{"Name": "t", "Subscribers": ["w"]}],
     }
@@ -102,7 +103,9 @@ def main() -> None:
         try:
             if args.latency:
                 ms = sorted(1000 * s for s in latency(path, args.latency))
-                print(f"publish to a waiting TAKE's reply, {len(ms)} times: p50 {ms[len(ms) // 2]:.2f} ms, p99 {ms[int(len(ms) * 0.99)]:.2f} ms")
+                print(
+                    f"publish to a waiting TAKE's reply, {len(ms)} times: p50 {ms[len(ms) // 2]:.2f} ms, p99 {ms[int(len(ms) * 0.99)]:.2f} ms"
+                )
                 return
             for _ in range(args.polls):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

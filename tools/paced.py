@@ -103,6 +103,7 @@ async def stand_in(io: str, directory: Path) -> None:
 
     def ignore(line: bytes, out: object) -> None:
         """The acks: read, and nothing more."""
+
     for name in SUBSCRIBERS:
         path = str(directory / f"{name}.sock")
         while not os.path.exists(path):
@@ -182,7 +183,7 @@ def _wait_listening(path: Path, broker: subprocess.Popen) -> None:
                 return
             except OSError:
                 if broker.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the broker did not come up on {path}")
+                    raise SystemExit(f"the broker did not come up on {path}") from None
         time.sleep(0.05)
 
 
@@ -194,10 +195,14 @@ def run(broker: str, messages: int, rate: int, valgrind: bool = False) -> tuple[
         argv = _broker_argv(broker, directory)
         if valgrind:
             argv = [*CALLGRIND, *argv]
-        served = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        served = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
+        )
 
         def client(*args: str) -> subprocess.Popen[str]:
-            return subprocess.Popen([sys.executable, __file__, "--role", *args, "--dir", d, "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
+            return subprocess.Popen(
+                [sys.executable, __file__, "--role", *args, "--dir", d, "--messages", str(messages)], stdout=subprocess.PIPE, text=True
+            )
 
         try:
             subscribers = [client("subscribe", name) for name in SUBSCRIBERS]
@@ -230,7 +235,10 @@ def instructions(brokers: list[str]) -> None:
     small, large = INSTRUCTION_RUNS
     for broker in brokers:
         counts = [run(broker, n, VALGRIND_RATE, valgrind=True)[2] for n in (small, large)]
-        print(f"{broker}: {(counts[1] - counts[0]) / (large - small):,.0f} instructions a message ({small} and {large} messages at {VALGRIND_RATE}/s)", flush=True)
+        print(
+            f"{broker}: {(counts[1] - counts[0]) / (large - small):,.0f} instructions a message ({small} and {large} messages at {VALGRIND_RATE}/s)",
+            flush=True,
+        )
 
 
 def main() -> None:

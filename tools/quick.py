@@ -106,7 +106,10 @@ def fanout(n: int, sync: bool, **extra: object) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         tmp = Path(d)
         cfg = config(tmp, ["a", "b"], sync, **extra)
-        subs = [subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(tmp / f"{s}.sock"), str(n)], stdout=subprocess.PIPE, text=True) for s in "ab"]
+        subs = [
+            subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(tmp / f"{s}.sock"), str(n)], stdout=subprocess.PIPE, text=True)
+            for s in "ab"
+        ]
         for s in subs:
             assert s.stdout.readline().strip() == "ready"
         broker = start_broker(cfg)
@@ -146,8 +149,11 @@ def backlog(n: int) -> dict[str, float]:
     mb = 1 << 20
     return {
         "publish_msgs_per_s": n / elapsed,
-        "empty_rss_mb": empty["VmRSS"] / mb, "empty_anon_mb": empty["RssAnon"] / mb,
-        "full_rss_mb": full["VmRSS"] / mb, "full_anon_mb": full["RssAnon"] / mb, "full_file_mb": full["RssFile"] / mb,
+        "empty_rss_mb": empty["VmRSS"] / mb,
+        "empty_anon_mb": empty["RssAnon"] / mb,
+        "full_rss_mb": full["VmRSS"] / mb,
+        "full_anon_mb": full["RssAnon"] / mb,
+        "full_file_mb": full["RssFile"] / mb,
         "store_mb": disk / mb,
     }
 
@@ -163,7 +169,9 @@ def main() -> None:
         rates, cpus = zip(*(fanout(args.messages, sync) for _ in range(args.runs)))
         rate, cpu = statistics.median(rates), statistics.median(cpus)
         results[f"fanout_sync_{str(sync).lower()}"] = {"median_msgs_per_s": rate, "broker_cpu_s_per_10k": cpu, "runs": rates}
-        print(f"fan-out to 2 subscribers, Sync {sync}: median {rate:,.0f} msg/s, broker CPU {cpu:.2f} s per 10k  runs {[round(r) for r in rates]}")
+        print(
+            f"fan-out to 2 subscribers, Sync {sync}: median {rate:,.0f} msg/s, broker CPU {cpu:.2f} s per 10k  runs {[round(r) for r in rates]}"
+        )
     runs = [backlog(args.backlog) for _ in range(args.runs)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     results["backlog"] = med

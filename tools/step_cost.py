@@ -19,9 +19,9 @@ import time
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.store import Store
 
 SUBS = ["a", "b"]
@@ -33,7 +33,9 @@ def run(n: int, idle_topics: int) -> float:
         topics = [TopicConfig(name="bench", subscribers=SUBS, priorities=3)]
         topics += [TopicConfig(name=f"idle{i}", subscribers=SUBS, priorities=3) for i in range(idle_topics)]
         config = Config(
-            server_socket=f"{d}/s.sock", data_path=d, sync=False,
+            server_socket=f"{d}/s.sock",
+            data_path=d,
+            sync=False,
             subscribers=[SubscriberConfig(name=s, socket=f"{d}/{s}.sock", batch_size=100, window=1000) for s in SUBS],
             topics=topics,
         )
@@ -68,7 +70,9 @@ def main() -> None:
         for count in counts:
             runs[count].append(run(args.messages, count))
     for count in counts:
-        print(f"{count:5d} idle topics: {statistics.median(runs[count]):6.1f} us of writer CPU per message (3 steps), median of {args.runs}")
+        print(
+            f"{count:5d} idle topics: {statistics.median(runs[count]):6.1f} us of writer CPU per message (3 steps), median of {args.runs}"
+        )
 
 
 if __name__ == "__main__":

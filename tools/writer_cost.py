@@ -65,11 +65,11 @@ from typing import Any
 import msgspec
 import yaml
 
-from ppmq.protocol import messages as p
+from ppmq.config import ConfigError, parse_config
 from ppmq.core.broker import Broker
 from ppmq.core.events import Event
 from ppmq.core.ops import Delivery, Op, Step, Take
-from ppmq.config import ConfigError, parse_config
+from ppmq.protocol import messages as p
 from ppmq.server.journal_lines import Lines
 from ppmq.store.store import Store
 
@@ -77,7 +77,9 @@ SUBS = ["a", "b"]
 
 
 @contextmanager
-def bench_broker(sync: bool, window: int, journal: str, topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None) -> Iterator[Broker]:
+def bench_broker(
+    sync: bool, window: int, journal: str, topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None
+) -> Iterator[Broker]:
     """A broker on a new store of its own: topic `bench`, priorities 0-2,
     subscribers SUBS; `topic` and `subscriber` add keys of the config file's own
     (TopicConfig, SubscriberConfig), checked as the broker checks its file."""
@@ -112,10 +114,15 @@ def encoder(journal: str) -> Callable[[list[Event]], object]:
 
 def acks_of(deliveries: list[Delivery]) -> list[p.Request]:
     """Each batch's ack, as its subscriber sends it: every Key it holds."""
-    return [p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in deliveries]
+    return [
+        p.Request(topic="bench", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
+        for d in deliveries
+    ]
 
 
-def timed(broker: Broker, ops: list[Op], open_subs: set[str], encode: Callable[[list[Event]], object], pause_s: float = 0.0) -> tuple[Step, float]:
+def timed(
+    broker: Broker, ops: list[Op], open_subs: set[str], encode: Callable[[list[Event]], object], pause_s: float = 0.0
+) -> tuple[Step, float]:
     """One step, and the writer thread's seconds for it, its events encoded as
     `encode` says; after `pause_s` idle (not timed), as between two steps at a paced rate."""
     if pause_s:
@@ -133,8 +140,19 @@ def backlog(broker: Broker, n: int, payload: msgspec.Raw, keyed: bool = False) -
 
 
 def run(
-    n: int, sync: bool, window: int, lag: int, journal: str = "on", batch: int = 100, behind: int = 0, keyed: bool = False, ttl_s: float | None = None,
-    topic: dict[str, Any] | None = None, subscriber: dict[str, Any] | None = None, shared: bool = False, pause_s: float = 0.0,
+    n: int,
+    sync: bool,
+    window: int,
+    lag: int,
+    journal: str = "on",
+    batch: int = 100,
+    behind: int = 0,
+    keyed: bool = False,
+    ttl_s: float | None = None,
+    topic: dict[str, Any] | None = None,
+    subscriber: dict[str, Any] | None = None,
+    shared: bool = False,
+    pause_s: float = 0.0,
 ) -> dict[str, float]:
     """The fan-out workload; `keyed`: every message with a Key of its own, which
     its ack names; `ttl_s`: each with that TTL (the topic needs Expire);
@@ -195,7 +213,9 @@ def replace(n: int, journal: str = "on") -> dict[str, float]:
         backlog(broker, n, payload, keyed=True)
         seconds = 0.0
         for i in range(0, n, 100):
-            seconds += timed(broker, [p.Request(topic="bench", messages=messages(i, 100, payload, True), id=msgspec.Raw(b"1"))], set(), encode)[1]
+            seconds += timed(
+                broker, [p.Request(topic="bench", messages=messages(i, 100, payload, True), id=msgspec.Raw(b"1"))], set(), encode
+            )[1]
         replaced = broker.state.topics["bench"].replaced
         if replaced != n:
             raise SystemExit(f"{replaced} of {n} messages were replaced")
@@ -247,8 +267,12 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=0, help="publishes the subscribers' acks trail by")
     ap.add_argument("--shared", action="store_true", help="the acks of a publish's batches in the step of the next, before it")
     ap.add_argument("--behind", type=int, default=0, help="messages the subscribers' queues hold when the run starts")
-    ap.add_argument("--pause-ms", type=float, default=0.0, help="idle this long before each step of the fan-out (not timed), as at a paced rate")
-    ap.add_argument("--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither")
+    ap.add_argument(
+        "--pause-ms", type=float, default=0.0, help="idle this long before each step of the fan-out (not timed), as at a paced rate"
+    )
+    ap.add_argument(
+        "--journal", choices=("on", "events", "off"), default="on", help="journal events built and encoded, built only, or neither"
+    )
     ap.add_argument("--drain", action="store_true", help="the backlog workload: --messages of 1 KiB published, then drained")
     ap.add_argument("--dedupe", action="store_true", help="the topic has Dedupe, and every message a Key of its own")
     ap.add_argument("--max-messages", type=int, default=0, help="the topic's MaxMessages (0: none)")
@@ -268,7 +292,21 @@ def main() -> None:
     elif args.take:
         us = take(args.messages, args.journal, args.topic, args.subscriber)
     else:
-        us = run(args.messages, args.sync, args.window, args.lag, args.journal, args.batch, args.behind, args.dedupe, args.ttl, topic, args.subscriber, args.shared, args.pause_ms / 1000)
+        us = run(
+            args.messages,
+            args.sync,
+            args.window,
+            args.lag,
+            args.journal,
+            args.batch,
+            args.behind,
+            args.dedupe,
+            args.ttl,
+            topic,
+            args.subscriber,
+            args.shared,
+            args.pause_ms / 1000,
+        )
     total = sum(us.values())
     print("writer CPU per message: " + ", ".join(f"{k} {v:.2f} us" for k, v in us.items()) + f"; total {total:.2f} us")
     print(f"so one writer thread tops out near {1e6 / total:,.0f} messages/s")

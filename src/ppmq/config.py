@@ -193,14 +193,14 @@ _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m
 def parse_duration(value: Any) -> float:
     """Go's time.ParseDuration for non-negative values, or a number of seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"expected a duration such as \"90s\" or a number of seconds, got {value!r}")
+        raise ValueError(f'expected a duration such as "90s" or a number of seconds, got {value!r}')
     if isinstance(value, str):
         text = value.strip()
         if text == "0":
             return 0.0
         parts = _DURATION_PART.findall(text)
         if not parts or "".join(n + u for n, u in parts) != text:
-            raise ValueError(f"invalid duration {value!r} (use e.g. \"90s\", \"5m\", \"1h30m\", \"250ms\")")
+            raise ValueError(f'invalid duration {value!r} (use e.g. "90s", "5m", "1h30m", "250ms")')
         value = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
     if value < 0:
         raise ValueError(f"duration {value!r} must not be negative")
@@ -214,11 +214,11 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**
 def parse_size(value: Any) -> int:
     """Bytes as an integer or "16MiB"/"4GB"/"512K" (KiB-style units are powers of 1024)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"expected a size such as 16777216 or \"16MiB\", got {value!r}")
+        raise ValueError(f'expected a size such as 16777216 or "16MiB", got {value!r}')
     if isinstance(value, str):
         m = _SIZE.fullmatch(value.strip())
         if not m:
-            raise ValueError(f"invalid size {value!r} (use e.g. 16777216, \"16MiB\", \"4GB\")")
+            raise ValueError(f'invalid size {value!r} (use e.g. 16777216, "16MiB", "4GB")')
         unit = (m[2] or "").upper()
         base = 1024 if "I" in unit else 1000
         value = int(m[1]) * (base ** "BKMGT".index(unit[0]) if unit else 1)
@@ -278,7 +278,7 @@ def _check(config: Config) -> list[tuple[str, str]]:
     if config.journal.segment_bytes > config.journal.max_bytes:
         errors.append((".Journal.SegmentBytes", f"must not exceed Journal.MaxBytes ({config.journal.max_bytes})"))
     if not config.data_path:
-        errors.append((".DataPath", "must not be empty (a directory, or \"mem\")"))
+        errors.append((".DataPath", 'must not be empty (a directory, or "mem")'))
     if config.phpmq_socket is not None and len(config.phpmq_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".PhpmqSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if config.metrics is not None:

@@ -90,7 +90,9 @@ def claim(path: str) -> None:
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         missing = not os.path.lexists(folder)
-        raise ListenError(f"cannot listen on {path}: " + (f"directory {folder} does not exist" if missing else f"{folder} is not a directory"))
+        raise ListenError(
+            f"cannot listen on {path}: " + (f"directory {folder} does not exist" if missing else f"{folder} is not a directory")
+        )
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -14,9 +14,9 @@ import sys
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.store import Store
 
 NOW = 1_800_000_000 * 10**9
@@ -26,7 +26,9 @@ def fixture_config(out: str) -> Config:
     """The config the store was written with: `dead` has the priorities of `jobs`,
     so the copy keeps the priority that REDRIVE falls back to."""
     return Config(
-        server_socket="/nonexistent", data_path=out, sync=True,
+        server_socket="/nonexistent",
+        data_path=out,
+        sync=True,
         subscribers=[SubscriberConfig(name=n, socket=f"/nonexistent/{n}") for n in ("w", "archive")],
         topics=[
             TopicConfig(name="jobs", subscribers=["w"], priorities=2, dead_letter="dead"),

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.server.journal import Journal
 from ppmq.store.store import Store
 

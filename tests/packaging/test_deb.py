@@ -78,7 +78,8 @@ def test_the_packaged_config_uses_the_sockets_and_the_directory_of_the_units(ins
 def test_systemd_analyze_verify_finds_nothing_to_say_about_the_installed_units(installed: Machine) -> None:
     proc = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", UNITS / "ppmq.socket", UNITS / "ppmq.service"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     # A misspelt key is only a warning with exit 0: any output is a finding.
     assert (proc.returncode, proc.stdout + proc.stderr) == (0, "")
@@ -148,19 +149,26 @@ def ppmq_dir() -> Iterator[Path]:
 def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machine, ppmq_dir: Path) -> None:
     sub_socket = ppmq_dir / "sub" / "printer.sock"
     config = ppmq_dir / "ppmq.yaml"
-    config.write_text(yaml.safe_dump({
-        "ServerSocket": str(ppmq_dir / "ppmq.sock"),
-        "DataPath": str(ppmq_dir / "data"),
-        "RetryMax": "200ms",
-        "Subscribers": [{"Name": "printer", "Socket": str(sub_socket)}],
-        "Topics": [{"Name": "events", "Subscribers": ["printer"]}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "ServerSocket": str(ppmq_dir / "ppmq.sock"),
+                "DataPath": str(ppmq_dir / "data"),
+                "RetryMax": "200ms",
+                "Subscribers": [{"Name": "printer", "Socket": str(sub_socket)}],
+                "Topics": [{"Name": "events", "Subscribers": ["printer"]}],
+            }
+        )
+    )
     with open(ppmq_dir / "broker.log", "wb") as log, open(ppmq_dir / "batches", "wb") as batches:
         broker = subprocess.Popen([*AS_PPMQ, "/usr/bin/ppmq", "serve", "-c", config], stdout=log, stderr=subprocess.STDOUT)
         listener = subprocess.Popen([*AS_PPMQ, "/usr/bin/ppmq", "listen", sub_socket, "--ack"], stdout=batches, stderr=log)
         try:
             # Not the socket's path: it exists from bind() on, before the broker listens.
-            wait_for(lambda: "serving on" in (ppmq_dir / "broker.log").read_text(), what=f"the broker; log:\n{(ppmq_dir / 'broker.log').read_text()}")
+            wait_for(
+                lambda: "serving on" in (ppmq_dir / "broker.log").read_text(),
+                what=f"the broker; log:\n{(ppmq_dir / 'broker.log').read_text()}",
+            )
             run(*AS_PPMQ, "/usr/bin/ppmq", "publish", "-c", config, "events", "hello")
             line = wait_for(lambda: (ppmq_dir / "batches").read_text(), what="a batch at the listener")
             assert [m["Payload"] for m in json.loads(line)["Messages"]] == ["hello"]
@@ -174,9 +182,7 @@ def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machin
             assert broker.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
 
 
-def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_subscriber(
-    installed: Machine, ppmq_dir: Path
-) -> None:
+def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_subscriber(installed: Machine, ppmq_dir: Path) -> None:
     """ppmq.service's ExecStart as systemd runs it: as ppmq, on the packaged config,
     with ppmq.socket's listening socket inherited and a NOTIFY_SOCKET. The store lands
     in /var/lib/ppmq, and the example subscriber the package ships, installed as the
@@ -193,14 +199,24 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
     os.chmod(notify.path, 0o666)
     with open(ppmq_dir / "broker.log", "wb") as log:
         activator = subprocess.Popen(
-            ["systemd-socket-activate", "-l", config["ServerSocket"], f"--fdname={fdname}",
-             f"--setenv=NOTIFY_SOCKET={notify.path}", *AS_PPMQ, *exec_start.split()],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                "systemd-socket-activate",
+                "-l",
+                config["ServerSocket"],
+                f"--fdname={fdname}",
+                f"--setenv=NOTIFY_SOCKET={notify.path}",
+                *AS_PPMQ,
+                *exec_start.split(),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         wait_for(lambda: f"Listening on {config['ServerSocket']}" in (ppmq_dir / "broker.log").read_text(), what="the activator to listen")
         subscriber = subprocess.Popen(
             [handler, "--name", "printer", "-c", CONFIG],
-            env={**os.environ, "STATE_DIRECTORY": str(ppmq_dir)}, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "STATE_DIRECTORY": str(ppmq_dir)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             wait_for(printer.exists, what=f"{printer}")
@@ -208,8 +224,10 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
             os.chmod(printer, 0o600)
             run("/usr/bin/ppmq", "publish", "-c", CONFIG, "filescan", "--key", "k", "hello")
             notify.wait("READY", "1")
-            line = wait_for(lambda: (ppmq_dir / "messages.jsonl").exists() and (ppmq_dir / "messages.jsonl").read_text(),
-                            what=f"the example subscriber's messages.jsonl; log:\n{(ppmq_dir / 'broker.log').read_text()}")
+            line = wait_for(
+                lambda: (ppmq_dir / "messages.jsonl").exists() and (ppmq_dir / "messages.jsonl").read_text(),
+                what=f"the example subscriber's messages.jsonl; log:\n{(ppmq_dir / 'broker.log').read_text()}",
+            )
             assert json.loads(line) == {"Topic": "filescan", "Key": "k", "Priority": 0, "Payload": "hello"}
             wait_for(lambda: acked(CONFIG, "filescan", "printer") == 1, what="the ack")
             assert owner(Path("/var/lib/ppmq/data.mdb"))[0] == "ppmq"
@@ -247,4 +265,3 @@ def test_lintian_reports_no_errors_or_warnings(packages: Packages) -> None:
     proc = subprocess.run(["lintian", "--fail-on", "error,warning", packages.deb], capture_output=True, text=True)
     findings = [line for line in proc.stdout.splitlines() if line[:2] in ("E:", "W:")]
     assert (proc.returncode, findings) == (0, [])
-

@@ -18,13 +18,13 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-from ppmq.client.library import ClientError  # noqa: E402
-from ppmq.pipeline.datasource import PpmqDataSource  # noqa: E402
-from ppmq.pipeline.session import local_session  # noqa: E402
+from ppmq.client.library import ClientError
+from ppmq.pipeline.datasource import PpmqDataSource
+from ppmq.pipeline.session import local_session
 
-from ..conftest import BrokerProcess, Subscriber, make_config, wait_for  # noqa: E402
+from ..conftest import BrokerProcess, Subscriber, make_config, wait_for
 
 SLOW_GROUPS = ((40, 0.0), (16, 0.6), (4, 1.6))  # (messages, seconds the slow subscriber waits before acking them)
 

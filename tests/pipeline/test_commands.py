@@ -39,6 +39,8 @@ def test_spark_submit_runs_the_entry_script(workload, tmp_path) -> None:
 def test_ppmq_report_without_pyspark_says_what_to_install_and_exits_2(tmp_path) -> None:
     # The broker's own install has no PySpark: an import of it fails as it would there
     code = "import sys; sys.modules['pyspark'] = None; from ppmq.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    done = subprocess.run([sys.executable, "-c", code, "report", str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "report", str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True
+    )
     assert done.returncode == 2
     assert "pip install 'ppmq[spark]'" in done.stderr and "Java 17" in done.stderr

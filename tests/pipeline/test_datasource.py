@@ -115,7 +115,7 @@ def test_a_damaged_message_fails_the_read_and_is_named(spark, broker_factory) ->
     b.stop()
     store = Store(b.config["DataPath"], sync=False, max_bytes=1 << 24)
     with store.write() as txn:
-        (key, body), = txn.txn.cursor(db=store.dbs["bodies"])
+        ((key, body),) = txn.txn.cursor(db=store.dbs["bodies"])
         txn.txn.put(key, body[:5], db=store.dbs["bodies"])
     store.close()
     with pytest.raises(Exception, match=f"damaged message \\(bodies entry {key.hex()}"):

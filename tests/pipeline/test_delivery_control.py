@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq.core import events as ev
 from ppmq.cli.main import main
+from ppmq.core import events as ev
 from ppmq.core.events import Event
 from ppmq.server.journal import Journal
 
@@ -68,7 +68,16 @@ def _subscriber_b() -> list[Event]:
 
 def _steps() -> list[list[Event]]:
     """One step per event, after the publish of ids 1-10; `idle` is paused before it is delivered anything."""
-    publish = Event(event=ev.PUBLISH, ts=T0, topic="t", ids=list(range(1, 11)), prio=[0] * 10, bytes=[50] * 10, expires_ns=[0] * 10, replaced=[False] * 10)
+    publish = Event(
+        event=ev.PUBLISH,
+        ts=T0,
+        topic="t",
+        ids=list(range(1, 11)),
+        prio=[0] * 10,
+        bytes=[50] * 10,
+        expires_ns=[0] * 10,
+        replaced=[False] * 10,
+    )
     return [[e] for e in [publish, *_subscriber_a(), *_subscriber_b(), _event(ev.PAUSE, 6, "idle")]]
 
 

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 from pyspark.sql import SparkSession
 
-from ppmq.core import events as ev
 from ppmq.cli.main import main
+from ppmq.core import events as ev
 from ppmq.core.events import Event
 from ppmq.server.journal import Journal
 
@@ -43,12 +43,23 @@ def _minute(i: int, m: int) -> list[Event]:
     ts, ids = T0 + m * 60 * NS, list(range(m * BATCH, m * BATCH + _size(i, m)))
     sent = {"topic": "orders", "subscriber": "worker", "pub_ns": [ts] * len(ids)}
     steps = [
-        Event(event=ev.PUBLISH, ts=ts, topic="orders", ids=ids, prio=[0] * len(ids), bytes=[40] * len(ids), expires_ns=[0] * len(ids), replaced=[False] * len(ids)),
+        Event(
+            event=ev.PUBLISH,
+            ts=ts,
+            topic="orders",
+            ids=ids,
+            prio=[0] * len(ids),
+            bytes=[40] * len(ids),
+            expires_ns=[0] * len(ids),
+            replaced=[False] * len(ids),
+        ),
         Event(event=ev.DELIVER, ts=ts + NS // 200, ids=ids, attempts=[1] * len(ids), bytes=[40] * len(ids), **sent),
     ]
     if i % 10 == 3:
         again = {**sent, "pub_ns": [ts] * REDELIVERED}
-        steps.append(Event(event=ev.DELIVER, ts=ts + NS // 100, ids=ids[:REDELIVERED], attempts=[2] * REDELIVERED, bytes=[40] * REDELIVERED, **again))
+        steps.append(
+            Event(event=ev.DELIVER, ts=ts + NS // 100, ids=ids[:REDELIVERED], attempts=[2] * REDELIVERED, bytes=[40] * REDELIVERED, **again)
+        )
     return [*steps, Event(event=ev.ACK, ts=ts + int(_ack_s(i) * NS), topic="orders", subscriber="worker", ids=ids)]
 
 
@@ -93,7 +104,16 @@ def _chromium(out: Path, fragment: str, *args: str) -> subprocess.CompletedProce
     """Run headless Chromium on report.html; `make test` installs it."""
     browser = shutil.which("chromium") or pytest.skip("no chromium (make test installs it)")
     url = (out / "report.html").resolve().as_uri() + fragment
-    command = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--user-data-dir=" + str(out / ".chromium"), *args, url]
+    command = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        "--no-sandbox",
+        "--no-first-run",
+        "--user-data-dir=" + str(out / ".chromium"),
+        *args,
+        url,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
 
 
@@ -125,4 +145,4 @@ def test_the_host_filter_hides_the_other_hosts(out: Path, tmp_path: Path) -> Non
     assert "showing 11 of 50 hosts" in page
     shown = [h for h in HOSTS if f'data-host="{h}">' in page]  # a hidden element's tag goes on with hidden=""
     assert shown == ["h07", *HOSTS[40:]]
-    assert "<div data-fleet=\"\" hidden=\"\">" in page
+    assert '<div data-fleet="" hidden="">' in page

@@ -90,7 +90,9 @@ def test_mixed_record_sizes_and_redeliveries_give_the_known_tables(spark: SparkS
 def test_spark_speaks_on_stderr_only_with_verbose(journal: Path, tmp_path: Path, verbose: bool) -> None:
     """A report in a JVM of its own: without --verbose nothing but its summary line."""
     command = [sys.executable, "-m", "ppmq.cli", "report", str(journal), "--out", str(tmp_path / "out"), "--master", "local[1]"]
-    done = subprocess.run(command + ["--verbose"] * verbose, capture_output=True, text=True, timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    done = subprocess.run(
+        command + ["--verbose"] * verbose, capture_output=True, text=True, timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("343 events from 1 hosts")
     if verbose:

@@ -103,7 +103,7 @@ def test_report_html_is_one_self_contained_page_with_charts(out) -> None:
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 5
     assert all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
-    assert "<td class=\"text\">slow</td>" in page and "<td class=\"text\">beta</td>" in page
+    assert '<td class="text">slow</td>' in page and '<td class="text">beta</td>' in page
     # The images' base64 is left out: "http" turns up in about one page in a hundred by chance.
     text = re.sub(r'src="data:image/png;base64,[^"]+"', "", page).replace("http-equiv", "")
     assert "http" not in text, "nothing is loaded from elsewhere"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from ppmq.core import events as ev
 from ppmq.cli.main import main
+from ppmq.core import events as ev
 from ppmq.core.events import Event
 from ppmq.server.journal import Journal
 from tests.data.make_old_journal import ACKED_AFTER_NS, HOST, NOW, NS

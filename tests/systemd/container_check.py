@@ -130,7 +130,9 @@ def main(results: Path) -> None:
 
 def running_renders() -> list[str]:
     """The ppmq-render@ instances running now: one per connection (Accept=yes)."""
-    out = subprocess.run(["systemctl", "list-units", "ppmq-render@*", "--state=running", "--no-legend", "--plain"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["systemctl", "list-units", "ppmq-render@*", "--state=running", "--no-legend", "--plain"], capture_output=True, text=True
+    ).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 

@@ -34,7 +34,9 @@ BOOT_TIMEOUT_S = 120
 IDLE_EXIT_S = 2  # the example subscriber's --idle-exit in the container
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="systemd-nspawn is missing (tests/systemd/setup.sh installs systemd-container)"),
+    pytest.mark.skipif(
+        shutil.which("systemd-nspawn") is None, reason="systemd-nspawn is missing (tests/systemd/setup.sh installs systemd-container)"
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="booting a container needs root"),
     pytest.mark.skipif(not (VENV / "bin" / "python3").exists(), reason=f"{VENV} is missing (run tests/systemd/setup.sh)"),
 ]
@@ -67,8 +69,19 @@ def install(tree: Path) -> None:
         f"[Service]\nExecStart=\nExecStart=/etc/ppmq/subscribers/%i --idle-exit {IDLE_EXIT_S}\n"
     )
     subprocess.run(
-        ["systemctl", f"--root={tree / 'root'}", "enable", "ppmq.socket", "ppmq.service", "ppmq-subscriber@archive.socket", "ppmq-render.socket", "ppmq-e2e.service"],
-        check=True, capture_output=True, timeout=60,
+        [
+            "systemctl",
+            f"--root={tree / 'root'}",
+            "enable",
+            "ppmq.socket",
+            "ppmq.service",
+            "ppmq-subscriber@archive.socket",
+            "ppmq-render.socket",
+            "ppmq-e2e.service",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     etc = tree / "etc-ppmq"
     (etc / "subscribers").mkdir(parents=True)
@@ -95,8 +108,14 @@ def boot(tree: Path) -> str:
     """Boot until the check unit exits the container; what went wrong, or ''."""
     machine = f"ppmq-test-{uuid.uuid4().hex[:8]}"
     command = [
-        "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--console=pipe",
-        "--volatile=yes", "--directory=/", f"--machine={machine}",
+        "systemd-nspawn",
+        "--quiet",
+        "--register=no",
+        "--keep-unit",
+        "--console=pipe",
+        "--volatile=yes",
+        "--directory=/",
+        f"--machine={machine}",
         f"--bind-ro={tree / 'root/etc/systemd/system'}:/etc/systemd/system",
         f"--bind={tree / 'etc-ppmq'}:/etc/ppmq",
         f"--bind-ro={UNITS / 'sysusers.d/ppmq.conf'}:/etc/sysusers.d/ppmq.conf",
@@ -106,7 +125,9 @@ def boot(tree: Path) -> str:
         f"--bind-ro={REPO / 'src/ppmq'}:/opt/ppmq/{SITE_PACKAGES.relative_to(VENV)}/ppmq",
         f"--overlay-ro=/usr/bin:{tree / 'bin'}:/usr/bin",
         f"--bind={tree / 'results'}:/results",
-        "--boot", "systemd.firstboot=off", "systemd.unit=multi-user.target",
+        "--boot",
+        "systemd.firstboot=off",
+        "systemd.unit=multi-user.target",
     ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S)

@@ -18,6 +18,7 @@ import yaml
 
 from tests.conftest import wait_for
 from tests.systemd.layout import EXAMPLE, PARALLEL
+
 ACTIVATE = shutil.which("systemd-socket-activate")
 
 pytestmark = pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate is missing (apt-get install systemd)")
@@ -36,7 +37,10 @@ def test_the_example_starts_on_the_brokers_first_connection_and_acks_every_messa
     env = {**os.environ, "PPMQ_CONFIG": str(b.config_path), "STATE_DIRECTORY": str(state)}
     log = open(short_tmp / "archive.log", "wb")
     activator = subprocess.Popen(
-        [ACTIVATE, "-l", sock, "--fdname=ppmq", "-E", "PPMQ_CONFIG", "-E", "STATE_DIRECTORY", sys.executable, str(EXAMPLE / "archive")], env=env, stdout=log, stderr=subprocess.STDOUT,
+        [ACTIVATE, "-l", sock, "--fdname=ppmq", "-E", "PPMQ_CONFIG", "-E", "STATE_DIRECTORY", sys.executable, str(EXAMPLE / "archive")],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         # Given the activator listening and the broker not yet running: nothing started
@@ -91,7 +95,9 @@ def test_with_accept_each_connection_runs_its_own_handler_and_three_work_at_once
     log = open(short_tmp / "render.log", "wb")
     activator = subprocess.Popen(
         [ACTIVATE, "--accept", "-l", sock, *passed(env), sys.executable, str(PARALLEL / "render")],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_for(lambda: os.path.exists(sock), what="the activator's socket")

@@ -18,7 +18,12 @@ from ppmq.client import subscriber as kit
 from ppmq.config import load_config
 from tests.systemd.layout import EXAMPLE, PARALLEL, UNITS, install_units
 
-STUBS = ("usr/bin/ppmq", "etc/ppmq/subscribers/archive", "etc/ppmq/subscribers/render", "etc/ppmq/bridge/orders.conf")  # what the units execute
+STUBS = (
+    "usr/bin/ppmq",
+    "etc/ppmq/subscribers/archive",
+    "etc/ppmq/subscribers/render",
+    "etc/ppmq/bridge/orders.conf",
+)  # what the units execute
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("systemd-analyze", "systemd-sysusers", "systemd-tmpfiles")),
@@ -41,7 +46,10 @@ def root(tmp_path: Path) -> Path:
 
 def verify(root: Path, *units: str) -> str:
     done = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", f"--root={root}", *units], capture_output=True, text=True, timeout=60,
+        ["systemd-analyze", "verify", "--man=no", f"--root={root}", *units],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return f"exit {done.returncode}\n{done.stdout}{done.stderr}".strip()
 
@@ -86,7 +94,10 @@ def test_sysusers_creates_the_broker_user_and_the_clients_group(root):
 def test_tmpfiles_creates_the_socket_directories_and_a_private_data_directory(root):
     subprocess.run(["systemd-sysusers", f"--root={root}", str(UNITS / "sysusers.d/ppmq.conf")], check=True, capture_output=True, timeout=60)
     done = subprocess.run(
-        ["systemd-tmpfiles", f"--root={root}", "--create", str(UNITS / "tmpfiles.d/ppmq.conf")], capture_output=True, text=True, timeout=60,
+        ["systemd-tmpfiles", f"--root={root}", "--create", str(UNITS / "tmpfiles.d/ppmq.conf")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
     uid = int(next(line for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("ppmq:")).split(":")[2])
@@ -117,7 +128,17 @@ def test_the_example_config_matches_its_socket_unit_and_the_kit(tmp_path):
 def test_the_example_subscriber_is_sandboxed_to_what_it_needs(root):
     # systemd-analyze's scale is 0-100 here; below 20 (1.9 as printed) it rates SAFE
     done = subprocess.run(
-        ["systemd-analyze", "security", "--offline=yes", f"--root={root}", "--threshold=19", "--no-pager", "ppmq-subscriber@archive.service"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "systemd-analyze",
+            "security",
+            "--offline=yes",
+            f"--root={root}",
+            "--threshold=19",
+            "--no-pager",
+            "ppmq-subscriber@archive.service",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0 and "SAFE" in done.stdout, done.stdout + done.stderr

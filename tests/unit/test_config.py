@@ -94,10 +94,20 @@ def test_ppmqs_own_sample_config_loads_unchanged():
     assert (ips.name, ips.socket, ips.batch_size) == ("iptables-ips", "/tmp/imunify/iptables-ips.sock", 50)
     filescan, ips_topic = config.topics
     assert (filescan.name, filescan.ack_retry, filescan.dedupe, filescan.priorities, filescan.expire, filescan.subscribers) == (
-        "filescan", 0, True, 2, True, ["rt-aibolit"]
+        "filescan",
+        0,
+        True,
+        2,
+        True,
+        ["rt-aibolit"],
     )
     assert (ips_topic.name, ips_topic.ack_retry, ips_topic.dedupe, ips_topic.priorities, ips_topic.expire, ips_topic.subscribers) == (
-        "ips", 300, False, 1, True, ["iptables-ips"]
+        "ips",
+        300,
+        False,
+        1,
+        True,
+        ["iptables-ips"],
     )
 
 
@@ -125,7 +135,9 @@ def test_phpmq_dispatches_have_three_packets_unless_a_topic_asks_for_the_ttl():
     assert [t.phpmq_dispatch_ttl for t in config.topics] == [False, True]
 
 
-@pytest.mark.parametrize(("sub", "window"), [("    BatchSize: 100", 100), ("    BatchSize: 100\n    Window: 7", 7), ("    Window: 300", 300)])
+@pytest.mark.parametrize(
+    ("sub", "window"), [("    BatchSize: 100", 100), ("    BatchSize: 100\n    Window: 7", 7), ("    Window: 300", 300)]
+)
 def test_the_window_defaults_to_the_batch_size(sub, window):
     config = parse_config(config_text(sub=sub), FILE)
     assert config.window(next(s for s in config.subscribers if s.name == "a")) == window
@@ -150,8 +162,21 @@ def test_priorities_at_the_ends_of_the_range_are_accepted(priorities):
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [("90s", 90), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), ("1.5h", 5400), ("1m30s", 90), ("0", 0), ("0s", 0),
-     ("2us", 2e-6), ("3ns", 3e-9), (90, 90), (1.5, 1.5), (0, 0)],
+    [
+        ("90s", 90),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("250ms", 0.25),
+        ("1.5h", 5400),
+        ("1m30s", 90),
+        ("0", 0),
+        ("0s", 0),
+        ("2us", 2e-6),
+        ("3ns", 3e-9),
+        (90, 90),
+        (1.5, 1.5),
+        (0, 0),
+    ],
 )
 def test_durations_are_go_style_strings_or_seconds(value, seconds):
     assert parse_duration(value) == pytest.approx(seconds)
@@ -165,8 +190,17 @@ def test_a_bad_duration_is_rejected(value):
 
 @pytest.mark.parametrize(
     ("value", "size"),
-    [("16MiB", 16 * 2**20), ("4GB", 4 * 10**9), ("4GiB", 4 * 2**30), ("512K", 512_000), ("512KiB", 512 * 1024),
-     ("1B", 1), ("100", 100), (16777216, 16777216), ("16mib", 16 * 2**20)],
+    [
+        ("16MiB", 16 * 2**20),
+        ("4GB", 4 * 10**9),
+        ("4GiB", 4 * 2**30),
+        ("512K", 512_000),
+        ("512KiB", 512 * 1024),
+        ("1B", 1),
+        ("100", 100),
+        (16777216, 16777216),
+        ("16mib", 16 * 2**20),
+    ],
 )
 def test_sizes_are_bytes_or_strings_with_a_unit(value, size):
     assert parse_size(value) == size
@@ -194,7 +228,9 @@ BAD_CONFIGS = {
     "negative duration": (dict(top="RetryMax: -1s  # <-"), "RetryMax", "duration"),
     "bad size": (dict(top="MaxFrameBytes: 1.5GiB  # <-"), "MaxFrameBytes", "size"),
     "unknown subscriber in a topic": (
-        dict(topics="  - Name: u\n    Subscribers:\n      - a\n      - nobody  # <-"), "Topics[1].Subscribers[1]", "unknown subscriber 'nobody'"
+        dict(topics="  - Name: u\n    Subscribers:\n      - a\n      - nobody  # <-"),
+        "Topics[1].Subscribers[1]",
+        "unknown subscriber 'nobody'",
     ),
     "duplicate subscriber": (dict(subs="  - Name: a  # <-\n    Socket: /run/b.sock"), "Subscribers[1].Name", "duplicate name 'a'"),
     "duplicate topic": (dict(topics="  - Name: t  # <-"), "Topics[1].Name", "duplicate name 't'"),
@@ -203,10 +239,14 @@ BAD_CONFIGS = {
     "BatchSize 0": (dict(sub="    BatchSize: 0  # <-"), "Subscribers[0].BatchSize", "at least 1"),
     "Window 0": (dict(sub="    Window: 0  # <-"), "Subscribers[0].Window", "at least 1"),
     "subscriber socket too long": (
-        dict(subs=f"  - Name: b\n    Socket: /{'s' * 107}  # <-"), "Subscribers[1].Socket", "longer than 107 bytes"
+        dict(subs=f"  - Name: b\n    Socket: /{'s' * 107}  # <-"),
+        "Subscribers[1].Socket",
+        "longer than 107 bytes",
     ),
     "PhpmqDispatchTTL without PhpmqSubscriber": (
-        dict(topic="    PhpmqDispatchTTL: true  # <-"), "Topics[0].PhpmqDispatchTTL", "needs PhpmqSubscriber"
+        dict(topic="    PhpmqDispatchTTL: true  # <-"),
+        "Topics[0].PhpmqDispatchTTL",
+        "needs PhpmqSubscriber",
     ),
     "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "bool"),
 }

@@ -76,7 +76,7 @@ def as_user(user: User, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]
             os.setgid(user.gid)
             os.setuid(user.uid)
             out = {"ok": fn(*args)}
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:
             out = {"error": f"{type(exc).__name__}: {exc}"}
         os.write(w, json.dumps(out).encode())
         os._exit(0)
@@ -226,7 +226,9 @@ def test_root_passes_every_rule_unless_allow_root_is_false(broker_factory, open_
 
 
 def test_subscriber_users_decide_who_may_ack_or_reconnect_as_it(broker_factory, open_tmp, users):
-    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666")
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666"
+    )
     ack = {"Topic": "t", "Subscriber": "s", "Acks": ["1"]}
     reconnect = {"Subscriber": "s", "Command": "RECONNECT"}
     assert [r["Status"] for r in ask(users.alice, b.socket, ack, reconnect)] == [200, 200]
@@ -247,7 +249,9 @@ def test_status_users_limit_who_may_ask_status(broker_factory, open_tmp, users):
 
 def test_nacks_rejects_and_touch_follow_the_subscribers_users_as_acks_do(broker_factory, open_tmp, users):
     # Given a message in flight to s, whose Users is alice
-    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666")
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], SocketMode="0666"
+    )
     sub = broker_factory.subscriber(b, "s", ack=None)
     with b.client() as c:
         c.publish("t", [{"Payload": "m"}])
@@ -257,7 +261,9 @@ def test_nacks_rejects_and_touch_follow_the_subscribers_users_as_acks_do(broker_
     refused = ask(users.bob, b.socket, *gives)
     # Then each is refused, naming its key, and the message stays in flight, not even counted as ignored
     assert statuses(refused) == [403, 403, 403]
-    assert [r["Error"] for r in refused] == [f"{f}: uid {users.bob.uid} may not act as subscriber 's' (Users)" for f in ("Touch", "Nacks", "Rejects")]
+    assert [r["Error"] for r in refused] == [
+        f"{f}: uid {users.bob.uid} may not act as subscriber 's' (Users)" for f in ("Touch", "Nacks", "Rejects")
+    ]
     assert {k: b.sub_status("t", "s")[k] for k in ("InFlight", "IgnoredAcks")} == {"InFlight": 1, "IgnoredAcks": 0}
     assert b.status()["Forbidden"] == 3
     # And alice, one of s's Users, may: her nack has it delivered again, her reject drops it
@@ -286,8 +292,11 @@ OPERATOR_COMMANDS = (
 def test_operator_commands_need_admin_users_and_status_users_are_not_enough(broker_factory, open_tmp, users):
     # Given a message waiting for s, STATUS open to alice and bob, the operator commands to alice's group
     b = broker_factory(
-        with_dead_letter("s"), ["s"], SocketMode="0666",
-        StatusUsers=[users.alice.name, users.bob.name], AdminUsers=[f"@{users.group}", "nobody-ppmq"],
+        with_dead_letter("s"),
+        ["s"],
+        SocketMode="0666",
+        StatusUsers=[users.alice.name, users.bob.name],
+        AdminUsers=[f"@{users.group}", "nobody-ppmq"],
     )
     with b.client() as c:
         c.publish("t", [{"Payload": "secret payload"}])
@@ -295,7 +304,9 @@ def test_operator_commands_need_admin_users_and_status_users_are_not_enough(brok
     refused = ask(users.bob, b.socket, *OPERATOR_COMMANDS, {"Command": "STATUS"})
     # Then each is refused, shows no payload, and is logged once and counted
     assert statuses(refused) == [403, 403, 403, 403, 403, 200]
-    assert [r["Error"] for r in refused[:-1]] == [f"Command: uid {users.bob.uid} may not send {w['Command']} (AdminUsers)" for w in OPERATOR_COMMANDS]
+    assert [r["Error"] for r in refused[:-1]] == [
+        f"Command: uid {users.bob.uid} may not send {w['Command']} (AdminUsers)" for w in OPERATOR_COMMANDS
+    ]
     assert all("Body" not in r and "secret" not in r["Error"] for r in refused[:-1])
     assert b.status()["Forbidden"] == 5
     assert b.log.count(f"refused (403) to user {users.bob.name}") == 1
@@ -315,7 +326,12 @@ def test_operator_commands_need_admin_users_and_status_users_are_not_enough(brok
     ids=["list-root-allowed", "list-root-refused", "default-root-is-the-brokers-user"],
 )
 def test_admin_users_admit_root_unless_allow_root_is_false_and_by_default_the_brokers_own_user(
-    broker_factory, open_tmp, users, admin_list, allow_root, root_refused,
+    broker_factory,
+    open_tmp,
+    users,
+    admin_list,
+    allow_root,
+    root_refused,
 ):
     admins = {"AdminUsers": [users.alice.name]} if admin_list else {}
     b = broker_factory(with_dead_letter("s"), ["s"], AllowRoot=allow_root, **admins)
@@ -342,7 +358,9 @@ def test_ping_is_anyones_and_status_of_one_topic_keeps_the_status_users_rule(bro
 
 def test_acks_on_a_subscribers_own_delivery_connection_are_its_own_whoever_runs_it(broker_factory, open_tmp, users):
     # Given a subscriber whose Users does not name root, run by root with the owner check off
-    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], AllowRoot=False)
+    b = broker_factory(
+        [{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}], AllowRoot=False
+    )
     sub = Subscriber(b.sub_socket("s"), ack="connection")
     try:
         with b.client() as c:
@@ -360,7 +378,9 @@ def test_acks_on_a_subscribers_own_delivery_connection_are_its_own_whoever_runs_
 
 def test_a_subscriber_socket_owned_by_another_user_is_refused_until_its_own_user_listens(broker_factory, open_tmp, users):
     b = broker_factory(
-        [{"Name": "t", "Subscribers": ["s"]}], [{"Name": "s", "Users": [users.alice.name]}], RetryMax="300ms",
+        [{"Name": "t", "Subscribers": ["s"]}],
+        [{"Name": "s", "Users": [users.alice.name]}],
+        RetryMax="300ms",
     )
     with b.client() as c:
         c.publish("t", [{"Payload": "for alice only"}])
@@ -428,7 +448,8 @@ def test_a_delivery_connection_carries_only_its_own_subscribers_acks_and_reconne
     # with s's socket listened on by root (as systemd's socket units listen)
     b = broker_factory(
         [{"Name": "t", "Subscribers": ["s", "r"]}, {"Name": "closed", "Publishers": [users.alice.name]}],
-        ["s", "r"], StatusUsers=[users.alice.name],
+        ["s", "r"],
+        StatusUsers=[users.alice.name],
     )
     end = DeliveryEnd(b.sub_socket("s"))
     try:
@@ -446,7 +467,10 @@ def test_a_delivery_connection_carries_only_its_own_subscribers_acks_and_reconne
         )
         # Then everything but s's own ack and RECONNECT is refused, and nothing of it happened
         assert [r["Status"] for r in replies] == [403, 403, 403, 403, 200, 200]
-        assert replies[0]["Error"] == "Messages: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
+        assert (
+            replies[0]["Error"]
+            == "Messages: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
+        )
         assert replies[2]["Error"].startswith("Subscriber: the delivery connection of subscriber 's'")
         status = b.status()
         assert status["Topics"]["closed"]["Published"] == 0
@@ -461,7 +485,8 @@ def test_a_delivery_connection_carries_its_own_subscribers_nacks_rejects_and_tou
     # Given subscribers s and r, s's Users not naming root, and s's socket listened on by root
     b = broker_factory(
         with_dead_letter("s", "r"),
-        [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}, "r"], AllowRoot=False,
+        [{"Name": "s", "Users": [users.alice.name], "CheckOwner": False}, "r"],
+        AllowRoot=False,
     )
     end = DeliveryEnd(b.sub_socket("s"))
     try:
@@ -473,7 +498,10 @@ def test_a_delivery_connection_carries_its_own_subscribers_nacks_rejects_and_tou
         refused = end.ask(*(dict(g, Subscriber="r") for g in gives), {"Command": "PING"}, *OPERATOR_COMMANDS)
         # Then all is refused, and r's copy is untouched
         assert statuses(refused) == [403] * (4 + len(OPERATOR_COMMANDS))
-        assert refused[0]["Error"] == "Subscriber: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
+        assert (
+            refused[0]["Error"]
+            == "Subscriber: the delivery connection of subscriber 's' carries only its Acks, Nacks, Rejects, Touch and RECONNECT"
+        )
         assert refused[3]["Error"].startswith("Command: the delivery connection of subscriber 's'")
         assert b.sub_status("t", "r")["IgnoredAcks"] == 0
         assert b.status()["Forbidden"] == 4 + len(OPERATOR_COMMANDS)

@@ -155,7 +155,8 @@ def wrapper(**fields: object) -> bytes:
 REJECTED = [
     pytest.param(third_is("nope", {"Payload": "x"}), 404, r"^Topic: unknown topic 'nope'$", id="unknown topic"),
     pytest.param(
-        third_is("t", {"Payload": "x", "Priority": 5}), 400,
+        third_is("t", {"Payload": "x", "Priority": 5}),
+        400,
         "^" + re.escape("Messages[2].Priority: 5 is out of range 0..1 for topic 't'") + "$",
         id="priority above the range",
     ),
@@ -166,23 +167,33 @@ REJECTED = [
     pytest.param(third_is("d", {"Payload": "x"}), 400, r"^Messages\[2\]\.Key: ", id="key missing on a dedupe topic"),
     pytest.param(third_is("d", {"Payload": "x", "Key": ""}), 400, r"^Messages\[2\]\.Key: ", id="key empty on a dedupe topic"),
     pytest.param(
-        third_is("t", {"Payload": "x" * MAX_MESSAGE_BYTES}), 413, r"^Messages\[2\]\.Payload: .*MaxMessageBytes",
+        third_is("t", {"Payload": "x" * MAX_MESSAGE_BYTES}),
+        413,
+        r"^Messages\[2\]\.Payload: .*MaxMessageBytes",
         id="payload over MaxMessageBytes",
     ),
     pytest.param(third_is("t", {"Payload": "x", "Expires": "tomorrow"}), 400, r"^Messages\[2\]\.Expires: ", id="Expires not a time"),
     pytest.param(third_is("t", {"Payload": "x", "Expires": -5}), 400, r"^Messages\[2\]\.Expires: ", id="Expires before 1970"),
     pytest.param(
-        third_is("t", {"Payload": "x", "Expires": "2099-01-01T00:00:00Z", "TTL": 60}), 400,
-        r"^Messages\[2\]\.(TTL|Expires): ", id="both Expires and TTL",
+        third_is("t", {"Payload": "x", "Expires": "2099-01-01T00:00:00Z", "TTL": 60}),
+        400,
+        r"^Messages\[2\]\.(TTL|Expires): ",
+        id="both Expires and TTL",
     ),
     pytest.param(third_is("t", {"Payload": "x", "TTL": -5}), 400, r"^Messages\[2\]\.TTL: ", id="negative TTL"),
     pytest.param(
-        third_is("t", b'{"Payload": "caf\xe9", "Key": "k2"}'), 400, r"^Messages\[2\]\.Payload: ",
+        third_is("t", b'{"Payload": "caf\xe9", "Key": "k2"}'),
+        400,
+        r"^Messages\[2\]\.Payload: ",
         id="bytes that are not UTF-8",
     ),
     *(
-        pytest.param(third_is("t", b'{"Payload": "x", "Key": "k2", "%s": %s}' % (field.encode(), value)), 400,
-                     r"^Messages\[2\]\.%s: " % field, id=f"{field} of {value.decode()[:12]}")
+        pytest.param(
+            third_is("t", b'{"Payload": "x", "Key": "k2", "%s": %s}' % (field.encode(), value)),
+            400,
+            r"^Messages\[2\]\.%s: " % field,
+            id=f"{field} of {value.decode()[:12]}",
+        )
         for field in ("Expires", "NotBefore", "TTL", "Delay")
         for value in (b"1e308", b"-1e308", b"1" + b"0" * 400, b"-1" + b"0" * 30, b'"NaN"')
     ),
@@ -195,11 +206,15 @@ REJECTED = [
     pytest.param(wrapper(Topic="t", Subscriber="ghost", Acks=["1"]), 404, r"^Subscriber: .*'ghost'", id="acks from an unknown subscriber"),
     pytest.param(wrapper(Subscriber="ghost", Command="RECONNECT"), 404, r"^Subscriber: .*'ghost'", id="reconnect of an unknown subscriber"),
     pytest.param(
-        wrapper(Topic="t", Messages=[{"Payload": "x"}], Subscriber="ghost", Acks=["1"]), 404, r"^Subscriber: ",
+        wrapper(Topic="t", Messages=[{"Payload": "x"}], Subscriber="ghost", Acks=["1"]),
+        404,
+        r"^Subscriber: ",
         id="good messages with acks from an unknown subscriber",
     ),
     pytest.param(
-        wrapper(Topic="t", Messages=[{"Payload": "x"}], Command="FLUSH"), 400, r"^Command: ",
+        wrapper(Topic="t", Messages=[{"Payload": "x"}], Command="FLUSH"),
+        400,
+        r"^Command: ",
         id="good messages with an unknown command",
     ),
 ]
@@ -296,9 +311,7 @@ ODD = [
 
 
 @pytest.mark.parametrize(("request_bytes", "rid", "statuses", "delivered"), ODD)
-def test_odd_input_is_answered_or_counted_and_the_broker_keeps_serving_other_connections(
-    broker, request_bytes, rid, statuses, delivered
-):
+def test_odd_input_is_answered_or_counted_and_the_broker_keeps_serving_other_connections(broker, request_bytes, rid, statuses, delivered):
     b, sub = broker
     with Conn(b.socket) as other, Conn(b.socket) as c:
         before = other.ask(STATUS)["Body"]
@@ -500,7 +513,7 @@ def test_thousands_of_connections_leave_the_broker_serving_and_its_descriptors_r
 
 # --- framing that Go's json.Decoder accepts (PROTOCOL §1) -----------------------------------
 
-PAYLOADS = [{"a": [1, 2], "s": "x } { y"}, "}{", ["{", "[", "\"}"]]
+PAYLOADS = [{"a": [1, 2], "s": "x } { y"}, "}{", ["{", "[", '"}']]
 
 
 def as_requests(keys: tuple[str, str, str, str] = ("Id", "Topic", "Messages", "Payload")) -> list[dict]:
@@ -514,7 +527,8 @@ FRAMINGS = [
     pytest.param(b" \t ".join(json.dumps(r).encode() for r in as_requests()) + b"\r\n", 1 << 16, id="objects separated by blanks"),
     pytest.param(
         b"\n".join(json.dumps(r, indent="\t").encode() for r in as_requests(("id", "topic", "messages", "payload"))),
-        1 << 16, id="Go's lower-case keys, tab-indented, no final newline",
+        1 << 16,
+        id="Go's lower-case keys, tab-indented, no final newline",
     ),
     pytest.param(b"".join(frame(r) for r in as_requests()), 1, id="lines sent one byte at a time"),
     pytest.param(b"\n".join(json.dumps(r, indent=1).encode() for r in as_requests()) + b"\n", 7, id="pretty-printed in 7-byte pieces"),

@@ -184,7 +184,11 @@ def test_bridge_to_publishes_every_topic_of_the_subscriber_with_msg_ids_and_acks
     wait_for(lambda: nats_server.count() == 5 and drained(b, "t") and drained(b, "d"), what="5 messages, all acked")
     # Then each message is on PREFIX + topic with its payload as JSON and Msg-Id topic:key[:PUBLISHED_NS]
     stored = nats_server.stored()
-    assert [(m.subject, m.data) for m in stored if m.subject == "ppmq.t"] == [("ppmq.t", b'{"n":1}'), ("ppmq.t", b'"two"'), ("ppmq.t", b"[3]")]
+    assert [(m.subject, m.data) for m in stored if m.subject == "ppmq.t"] == [
+        ("ppmq.t", b'{"n":1}'),
+        ("ppmq.t", b'"two"'),
+        ("ppmq.t", b"[3]"),
+    ]
     assert [m.headers["Nats-Msg-Id"] for m in stored if m.subject == "ppmq.t"] == ["t:1", "t:2", "t:3"]
     versions = [m for m in stored if m.subject == "ppmq.d"]
     assert [m.data for m in versions] == [b'"v1"', b'"v2"']

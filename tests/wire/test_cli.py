@@ -35,9 +35,7 @@ PPMQ = [sys.executable, "-m", "ppmq.cli"]
 
 
 def ppmq(*args: object, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*PPMQ, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=WAIT_S, env=env or ENV
-    )
+    return subprocess.run([*PPMQ, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=WAIT_S, env=env or ENV)
 
 
 @pytest.fixture
@@ -102,7 +100,8 @@ STDIN_GO_STYLE = '{"payload": "x", "priority": 1, "expires": "0001-01-01T00:00:0
     [
         (["t", "hello", "wide world"], None, [("hello", 0, None), ("wide world", 0, None)]),
         (
-            ["t", "--json", '{"a": [1, 2]}', "[1, 2]", "3", '"s"', "null"], None,
+            ["t", "--json", '{"a": [1, 2]}', "[1, 2]", "3", '"s"', "null"],
+            None,
             [({"a": [1, 2]}, 0, None), ([1, 2], 0, None), (3, 0, None), ("s", 0, None), (None, 0, None)],
         ),
         (["t", "a", "b", "--priority", "2"], None, [("a", 2, None), ("b", 2, None)]),
@@ -112,8 +111,16 @@ STDIN_GO_STYLE = '{"payload": "x", "priority": 1, "expires": "0001-01-01T00:00:0
         (["t", "-"], STDIN_MESSAGES, [({"n": 1}, 0, None), ("mid", 1, None), ("low", 2, None)]),
         (["t", "-"], STDIN_GO_STYLE, [("y", 0, None), ("x", 1, None)]),
     ],
-    ids=["strings", "json values", "priority after the payloads", "priority between payloads", "key", "json with key",
-         "stdin", "stdin in Go's spelling with CRLF"],
+    ids=[
+        "strings",
+        "json values",
+        "priority after the payloads",
+        "priority between payloads",
+        "key",
+        "json with key",
+        "stdin",
+        "stdin in Go's spelling with CRLF",
+    ],
 )
 def test_publish_waits_for_the_broker_and_the_subscriber_receives_what_was_given(broker, broker_factory, args, stdin, expected):
     sub = broker_factory.subscriber(broker, "s")
@@ -146,8 +153,16 @@ def test_publish_with_ttl_delivers_a_message_that_expires_that_many_seconds_late
         (["ack", "t", "ghost", "1"], None, "unknown subscriber 'ghost'"),
         (["reconnect", "s", "--topic", "nope"], None, "unknown topic 'nope'"),
     ],
-    ids=["unknown topic", "priority out of range", "no key on a dedupe topic", "bad message on stdin",
-         "bad JSON on stdin", "not an object on stdin", "ack by an unknown subscriber", "reconnect on an unknown topic"],
+    ids=[
+        "unknown topic",
+        "priority out of range",
+        "no key on a dedupe topic",
+        "bad message on stdin",
+        "bad JSON on stdin",
+        "not an object on stdin",
+        "ack by an unknown subscriber",
+        "reconnect on an unknown topic",
+    ],
 )
 def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_nothing(broker, args, stdin, error):
     r = ppmq(args[0], "-c", broker.config_path, *args[1:], stdin=stdin)
@@ -170,8 +185,17 @@ def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_n
         ["status", "-c", "x.yaml", "--bogus"],
         ["listen"],
     ],
-    ids=["no command", "unknown command", "publish without topic", "priority not a number", "ttl without value",
-         "ack without keys", "reconnect without subscriber", "unknown option", "listen without socket"],
+    ids=[
+        "no command",
+        "unknown command",
+        "publish without topic",
+        "priority not a number",
+        "ttl without value",
+        "ack without keys",
+        "reconnect without subscriber",
+        "unknown option",
+        "listen without socket",
+    ],
 )
 def test_a_usage_error_exits_2_with_the_usage_on_stderr(args):
     r = ppmq(*args)
@@ -262,9 +286,9 @@ def status_json(b) -> dict:
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
     for t in body["Topics"].values():
-        assert TOPIC_KEYS <= t.keys()
+        assert t.keys() >= TOPIC_KEYS
         for s in t["Subscribers"].values():
-            assert SUBSCRIBER_KEYS <= s.keys()
+            assert s.keys() >= SUBSCRIBER_KEYS
     return body
 
 
@@ -336,9 +360,18 @@ def test_config_defaults_to_ppmq_config_from_the_environment(broker):
 @pytest.mark.parametrize(
     "args",
     [
-        ["publish", "t", "x"], ["ack", "t", "s", "1"], ["reconnect", "s"], ["status"], ["nack", "t", "s", "1"],
-        ["reject", "t", "s", "1"], ["peek", "t"], ["purge", "t", "--yes"], ["redrive", "t"], ["pause", "s"],
-        ["resume", "s"], ["ping"],
+        ["publish", "t", "x"],
+        ["ack", "t", "s", "1"],
+        ["reconnect", "s"],
+        ["status"],
+        ["nack", "t", "s", "1"],
+        ["reject", "t", "s", "1"],
+        ["peek", "t"],
+        ["purge", "t", "--yes"],
+        ["redrive", "t"],
+        ["pause", "s"],
+        ["resume", "s"],
+        ["ping"],
     ],
     ids=["publish", "ack", "reconnect", "status", "nack", "reject", "peek", "purge", "redrive", "pause", "resume", "ping"],
 )

@@ -113,10 +113,24 @@ def _read_pty(fd: int, until: str | None = None) -> str:
         ["publish", "-c", "x.yaml", "u", "x", "--delay", "nan"],
         ["status", "-c", "x.yaml", "--topic"],
     ],
-    ids=["bad state", "limit 0", "limit not a number", "peek without topic", "nack without keys", "negative delay",
-         "delay not a number", "reject without keys", "purge without topic", "key without value",
-         "redrive without topic", "pause without subscriber", "topic without value", "ping with an argument",
-         "publish delay nan", "status topic without value"],
+    ids=[
+        "bad state",
+        "limit 0",
+        "limit not a number",
+        "peek without topic",
+        "nack without keys",
+        "negative delay",
+        "delay not a number",
+        "reject without keys",
+        "purge without topic",
+        "key without value",
+        "redrive without topic",
+        "pause without subscriber",
+        "topic without value",
+        "ping with an argument",
+        "publish delay nan",
+        "status topic without value",
+    ],
 )
 def test_a_usage_error_of_a_control_command_exits_2_with_the_usage_on_stderr(args):
     r = ppmq(*args)
@@ -135,9 +149,7 @@ def test_purge_without_yes_and_without_a_terminal_refuses_with_exit_2_and_purges
     assert stored(broker)["u"] == 3
 
 
-@pytest.mark.parametrize(
-    "answer", [b"n\n", b"\n", b"no\n", b"yess\n", b"\x04"], ids=["n", "just enter", "no", "yess", "end of input"]
-)
+@pytest.mark.parametrize("answer", [b"n\n", b"\n", b"no\n", b"yess\n", b"\x04"], ids=["n", "just enter", "no", "yess", "end of input"])
 def test_purge_on_a_terminal_asks_first_and_anything_but_y_or_yes_exits_1_with_nothing_purged(broker, answer):
     # Given three ready messages
     publish(broker, "u", "a", "b", "c")
@@ -337,9 +349,17 @@ def test_publish_with_a_delay_delivers_the_message_no_earlier(broker, broker_fac
         (["resume", "s", "--topic", "nope"], "404: "),
         (["status", "--topic", "nope"], "404: "),
     ],
-    ids=["nack by an unknown subscriber", "reject on an unknown topic", "peek at an unknown topic", "peek over 1000",
-         "purge an unknown topic", "redrive a topic that is nobody's DeadLetter", "pause an unknown subscriber",
-         "resume on an unknown topic", "status of an unknown topic"],
+    ids=[
+        "nack by an unknown subscriber",
+        "reject on an unknown topic",
+        "peek at an unknown topic",
+        "peek over 1000",
+        "purge an unknown topic",
+        "redrive a topic that is nobody's DeadLetter",
+        "pause an unknown subscriber",
+        "resume on an unknown topic",
+        "status of an unknown topic",
+    ],
 )
 def test_a_request_the_broker_refuses_exits_1_with_its_error_on_stderr(broker, args, error):
     publish(broker, "u", "kept")

@@ -309,7 +309,9 @@ class CrashRun:
         for (t, m), holders in snap.holders.items():
             payload = msgspec.json.decode(snap.bodies[(t, m)].fragment)["Payload"]
             held.update((sub_names[s], topic_names[t], payload) for s in holders)
-        missing = [(s, "work", p) for p in self.confirmed_work() for s in SUBSCRIBERS if (s, "work", p) not in held and not self.received(s, p)]
+        missing = [
+            (s, "work", p) for p in self.confirmed_work() for s in SUBSCRIBERS if (s, "work", p) not in held and not self.received(s, p)
+        ]
         missing += [("a", "auto", p) for p in self.confirmed_auto() if ("a", "auto", p) not in held and not self.received("a", p)]
         missing += [("a", "dd", k) for k in self.dd_behind(held)]
         assert not missing, f"confirmed but neither delivered nor stored: {missing[:10]} ({len(missing)} in all)"

@@ -20,7 +20,7 @@ def journal_segments(b: BrokerProcess) -> list[str]:
 
 def journaled_publishes(b: BrokerProcess) -> int:
     """Publish records in the segment being written (the journal flushes every batch of steps)."""
-    (active,) = [p for p in Path(b.config["DataPath"], "journal").glob("*.jsonl")]
+    (active,) = list(Path(b.config["DataPath"], "journal").glob("*.jsonl"))
     return sum(json.loads(line)["Event"] == "publish" for line in active.read_text().splitlines())
 
 

@@ -96,8 +96,14 @@ def test_an_expired_message_is_never_delivered_and_is_removed_also_when_in_fligh
     b = broker_factory([{"Name": "t", "Expire": True, "Subscribers": ["s", "late"]}], ["s", "late"])
     sub = broker_factory.subscriber(b, "s", ack=None)
     with b.client() as c:
-        c.publish("t", [{"Payload": "short", "TTL": 1}, {"Payload": "past", "Expires": "2001-01-01T00:00:00Z"},
-                        {"Payload": "never", "Expires": "0001-01-01T00:00:00Z"}])
+        c.publish(
+            "t",
+            [
+                {"Payload": "short", "TTL": 1},
+                {"Payload": "past", "Expires": "2001-01-01T00:00:00Z"},
+                {"Payload": "never", "Expires": "0001-01-01T00:00:00Z"},
+            ],
+        )
     got = sub.wait_messages(2)
     assert [m["Payload"] for m in got] == ["short", "never"]
     assert "Expires" in got[0] and "Expires" not in got[1]

@@ -110,7 +110,9 @@ def test_a_rejected_message_is_dead_lettered_with_its_origin_and_redrive_brings_
     assert request(b, Topic="t", Subscriber="s", Rejects=[key])["Accepted"] == 1
     # Then a copy waits in the dead-letter topic, with where it came from and why
     peeked = request(b, Command="PEEK", Topic="dead")["Body"]["Messages"]
-    assert [(m["Payload"], m["Subscriber"], m["State"], m["Origin"]["Reason"]) for m in peeked] == [({"n": 1}, "archive", "ready", "rejected")]
+    assert [(m["Payload"], m["Subscriber"], m["State"], m["Origin"]["Reason"]) for m in peeked] == [
+        ({"n": 1}, "archive", "ready", "rejected")
+    ]
     assert b.sub_status("t", "s")["DeadLettered"] == 1 and b.status()["Topics"]["t"]["Stored"] == 0
     archive = broker_factory.subscriber(b, "archive", ack=None)
     origin = archive.wait_messages(1)[0]["Origin"]
@@ -149,8 +151,10 @@ def test_redrive_restores_the_priority_that_a_dead_letter_topic_of_fewer_priorit
 
 def test_redrive_of_a_dead_letter_whose_origin_an_older_ppmq_wrote_without_priority_keeps_the_copys(broker_factory):
     # Given the store of an older ppmq holding a dead letter of priority 1 whose Origin has no Priority
-    topics = [{"Name": "jobs", "Priorities": 2, "Subscribers": ["w"], "DeadLetter": "dead"},
-              {"Name": "dead", "Priorities": 2, "Subscribers": ["archive"]}]
+    topics = [
+        {"Name": "jobs", "Priorities": 2, "Subscribers": ["w"], "DeadLetter": "dead"},
+        {"Name": "dead", "Priorities": 2, "Subscribers": ["archive"]},
+    ]
     b = broker_factory(topics, ["w", "archive"], start=False)
     with tarfile.open(DATA / "dead-letter-store.tar.gz") as tar:
         tar.extractall(b.config["DataPath"], filter="data")
@@ -171,8 +175,10 @@ def test_redrive_of_a_topic_that_is_no_dead_letter_topic_is_refused(broker_facto
 
 
 def test_expired_messages_are_dead_lettered_when_the_topic_says_so(broker_factory):
-    topics = [{"Name": "t", "Subscribers": ["s"], "Expire": True, "DeadLetter": "dead", "DeadLetterReasons": ["expired"]},
-              {"Name": "dead", "Subscribers": ["archive"]}]
+    topics = [
+        {"Name": "t", "Subscribers": ["s"], "Expire": True, "DeadLetter": "dead", "DeadLetterReasons": ["expired"]},
+        {"Name": "dead", "Subscribers": ["archive"]},
+    ]
     b = broker_factory(topics, ["s", "archive"])
     with b.client() as c:
         c.publish("t", [{"Payload": 1, "TTL": 0.2}])
@@ -238,22 +244,39 @@ def test_peek_pages_through_ready_then_in_flight_messages_without_changing_them(
             break
     # Then every message is listed once, ready first in queue order, then in flight with a deadline
     assert [(m["Payload"], m["State"], m["Attempt"]) for m in seen] == [
-        (2, "ready", 0), (3, "ready", 0), (4, "ready", 0), (0, "inflight", 1), (1, "inflight", 1)]
+        (2, "ready", 0),
+        (3, "ready", 0),
+        (4, "ready", 0),
+        (0, "inflight", 1),
+        (1, "inflight", 1),
+    ]
     assert all(m["Deadline"] for m in seen[3:]) and not any(m["Deadline"] for m in seen[:3])
     assert counts(b) == before
 
 
-@pytest.mark.parametrize("wrapper, expected", [
-    ({"Command": "PEEK", "Topic": "t", "Limit": 1001}, (400, "Limit: 1001 is out of range 1..1000")),
-    ({"Command": "PEEK", "Topic": "t", "State": "gone"}, (400, "State: 'gone' is not one of ready, inflight")),
-    ({"Command": "PEEK", "Topic": "t", "After": "!!"}, (400, "After: not a Next cursor of a PEEK reply")),
-    ({"Command": "PURGE", "Topic": "nope"}, (404, "Topic: unknown topic 'nope'")),
-    ({"Topic": "t", "Subscriber": "s", "Nacks": ["1"], "Delay": -1}, (400, "Delay: -1 must be a number of seconds from 0 to 1e9")),
-    ({"Topic": "t", "Subscriber": "s", "Acks": ["1"], "Delay": 1}, (400, "Delay: only with Nacks (a message waits with its own Delay or NotBefore)")),
-    ({"Topic": "t", "Messages": [{"Payload": 1, "Delay": 1, "NotBefore": 5}]}, (400, "Messages[0].NotBefore: give either Delay or NotBefore, not both")),
-    ({"Topic": "t", "Messages": [{"Payload": 1, "Delay": -2}]}, (400, "Messages[0].Delay: -2 must be a number of seconds from 0 to 1e9")),
-    ({"Command": "PAUSE"}, (400, "Subscriber: required with PAUSE")),
-])
+@pytest.mark.parametrize(
+    "wrapper, expected",
+    [
+        ({"Command": "PEEK", "Topic": "t", "Limit": 1001}, (400, "Limit: 1001 is out of range 1..1000")),
+        ({"Command": "PEEK", "Topic": "t", "State": "gone"}, (400, "State: 'gone' is not one of ready, inflight")),
+        ({"Command": "PEEK", "Topic": "t", "After": "!!"}, (400, "After: not a Next cursor of a PEEK reply")),
+        ({"Command": "PURGE", "Topic": "nope"}, (404, "Topic: unknown topic 'nope'")),
+        ({"Topic": "t", "Subscriber": "s", "Nacks": ["1"], "Delay": -1}, (400, "Delay: -1 must be a number of seconds from 0 to 1e9")),
+        (
+            {"Topic": "t", "Subscriber": "s", "Acks": ["1"], "Delay": 1},
+            (400, "Delay: only with Nacks (a message waits with its own Delay or NotBefore)"),
+        ),
+        (
+            {"Topic": "t", "Messages": [{"Payload": 1, "Delay": 1, "NotBefore": 5}]},
+            (400, "Messages[0].NotBefore: give either Delay or NotBefore, not both"),
+        ),
+        (
+            {"Topic": "t", "Messages": [{"Payload": 1, "Delay": -2}]},
+            (400, "Messages[0].Delay: -2 must be a number of seconds from 0 to 1e9"),
+        ),
+        ({"Command": "PAUSE"}, (400, "Subscriber: required with PAUSE")),
+    ],
+)
 def test_bad_delivery_control_input_is_refused_naming_the_field_and_changes_nothing(broker_factory, wrapper, expected):
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
     with b.client() as c:

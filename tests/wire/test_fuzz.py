@@ -67,7 +67,13 @@ class Fuzzed:
         ]
         subs = ["s", "q", {"Name": "p", "Pull": True, "Socket": None}]
         config = make_config(
-            tmp, topics, subs, MaxFrameBytes="256KiB", MaxMessageBytes="8KiB", Sync=False, PhpmqSocket=str(tmp / "phpmq.sock"),
+            tmp,
+            topics,
+            subs,
+            MaxFrameBytes="256KiB",
+            MaxMessageBytes="8KiB",
+            Sync=False,
+            PhpmqSocket=str(tmp / "phpmq.sock"),
         )
         self.broker = BrokerProcess(tmp, config).start()
         self.subscriber = Subscriber(self.broker.sub_socket("s"))
@@ -109,8 +115,21 @@ NUMBERS = st.one_of(
 STRINGS = st.one_of(
     st.text().map(lambda s: json.dumps(s, ensure_ascii=False)),
     st.text().map(json.dumps),
-    st.sampled_from(['"\\ud800"', '"\\udc00x"', '"\\ud800\\udc00"', '"\\u0000"', '"\u2028\u2029"', '"\ufeff"', '"\U0001f600"',
-                     '"0001-01-01T00:00:00Z"', '"2026-13-45T99:99:99Z"', '"2030-01-01T00:00:00+01:00"', '""']),
+    st.sampled_from(
+        [
+            '"\\ud800"',
+            '"\\udc00x"',
+            '"\\ud800\\udc00"',
+            '"\\u0000"',
+            '"\u2028\u2029"',
+            '"\ufeff"',
+            '"\U0001f600"',
+            '"0001-01-01T00:00:00Z"',
+            '"2026-13-45T99:99:99Z"',
+            '"2030-01-01T00:00:00+01:00"',
+            '""',
+        ]
+    ),
 )
 SCALARS = st.one_of(st.sampled_from(["null", "true", "false"]), NUMBERS, STRINGS)
 
@@ -152,16 +171,20 @@ def obj(fields: list[st.SearchStrategy[str]], head: str = "") -> st.SearchStrate
     odd_key = st.text(max_size=10).filter(lambda k: k.lower() != "id").map(json.dumps)
     extra = st.tuples(odd_key, WRONG).map(lambda kv: f"{kv[0]}:{kv[1]}")
     chosen = st.lists(st.one_of(*fields), max_size=len(fields)) if fields else st.just([])
-    return st.tuples(chosen, st.lists(extra, max_size=1)).map(lambda parts: "{" + ",".join(([head] if head else []) + parts[0] + parts[1]) + "}")
+    return st.tuples(chosen, st.lists(extra, max_size=1)).map(
+        lambda parts: "{" + ",".join(([head] if head else []) + parts[0] + parts[1]) + "}"
+    )
 
 
-MESSAGE = obj([
-    field("Key", st.one_of(st.just('"k"'), STRINGS)),
-    field("Payload", JSON),
-    field("Expires", st.one_of(st.integers(-10, 2**40).map(str), STRINGS)),
-    field("TTL", NUMBERS),
-    field("Priority", st.integers(-3, 5).map(str)),
-])
+MESSAGE = obj(
+    [
+        field("Key", st.one_of(st.just('"k"'), STRINGS)),
+        field("Payload", JSON),
+        field("Expires", st.one_of(st.integers(-10, 2**40).map(str), STRINGS)),
+        field("TTL", NUMBERS),
+        field("Priority", st.integers(-3, 5).map(str)),
+    ]
+)
 NAMES = st.sampled_from(['"t"', '"d"', '"s"', '"nope"', '""'])
 
 
@@ -209,8 +232,32 @@ VALID = [
     b'{\n  "Id": "v4",\n  "Command": "STATUS"\n}',
     b'{"topic":"t","messages":[{"payload":"go","expires":"0001-01-01T00:00:00Z"}]}{"Id":5,"Command":"STATUS"}',
 ]
-PUNCTUATION = [b"{", b"}", b"[", b"]", b'"', b"\\", b":", b",", b"\n", b" ", b"\r\n", b'"Id"', b'"Messages"', b'"Payload"',
-               b"1e999", b"-", b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\\u", b"\x00", b"null", b"}{", b"\t"]
+PUNCTUATION = [
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b"\\",
+    b":",
+    b",",
+    b"\n",
+    b" ",
+    b"\r\n",
+    b'"Id"',
+    b'"Messages"',
+    b'"Payload"',
+    b"1e999",
+    b"-",
+    b"\xff",
+    b"\xc3\x28",
+    b"\xed\xa0\x80",
+    b"\\u",
+    b"\x00",
+    b"null",
+    b"}{",
+    b"\t",
+]
 
 
 def mutate(draw: st.DrawFn, frame: bytes, times: int, inserts: st.SearchStrategy[bytes]) -> bytes:
@@ -291,8 +338,13 @@ PHPMQ_VALUES = {
     pm.TTL: PHPMQ_NUMBERS.map(str.encode),
 }
 PHPMQ_PACKETS = {  # message type -> its packet types (003 is the broker's; 007 is no type)
-    "001": [pm.QUEUE, pm.CONTENT, pm.TTL], "002": [pm.QUEUE, pm.COUNT], "003": [pm.QUEUE, pm.CONTENT, pm.MESSAGE_ID, pm.TTL],
-    "004": [pm.QUEUE, pm.MESSAGE_ID], "005": [pm.QUEUE, pm.MESSAGE_ID, pm.TTL], "006": [pm.QUEUE, pm.MESSAGE_ID], "007": [pm.QUEUE],
+    "001": [pm.QUEUE, pm.CONTENT, pm.TTL],
+    "002": [pm.QUEUE, pm.COUNT],
+    "003": [pm.QUEUE, pm.CONTENT, pm.MESSAGE_ID, pm.TTL],
+    "004": [pm.QUEUE, pm.MESSAGE_ID],
+    "005": [pm.QUEUE, pm.MESSAGE_ID, pm.TTL],
+    "006": [pm.QUEUE, pm.MESSAGE_ID],
+    "007": [pm.QUEUE],
 }
 
 
@@ -356,4 +408,3 @@ def test_the_store_is_consistent_after_the_fuzzing(fuzzed):
     assert check(read_snapshot(config.data_path), config) == []
     body = fuzzed.good.status()
     assert body["Rejected"] > 0
-

@@ -330,8 +330,13 @@ def test_drop_oldest_makes_room_by_dropping_the_oldest_message_of_the_lowest_pri
         c.publish("t", [{"Payload": "d", "Priority": 0}])  # b goes
         c.publish("t", [{"Payload": "e", "Priority": 0}])  # c goes
     assert b.status()["Topics"]["t"] | {"Subscribers": None} == {
-        "Stored": 3, "Published": 5, "Replaced": 0, "Expired": 0, "StoredBytes": b.status()["Topics"]["t"]["StoredBytes"],
-        "Dropped": 2, "Subscribers": None,
+        "Stored": 3,
+        "Published": 5,
+        "Replaced": 0,
+        "Expired": 0,
+        "StoredBytes": b.status()["Topics"]["t"]["StoredBytes"],
+        "Dropped": 2,
+        "Subscribers": None,
     }
     assert "t: stored 3 (" in status_table(b) and ", dropped 2" in status_table(b)
     sub = broker_factory.subscriber(b, "s")
@@ -381,10 +386,25 @@ def test_a_message_delivered_max_attempts_times_without_an_ack_goes_to_the_dead_
     status = b.status()["Topics"]
     assert status["jobs"]["Stored"] == 0
     assert status["jobs"]["Subscribers"]["worker"] | {"OldestReadyAge": None} == {
-        "Ready": [0, 0, 0], "InFlight": 0, "OldestReadyAge": None, "Delivered": 3, "Acked": 1, "Redelivered": 1,
-        "Expired": 0, "IgnoredAcks": 0, "DeadLettered": 1, "Connected": True, "Paused": False, "Delayed": 0,
+        "Ready": [0, 0, 0],
+        "InFlight": 0,
+        "OldestReadyAge": None,
+        "Delivered": 3,
+        "Acked": 1,
+        "Redelivered": 1,
+        "Expired": 0,
+        "IgnoredAcks": 0,
+        "DeadLettered": 1,
+        "Connected": True,
+        "Paused": False,
+        "Delayed": 0,
     }
-    assert (dead["Origin"]["Topic"], dead["Origin"]["Subscriber"], dead["Origin"]["Reason"], dead["Origin"]["Attempts"]) == ("jobs", "worker", "attempts", 2)
+    assert (dead["Origin"]["Topic"], dead["Origin"]["Subscriber"], dead["Origin"]["Reason"], dead["Origin"]["Attempts"]) == (
+        "jobs",
+        "worker",
+        "attempts",
+        2,
+    )
     assert status["dead"]["Published"] == 1
     assert re.search(r"^  worker +0/0/0 +0 +0 +- +3 +1 +1 +0 +1$", status_table(b), re.M), status_table(b)
     assert [m["Payload"] for m in worker.messages] == ["fine", {"poison": True}, {"poison": True}]

@@ -219,7 +219,7 @@ def _ppmq_in_process(*argv: str) -> dict:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to a throwaway user needs root")
 @pytest.mark.skipif(not shutil.which("useradd"), reason="useradd (package passwd) is not installed")
-def test_a_textfile_in_a_directory_the_broker_cannot_write_is_a_config_error_at_check_and_at_start(broker_factory, short_tmp, users):
+def test_a_textfile_in_a_directory_the_broker_cannot_write_is_a_config_error_at_check_and_at_start(broker_factory, short_tmp, users):  # noqa: F811 - the fixture
     # Given a Metrics directory that only root may write, and a config any user may read
     os.chmod(short_tmp, 0o755)
     (short_tmp / "metrics").mkdir(mode=0o755)
@@ -241,7 +241,9 @@ def test_the_example_rules_are_prometheus_alerting_rules_over_families_the_broke
     # Then the rules file has Prometheus's shape: groups of named alerts, each with an expression, a severity and a summary
     alerts = [rule for group in rules["groups"] for rule in group["rules"]]
     assert all(group["name"] for group in rules["groups"])
-    assert {"PpmqOldestReadyMessageOld", "PpmqDeadLetters", "PpmqSubscriberDisconnected", "PpmqStoreNearlyFull", "PpmqSlowCommits"} <= {a["alert"] for a in alerts}
+    assert {"PpmqOldestReadyMessageOld", "PpmqDeadLetters", "PpmqSubscriberDisconnected", "PpmqStoreNearlyFull", "PpmqSlowCommits"} <= {
+        a["alert"] for a in alerts
+    }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}, alert["alert"]
         assert alert["expr"].strip() and alert["labels"]["severity"] in ("warning", "critical")

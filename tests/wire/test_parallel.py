@@ -60,7 +60,10 @@ class Lanes(Subscriber):
 
 
 def start(broker_factory, connections: int, window: int, batch: int, topics: list[str] = ("t",)):
-    b = broker_factory([{"Name": t, "Subscribers": ["s"]} for t in topics], [{"Name": "s", "Connections": connections, "Window": window, "BatchSize": batch}])
+    b = broker_factory(
+        [{"Name": t, "Subscribers": ["s"]} for t in topics],
+        [{"Name": "s", "Connections": connections, "Window": window, "BatchSize": batch}],
+    )
     return b, Lanes(b.sub_socket("s"), b.socket)
 
 

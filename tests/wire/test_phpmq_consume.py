@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import BrokerProcess, wait_for
 from tests.wire import phpmq_client as pm
-from tests.wire.test_phpmq import _accepting, phpmq, phpmq_broker, peek, sent
+from tests.wire.test_phpmq import _accepting, peek, phpmq, phpmq_broker, sent
 
 
 def test_every_message_type_consume_dispatch_ack_requeue_and_dead_letter(broker_factory, short_tmp):

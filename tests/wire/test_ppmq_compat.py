@@ -45,9 +45,12 @@ def test_a_ppmq_producer_subscriber_and_config_work_unchanged(short_tmp):
     try:
         subs = [Subscriber(f"{short_tmp}/iptables-ips.sock", ack=None), Subscriber(f"{short_tmp}/pam-ips.sock", ack=None)]
         # When ppMQ's producer sends its wrapper and hangs up
-        send_one_way(b.socket, b'{"topic":"ips","messages":[{"Key":"192.168.86.1","Payload":"Some Payload","Expires":"0001-01-01T00:00:00Z"},'
-                               b'{"Key":"192.168.86.2","Payload":"Some Payload 2","Expires":"0001-01-01T00:00:00Z"},'
-                               b'{"Payload":"Some Payload 3","Expires":"0001-01-01T00:00:00Z"}]}\n')
+        send_one_way(
+            b.socket,
+            b'{"topic":"ips","messages":[{"Key":"192.168.86.1","Payload":"Some Payload","Expires":"0001-01-01T00:00:00Z"},'
+            b'{"Key":"192.168.86.2","Payload":"Some Payload 2","Expires":"0001-01-01T00:00:00Z"},'
+            b'{"Payload":"Some Payload 3","Expires":"0001-01-01T00:00:00Z"}]}\n',
+        )
         # Then both subscribers get all three (keys generated: ips has no Dedupe), no Expires
         for sub in subs:
             got = sub.wait_messages(3)

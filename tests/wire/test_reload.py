@@ -65,7 +65,7 @@ def test_adding_a_subscriber_and_a_topic_while_messages_flow_loses_nothing(broke
     wait_for(lambda: billing.payloads("orders")[-1:] == sent[-1:], what="billing to get the last message")
     assert billing.payloads("invoices") == ["inv-1"]
     got = billing.payloads("orders")
-    assert got and got == sent[-len(got):], "billing takes the topic from the reload on, in order"
+    assert got and got == sent[-len(got) :], "billing takes the topic from the reload on, in order"
     assert all(len(batch["Messages"]) <= 7 for batch in billing.batches)
     assert audit.connections == 1, "the reload must not drop the existing subscriber's connection"
     assert "subscribers added: billing" in b.log and "topics added: invoices" in b.log
@@ -219,7 +219,9 @@ def test_a_topic_dropped_and_created_again_goes_on_with_new_keys(broker_factory,
 
 def ppmq_reload(config_path: Path, pid: int) -> subprocess.CompletedProcess:
     """`ppmq reload -c FILE PID`, as ppmq.service's ExecReload runs it."""
-    return subprocess.run([sys.executable, "-m", "ppmq.cli", "reload", "-c", str(config_path), str(pid)], capture_output=True, text=True, timeout=WAIT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "ppmq.cli", "reload", "-c", str(config_path), str(pid)], capture_output=True, text=True, timeout=WAIT_S
+    )
 
 
 def test_ppmq_reload_checks_the_file_then_has_the_broker_reload_it(broker_factory, notify_socket):

@@ -84,7 +84,11 @@ def test_a_socket_path_that_holds_no_socket_fails_check_and_serve_naming_it_and_
     # Given a config whose socket path (ServerSocket, line 1; PhpmqSocket, line 3; the subscriber's, line 6) holds something else
     occupied = short_tmp / "important.txt"
     intact = make(occupied)
-    paths = {"ServerSocket": short_tmp / "ppmq.sock", "PhpmqSocket": short_tmp / "phpmq.sock", "Subscribers[0].Socket": short_tmp / "s.sock"}
+    paths = {
+        "ServerSocket": short_tmp / "ppmq.sock",
+        "PhpmqSocket": short_tmp / "phpmq.sock",
+        "Subscribers[0].Socket": short_tmp / "s.sock",
+    }
     paths[key] = occupied
     config = short_tmp / "ppmq.yaml"
     config.write_text(

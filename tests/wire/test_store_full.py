@@ -16,13 +16,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.client.library import Client, ClientError
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
+from ppmq.core.ops import Returned
+from ppmq.protocol import messages as p
 from ppmq.store.fsck import read_snapshot
 from ppmq.store.migrate import CONVERT_BYTES
-from ppmq.core.ops import Returned
 from ppmq.store.schema import SCHEMA_VERSION
 from ppmq.store.state import NS
 from ppmq.store.store import Store
@@ -174,7 +174,10 @@ def fill(disk: Path) -> None:
 def broker_on(disk: Path, batch_size: int) -> Iterator[Broker]:
     """A broker driven directly (topic t, subscriber s) on a store on `disk`."""
     config = Config(
-        server_socket="/nonexistent", data_path=str(disk / "data"), sync=False, max_store_bytes=1 << 30,
+        server_socket="/nonexistent",
+        data_path=str(disk / "data"),
+        sync=False,
+        max_store_bytes=1 << 30,
         subscribers=[SubscriberConfig(name="s", socket="/nonexistent/s", batch_size=batch_size)],
         topics=[TopicConfig(name="t", subscribers=["s"])],
     )
@@ -242,7 +245,7 @@ with StoreReader(sys.argv[1]).snapshot():
 def test_a_reader_killed_inside_a_snapshot_does_not_keep_the_store_growing(broker_factory):
     # Given a reader (a report, fsck) killed with kill -9 in the middle of its snapshot
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], Sync=False)
-    sub = broker_factory.subscriber(b, "s")
+    _sub = broker_factory.subscriber(b, "s")
     data = Path(b.config["DataPath"])
     reader = subprocess.Popen([sys.executable, "-c", HOLD_A_SNAPSHOT, str(data)], stdout=subprocess.PIPE)
     assert reader.stdout.readline() == b"reading\n"
@@ -251,7 +254,7 @@ def test_a_reader_killed_inside_a_snapshot_does_not_keep_the_store_growing(broke
     size_before = (data / "data.mdb").stat().st_size
     # When thousands of messages come and go, leaving nothing stored
     with b.client() as c:
-        for i in range(5000):
+        for _ in range(5000):
             c.publish("t", [{"Payload": "x" * 1000}])
     wait_for(lambda: b.sub_status("t", "s")["Acked"] == 5000, what="every message acked")
     # Then the store reuses its pages instead of growing towards map full
@@ -270,7 +273,13 @@ def full_old_store(data: Path) -> Path:
 
 def full_store_broker(broker_factory, data: Path) -> BrokerProcess:
     """A broker, not started, on the full store's config and the store at `data`."""
-    return broker_factory([{"Name": "bulk", "Subscribers": ["a"]}], [{"Name": "a", "BatchSize": 50}], start=False, DataPath=str(data), MaxStoreBytes=FULL_MAX_BYTES)
+    return broker_factory(
+        [{"Name": "bulk", "Subscribers": ["a"]}],
+        [{"Name": "a", "BatchSize": 50}],
+        start=False,
+        DataPath=str(data),
+        MaxStoreBytes=FULL_MAX_BYTES,
+    )
 
 
 def drains_in_order(b: BrokerProcess, sub: Subscriber, stored: int) -> None:
@@ -310,7 +319,9 @@ def test_an_upgrade_cut_short_by_a_full_disk_fails_cleanly_hides_the_store_and_i
         shutil.copytree(short_tmp / "unpacked", disk / "data")
         b = full_store_broker(broker_factory, disk / "data")
         # When ppmq migrate converts it and runs out of disk
-        migrate = subprocess.run([sys.executable, "-m", "ppmq.cli", "migrate", "-c", str(b.config_path)], capture_output=True, text=True, timeout=60)
+        migrate = subprocess.run(
+            [sys.executable, "-m", "ppmq.cli", "migrate", "-c", str(b.config_path)], capture_output=True, text=True, timeout=60
+        )
         # Then it says so, without a traceback
         assert migrate.returncode == 1 and "Traceback" not in migrate.stderr
         assert f"cannot bring the store at {disk / 'data'} to schema {SCHEMA_VERSION}: disk full" in migrate.stderr

@@ -62,9 +62,7 @@ def _pings(listener: NotifyListener, since: float) -> int:
     return sum(1 for at, _, f in list(listener.received) if "WATCHDOG" in f and at >= since)
 
 
-def test_watchdog_pings_at_half_the_interval_and_stop_while_the_writer_is_stuck(
-    broker_factory, notify_socket: NotifyListener
-):
+def test_watchdog_pings_at_half_the_interval_and_stop_while_the_writer_is_stuck(broker_factory, notify_socket: NotifyListener):
     b = broker_factory(TOPIC, ["worker"], start=False).start(env=notify_socket.env(WATCHDOG_USEC="400000"))
     notify_socket.wait("WATCHDOG", "1", count=4)  # every 0.2 s
 
@@ -172,14 +170,13 @@ def socket_activate() -> str:
     return path
 
 
-def test_broker_started_by_systemd_socket_activate_serves_a_producer_that_connected_first(
-    short_tmp: Path, socket_activate: str
-):
+def test_broker_started_by_systemd_socket_activate_serves_a_producer_that_connected_first(short_tmp: Path, socket_activate: str):
     b = BrokerProcess(short_tmp, make_config(short_tmp, TOPIC, ["worker"]))
     log = open(b.log_path, "ab")
     activator = subprocess.Popen(
         [socket_activate, "-l", b.socket, "--fdname=server", sys.executable, "-m", "ppmq.cli", "serve", "-c", str(b.config_path)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         # Not the socket's path: it exists from bind() on, and a connect before

@@ -115,7 +115,7 @@ def test_a_waiting_take_returns_as_soon_as_a_message_is_published(broker_factory
         publish(b, "late")
         worker.join(10)
     # Then the TAKE answers with it at once
-    (messages, answered), = got
+    ((messages, answered),) = got
     assert [m["Payload"] for m in messages] == ["late"]
     assert answered - published < 2.0
 
@@ -259,7 +259,7 @@ def test_a_take_reply_holds_no_more_messages_than_max_frame_bytes_allows(broker_
     finally:
         taker.close()
     if first:  # the waiting TAKE got the first part; the rest was left ready
-        (size, messages), = first
+        ((size, messages),) = first
         assert [m["Payload"] for m in messages] == SMALL[: len(messages)]
         sizes = [(size, len(messages))]
     assert all(size <= FRAME_BYTES for size, _ in sizes), sizes

@@ -156,6 +156,7 @@ def test_batches_still_in_the_brokers_buffer_when_the_connection_breaks_go_back_
         os.kill(b.proc.pid, signal.SIGCONT)
     received = sum(len(msgspec.json.decode(line)["Messages"]) for line in bytes(data).split(b"\n")[:-1])
     assert 0 < received < 600, "the kernel's buffers should hold some batches, not all"
+
     # Then exactly the batches it could read whole stay in flight; the rest is ready again, not delivered
     def counts() -> tuple[int, int, int]:
         s = b.sub_status("t", "s")

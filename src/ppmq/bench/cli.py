@@ -31,17 +31,36 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", "-n", type=int, default=3, help="runs per system and workload; figures are medians (default %(default)s)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every message count, e.g. 0.1 for a quick look")
     ap.add_argument("--million", action="store_true", help="backlog of 1,000,000 messages instead of 200,000")
-    ap.add_argument("--size", type=_size, default=0, metavar="BYTES",
-                    help="payload bytes of every message, so that workloads compare at one size (default: each its own, 200; backlog 1024)")
+    ap.add_argument(
+        "--size",
+        type=_size,
+        default=0,
+        metavar="BYTES",
+        help="payload bytes of every message, so that workloads compare at one size (default: each its own, 200; backlog 1024)",
+    )
     ap.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency workload (default %(default)s)")
-    ap.add_argument("--max-seconds", type=float, default=60.0, help="a publisher stops after this long with what it sent; 0: never (default %(default)s)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="a publisher stops after this long with what it sent; 0: never (default %(default)s)",
+    )
     ap.add_argument("--out", "-o", default="bench-results", help="directory for results.json and the charts (default %(default)s)")
     ap.add_argument("--window", type=int, default=1000, help="messages in flight per subscriber; 100 is one batch (default %(default)s)")
-    ap.add_argument("--acks", choices=("connection", "server"), default="connection",
-                    help="where ppmq's subscribers ack: on the delivery connection, or one-way to ServerSocket as ppMQ's do")
+    ap.add_argument(
+        "--acks",
+        choices=("connection", "server"),
+        default="connection",
+        help="where ppmq's subscribers ack: on the delivery connection, or one-way to ServerSocket as ppMQ's do",
+    )
     ap.add_argument("--dedupe", action="store_true", help="ppmq's topic has Dedupe and every message a unique Key (peers unchanged)")
-    ap.add_argument("--metrics", type=float, default=0.0, metavar="SECONDS",
-                    help="ppmq writes its Metrics textfile every SECONDS (the default Interval is 15), to see what that costs; default: no metrics")
+    ap.add_argument(
+        "--metrics",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ppmq writes its Metrics textfile every SECONDS (the default Interval is 15), to see what that costs; default: no metrics",
+    )
     ap.add_argument("--profile", action="store_true", help="sample ppmq's broker with py-spy; stacks in OUT/profile-<workload>.txt")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return ap
@@ -80,17 +99,24 @@ def main(argv: list[str] | None = None) -> int:
         print("no charts: matplotlib not installed (pip install -e .[bench])", flush=True)
         args.no_charts = True
     results: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "ppmq bench " + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": _machine(),
         "workloads": {},
     }
     m = results["machine"]
-    print(f"{m['cores']} cores ({m['cpu']}), load {m['load_avg'][0]:.1f}, disk {m['disk']}, "
-          f"4 KiB write+fdatasync p50 {m['fsync_ms']['p50']:.1f} ms p99 {m['fsync_ms']['p99']:.1f} ms", flush=True)
+    print(
+        f"{m['cores']} cores ({m['cpu']}), load {m['load_avg'][0]:.1f}, disk {m['disk']}, "
+        f"4 KiB write+fdatasync p50 {m['fsync_ms']['p50']:.1f} ms p99 {m['fsync_ms']['p99']:.1f} ms",
+        flush=True,
+    )
     for w in chosen:
         w = scaled(w, args.scale)._replace(
-            window=args.window, server_acks=args.acks == "server", dedupe=args.dedupe, metrics_s=args.metrics, size=args.size or w.size,
+            window=args.window,
+            server_acks=args.acks == "server",
+            dedupe=args.dedupe,
+            metrics_s=args.metrics,
+            size=args.size or w.size,
         )
         runs: dict[str, list[dict[str, float]]] = {m.NAME: [] for m in systems}
         versions: dict[str, str] = {}
@@ -135,7 +161,9 @@ def _names(text: str, known) -> list[str]:
 
 def _machine() -> dict:
     """What the figures depend on: cores, CPU model, the disk under the temp dir."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), ""
+    )
     return {"cores": os.cpu_count(), "cpu": model, "load_avg": os.getloadavg(), "disk": _disk(), "fsync_ms": _fsync_ms()}
 
 

@@ -30,7 +30,9 @@ class _Client:
         self.role = role
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ppmq.bench.worker", role, json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def ready(self) -> None:
@@ -79,7 +81,19 @@ def run(system: ModuleType, w: Workload, max_s: float, profile: Path | None = No
         spy = None
         if profile is not None:
             beside = Path(sys.executable).parent / "py-spy"  # from the bench extra
-            argv = [str(beside) if beside.exists() else "py-spy", "record", "--threads", "--format", "raw", "--rate", "250", "-o", str(profile), "-p", str(running.service.pid)]
+            argv = [
+                str(beside) if beside.exists() else "py-spy",
+                "record",
+                "--threads",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "-o",
+                str(profile),
+                "-p",
+                str(running.service.pid),
+            ]
             spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             return running.version, _measure(system.NAME, running, w, max_s)
@@ -143,7 +157,8 @@ def _figures(w, empty, full, peak, disk_full, published, received, drain_ns, cpu
         # the clients' share from `go` on, as the broker's: a peer's client library may be the limit
         "client_cpu_s_per_10k": sum(r["cpu_s"] for r in (published, *received)) / n * 10_000,
         # near 100, a client process used a whole core while it worked: it, not the broker, set the pace
-        "busiest_client_pct": 100 * max(
+        "busiest_client_pct": 100
+        * max(
             published["cpu_s"] / ((published["end_ns"] - published["start_ns"]) / 1e9),
             *(r["cpu_s"] / ((r["end_ns"] - start_ns) / 1e9) for r in received),
         ),

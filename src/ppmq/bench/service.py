@@ -26,8 +26,13 @@ class Service:
         self.log_path = workdir / "server.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, start_new_session=True,
+                argv,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
             )
 
     @property

@@ -64,7 +64,12 @@ def subscribe(system, address: dict, w: Workload, index: int) -> dict:
         if seen >= total[0] or (w.pull and not payloads and total[1]):
             break
     sub.close()
-    return {"end_ns": last_ns if w.pull else payload.now_ns(), "count": seen, "latencies_us": latencies, "cpu_s": time.process_time() - cpu0}
+    return {
+        "end_ns": last_ns if w.pull else payload.now_ns(),
+        "count": seen,
+        "latencies_us": latencies,
+        "cpu_s": time.process_time() - cpu0,
+    }
 
 
 def _read_stop(total: list[int]) -> None:

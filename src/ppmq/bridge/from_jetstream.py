@@ -47,7 +47,7 @@ class FromBridge:
             if not batch:
                 continue
             messages = [ppmq_message(m) for m in batch]
-            await self.ppmq.attempt(lambda client: client.publish(self.topic, messages))
+            await self.ppmq.attempt(lambda client, messages=messages: client.publish(self.topic, messages))
             await _ack(batch)
 
 

@@ -154,9 +154,15 @@ def nats_link(url: str, bind: Callable[[Nats], Awaitable[None]] | None = None) -
 
     async def opener() -> Nats:
         nc = await nats.connect(
-            url, allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0,  # else it retries forever itself
-            connect_timeout=NATS_TIMEOUT_S, ping_interval=NATS_PING_S,
-            error_cb=_ignore, closed_cb=_ignore, disconnected_cb=_ignore,
+            url,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0,  # else it retries forever itself
+            connect_timeout=NATS_TIMEOUT_S,
+            ping_interval=NATS_PING_S,
+            error_cb=_ignore,
+            closed_cb=_ignore,
+            disconnected_cb=_ignore,
         )
         conn = Nats(nc, nc.jetstream(timeout=NATS_TIMEOUT_S))
         if bind is not None:

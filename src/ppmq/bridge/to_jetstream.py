@@ -37,9 +37,11 @@ class TopicBridge:
     async def run(self) -> None:
         acks: list[str] = []
         while True:
-            batch = await self.ppmq.attempt(lambda client: client.take(self.topic.name, self.subscriber, TAKE_COUNT, TAKE_WAIT_S, acks))
+            batch = await self.ppmq.attempt(
+                lambda client, acks=acks: client.take(self.topic.name, self.subscriber, TAKE_COUNT, TAKE_WAIT_S, acks)
+            )
             if batch:
-                await self.nats.attempt(lambda conn: self._publish(conn, batch))
+                await self.nats.attempt(lambda conn, batch=batch: self._publish(conn, batch))
             acks = [m["Key"] for m in batch]
 
     async def _publish(self, conn: Nats, batch: list[dict[str, Any]]) -> None:
@@ -60,7 +62,7 @@ class TopicBridge:
 def published_ns(text: str) -> int:
     """The inverse of protocol.format_expires: RFC 3339 UTC, up to nanoseconds."""
     base, _, frac = text.removesuffix("Z").partition(".")
-    seconds = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    seconds = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
     return int(seconds) * 10**9 + int(frac.ljust(9, "0"))
 
 

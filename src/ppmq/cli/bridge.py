@@ -38,7 +38,9 @@ def add_commands(command: Command) -> None:
     back.add_argument("topic", metavar="TOPIC", help="the ppmq topic the messages are published to")
 
 
-def _direction(directions: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+def _direction(
+    directions: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help: str
+) -> argparse.ArgumentParser:
     sub = directions.add_parser(name, help=help, description=help)
     config_options(sub)
     sub.set_defaults(func=func)
@@ -61,7 +63,10 @@ def _to(args: argparse.Namespace) -> int:
     if not topics:
         return _fail(f"{args.subscriber!r} is on no topic")
     if not sub.metadata and any(t.dedupe for t in topics):
-        log.warning("%s has no Metadata: true, so on Dedupe topics a key's newer version within the duplicate window is dropped by JetStream", sub.name)
+        log.warning(
+            "%s has no Metadata: true, so on Dedupe topics a key's newer version within the duplicate window is dropped by JetStream",
+            sub.name,
+        )
     return _run_with_nats(bridge_to.run(config, args.url, args.subscriber, args.subject_prefix))
 
 

@@ -89,9 +89,13 @@ def add_commands(command: Command) -> None:
     purge.add_argument("--yes", "-y", action="store_true", help="do not ask first (needed when standard input is not a terminal)")
     redrive = command("redrive", _redrive, "move dead-lettered messages back to the topic and subscriber they came from")
     redrive.add_argument("topic", metavar="DEADTOPIC")
-    redrive.add_argument("--key", "-k", action="append", dest="keys", metavar="K", help="only the message with key K (repeat for more keys)")
-    for name, help in (("pause", "deliver nothing more to a subscriber until `ppmq resume` (survives a restart of the broker)"),
-                       ("resume", "deliver again to a paused subscriber")):
+    redrive.add_argument(
+        "--key", "-k", action="append", dest="keys", metavar="K", help="only the message with key K (repeat for more keys)"
+    )
+    for name, help in (
+        ("pause", "deliver nothing more to a subscriber until `ppmq resume` (survives a restart of the broker)"),
+        ("resume", "deliver again to a paused subscriber"),
+    ):
         sub = command(name, _pause_or_resume, help)
         sub.add_argument("subscriber")
         sub.add_argument("--topic", "-t", help="on this topic only (default: every topic of the subscriber)")

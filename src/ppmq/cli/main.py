@@ -17,18 +17,18 @@ from typing import Any
 import msgspec
 import uvloop
 
+from ppmq import sockets
 from ppmq.cli import bridge
 from ppmq.cli import control as cli_control
-from ppmq.server import daemon
-from ppmq import sockets
 from ppmq.cli.control import align, config_options, open_client, seconds
 from ppmq.client.library import Client, ClientError
 from ppmq.config import ConfigError, default_config_path, load_config
 from ppmq.protocol.framing import Framer
-from ppmq.store.fsck import FsckError, fsck
+from ppmq.server import daemon
 from ppmq.server.metrics import exposition
-from ppmq.store.schema import SCHEMA_VERSION, StoreError
 from ppmq.sockets import ListenError
+from ppmq.store.fsck import FsckError, fsck
+from ppmq.store.schema import SCHEMA_VERSION, StoreError
 from ppmq.store.store import Store, missing_store
 from ppmq.systemd import configure_logging, listening_unix_socket
 
@@ -121,7 +121,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     command("migrate", _migrate, "convert a store an older ppmq wrote to this ppmq's schema (the broker also does it when it starts)")
     pub = command("publish", _publish, "publish messages and wait for them to be stored")
     pub.add_argument("topic")
-    pub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin")
+    pub.add_argument(
+        "payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin"
+    )
     pub.add_argument("--key", "-k")
     pub.add_argument("--priority", "-p", type=int, default=0)
     pub.add_argument("--ttl", type=float, help="seconds until the message expires")
@@ -143,12 +145,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
     lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
     lis.add_argument("path", metavar="SOCKET")
-    lis.add_argument("--ack", action="store_true", help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given")
+    lis.add_argument(
+        "--ack",
+        action="store_true",
+        help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given",
+    )
     rep = command("report", _report, "journals of many hosts -> Parquet tables and report.html, on Spark", config=False)
-    rep.add_argument("paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads")
+    rep.add_argument(
+        "paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads"
+    )
     rep.add_argument("--out", required=True, help="output directory (any URI Spark writes)")
     rep.add_argument("--master", default="local[*]", help="Spark master (default: local[*], bound to loopback)")
-    rep.add_argument("--verbose", action="store_true", help="show Spark's own log lines (warnings and up) instead of keeping them out of the terminal")
+    rep.add_argument(
+        "--verbose", action="store_true", help="show Spark's own log lines (warnings and up) instead of keeping them out of the terminal"
+    )
     return parser, subparsers
 
 
@@ -201,7 +211,10 @@ def _fsck(args: argparse.Namespace) -> int:
     for problem in problems:
         print(problem)
     verdict = f"{len(problems)} problems" if problems else "clean"
-    print(f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)", file=sys.stderr)
+    print(
+        f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 
@@ -401,7 +414,10 @@ def _report(args: argparse.Namespace) -> int:
         from ppmq.pipeline.report import report
         from ppmq.pipeline.session import REPORT_CONF, local_session, stderr_to
     except ImportError as exc:
-        print(f"ppmq report: needs PySpark, which the spark extra brings: pip install 'ppmq[spark]' (and Java 17 on PATH); {exc}", file=sys.stderr)
+        print(
+            f"ppmq report: needs PySpark, which the spark extra brings: pip install 'ppmq[spark]' (and Java 17 on PATH); {exc}",
+            file=sys.stderr,
+        )
         return 2
     logging.getLogger("py4j").setLevel(logging.WARNING)
     running = SparkSession.getActiveSession()

@@ -63,11 +63,13 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
     """ppmq(1): the synopsis, then every command with its arguments and options."""
     lines = _header("ppmq", 1, "User Commands", "persistent, prioritized message broker for one host")
     lines += [".SH SYNOPSIS", ".B ppmq", "\\fICOMMAND\\fR [\\fIOPTION\\fR]... [\\fIARGUMENT\\fR]...", ".SH DESCRIPTION"]
-    lines.append(_roff(
-        "ppmq takes JSON batches on a Unix socket, stores them in LMDB, and pushes them by priority and "
-        "publish order to one Unix socket per subscriber. `ppmq serve` is the broker; the other commands "
-        "talk to a running broker, check a config or a store, or report on delivery journals."
-    ))
+    lines.append(
+        _roff(
+            "ppmq takes JSON batches on a Unix socket, stores them in LMDB, and pushes them by priority and "
+            "publish order to one Unix socket per subscriber. `ppmq serve` is the broker; the other commands "
+            "talk to a running broker, check a config or a store, or report on delivery journals."
+        )
+    )
     lines.append(".SH COMMANDS")
     for sub in _leaves(subparsers.values()):
         usage = " ".join(sub.format_usage().removeprefix("usage: ").split())  # argparse wraps it
@@ -77,12 +79,14 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
     lines.append(_roff("Runs named workloads against ppmq and peer brokers on this host; `ppmq bench --help` lists its options."))
     lines += [
         ".SH ENVIRONMENT",
-        ".TP", ".B PPMQ_CONFIG",
+        ".TP",
+        ".B PPMQ_CONFIG",
         _roff("The config file when -c is not given; then /etc/ppmq/ppmq.yaml."),
         ".SH EXIT STATUS",
         _roff("0 when the command did its job, 1 when the request failed (the broker's error on standard error), 2 for a usage error."),
         ".SH FILES",
-        ".TP", ".I /etc/ppmq/ppmq.yaml",
+        ".TP",
+        ".I /etc/ppmq/ppmq.yaml",
         _roff("The service's config, see ppmq.yaml(5)."),
         ".SH SEE ALSO",
         ".BR ppmq.yaml (5),",
@@ -155,13 +159,16 @@ def config_page(example: str) -> str:
     """ppmq.yaml(5): every key of every config Struct, with type, default and meaning."""
     docs = documented_keys(example)
     lines = _header("ppmq.yaml", 5, "File Formats", "configuration of the ppmq message broker")
-    lines += [".SH DESCRIPTION", _roff(
-        "The broker reads one YAML file (ppmq serve -c FILE, default /etc/ppmq/ppmq.yaml). ppMQ's keys are read "
-        "unchanged; the others are extensions. Durations are Go-style strings (\"90s\", \"1h30m\") or seconds; "
-        "sizes are bytes or strings with a unit (\"16MiB\"). Relative paths are relative to the file's directory. "
-        "An unknown key, a wrong type or an unknown subscriber named by a topic is an error that names the file, "
-        "the line and the key; `ppmq check -c FILE` checks a file, and `systemctl reload ppmq` applies one."
-    )]
+    lines += [
+        ".SH DESCRIPTION",
+        _roff(
+            "The broker reads one YAML file (ppmq serve -c FILE, default /etc/ppmq/ppmq.yaml). ppMQ's keys are read "
+            'unchanged; the others are extensions. Durations are Go-style strings ("90s", "1h30m") or seconds; '
+            'sizes are bytes or strings with a unit ("16MiB"). Relative paths are relative to the file\'s directory. '
+            "An unknown key, a wrong type or an unknown subscriber named by a topic is an error that names the file, "
+            "the line and the key; `ppmq check -c FILE` checks a file, and `systemctl reload ppmq` applies one."
+        ),
+    ]
     missing = []
     for title, prefix, struct in SECTIONS:
         lines.append(f".SH {title}")
@@ -188,7 +195,7 @@ def _type_name(tp: Any) -> str:
         return _TYPE_NAMES[tp]
     args = getattr(tp, "__args__", ())
     if getattr(tp, "__origin__", None) is list:
-        return "list of " + ("names or uids" if args and args[0] != str else "names")
+        return "list of " + ("names or uids" if args and args[0] is not str else "names")
     named = [a for a in args if a is not type(None)]
     return _type_name(named[0]) if len(named) == 1 else "value"
 
@@ -225,7 +232,10 @@ def write(out: Path, example: Path) -> list[Path]:
     from ppmq.cli.main import _parser  # the command line's own parser
 
     parser, subparsers = _parser()
-    pages = {out / "man1" / "ppmq.1.gz": command_page(parser, subparsers), out / "man5" / "ppmq.yaml.5.gz": config_page(example.read_text())}
+    pages = {
+        out / "man1" / "ppmq.1.gz": command_page(parser, subparsers),
+        out / "man5" / "ppmq.yaml.5.gz": config_page(example.read_text()),
+    }
     for path, text in pages.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))

@@ -186,7 +186,9 @@ class AsyncClient(_Calls):
     async def status(self, topic: str | None = None) -> dict[str, Any]:
         return (await self.request(self.status_wrapper(topic))).body
 
-    async def take(self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: list[str] | None = None) -> list[dict[str, Any]]:
+    async def take(
+        self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         """As Client.take: the timeout given to connect must be longer than `wait_s`."""
         return (await self.request(self.take_wrapper(topic, subscriber, count, wait_s, acks))).body["Messages"]
 

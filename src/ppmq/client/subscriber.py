@@ -59,10 +59,10 @@ from typing import Any
 
 import msgspec
 
+from ppmq import sockets
 from ppmq.client.library import AsyncClient, ClientError
 from ppmq.config import ConfigError, default_config_path, load_config
 from ppmq.protocol.framing import Framer
-from ppmq import sockets
 from ppmq.systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq.client.subscriber")
@@ -287,7 +287,13 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
             ended = await _serve_socket(listener.sock, call, s, stop, listener.idle_exit_s)
         else:
             ended = await _serve_listening(listener, call, s, stop)
-        why = f"idle for {listener.idle_exit_s:g}s" if ended == IDLE else "stopped" if ended == STOPPED else "the broker closed the connection"
+        why = (
+            f"idle for {listener.idle_exit_s:g}s"
+            if ended == IDLE
+            else "stopped"
+            if ended == STOPPED
+            else "the broker closed the connection"
+        )
         log.info("%s: %s, exiting", s.name, why)
     finally:
         listener.close()
@@ -423,7 +429,9 @@ def _parser(name: str) -> argparse.ArgumentParser:
     parser.add_argument("--socket", help="listen here instead of the subscriber's Socket from the config")
     parser.add_argument("--server-socket", help="the broker's ServerSocket, for RECONNECT")
     parser.add_argument(
-        "--idle-exit", type=float, metavar="SECONDS",
+        "--idle-exit",
+        type=float,
+        metavar="SECONDS",
         help=f"exit when no batch came for this long; 0: never (default: {ACTIVATED_IDLE_EXIT_S:g} when socket activated, else never)",
     )
     return parser

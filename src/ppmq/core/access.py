@@ -28,8 +28,8 @@ import os
 import pwd
 from collections.abc import Callable
 
-from ppmq.protocol import messages as p
 from ppmq.config import Config, SubscriberConfig
+from ppmq.protocol import messages as p
 
 log = logging.getLogger("ppmq.access")
 
@@ -179,7 +179,9 @@ class Policy:
         self._logged.add(key)
         log.warning(
             "%s: refused (403) to user %s: %s; further refusals of this peer are counted, not logged",
-            where, _user_name(peer.uid), exc,
+            where,
+            _user_name(peer.uid),
+            exc,
         )
 
     def check_owner(self, sub: SubscriberConfig, uid: int, what: str) -> None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from itertools import chain
 
-from ppmq.core import events as ev
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
+from ppmq.core import events as ev
+from ppmq.core.validate import prepared
+from ppmq.core.wiring import Wired
+from ppmq.protocol import messages as p
 from ppmq.store.peek import Cursor, limit_of, parts_of, peek
 from ppmq.store.state import NS
 from ppmq.store.store import Txn
-from ppmq.core.validate import prepared
 from ppmq.version import ppmq_version
-from ppmq.core.wiring import Wired
 
 CHUNK = 10_000  # messages a PURGE or REDRIVE collects at a time, so a backlog is never all in memory
 
@@ -134,4 +134,3 @@ class Admin(Wired):
             self.state.subs[tc.name][req.subscriber].paused = paused
             if self._events.journaled:
                 self._events.batch(ev.PAUSE if paused else ev.RESUME, tc.name, req.subscriber)
-

@@ -20,25 +20,25 @@ from typing import TypeVar
 
 from msgspec import UNSET
 
-from ppmq.protocol import messages as p
+from ppmq.config import Config, ConfigError
 from ppmq.core.access import Policy
 from ppmq.core.admin import Admin
-from ppmq.core.settlement import Completion
-from ppmq.config import Config, ConfigError
-from ppmq.core.events import StepEvents
 from ppmq.core.dispatch import Filling
+from ppmq.core.events import StepEvents
 from ppmq.core.lanes import Lanes
 from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
-from ppmq.core.taker_holdings import Owners
 from ppmq.core.publish import Publishing
-from ppmq.core.staging import Answer, Staging, is_large
-from ppmq.store.schema import StoreError, StoreFullError
-from ppmq.store.counters import Ledger, load_state
-from ppmq.store.state import NS, refused_changes, status_body
-from ppmq.store.store import Store, Txn
 from ppmq.core.pull import ABANDONED, Taking
+from ppmq.core.settlement import Completion
+from ppmq.core.staging import Answer, Staging, is_large
+from ppmq.core.taker_holdings import Owners
 from ppmq.core.validate import delay_ns, prepare
 from ppmq.core.wiring import Wiring
+from ppmq.protocol import messages as p
+from ppmq.store.counters import Ledger, load_state
+from ppmq.store.schema import StoreError, StoreFullError
+from ppmq.store.state import NS, refused_changes, status_body
+from ppmq.store.store import Store, Txn
 
 log = logging.getLogger("ppmq.broker")
 T = TypeVar("T")
@@ -56,9 +56,7 @@ class _Replay(Exception):
 class Broker(Publishing, Completion, Filling, Taking, Admin):
     """One store's state machine; run `step` from one thread only."""
 
-    def __init__(
-        self, config: Config, store: Store, now_ns: int, complete_status: Callable[[dict], None] | None = None
-    ) -> None:
+    def __init__(self, config: Config, store: Store, now_ns: int, complete_status: Callable[[dict], None] | None = None) -> None:
         """Open the broker on a store; ConfigError if the config would drop messages.
 
         `complete_status` adds to each STATUS body, on the writer thread, what
@@ -131,7 +129,11 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self._pending_topics(s))
 
     def step(
-        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None = None,
+        self,
+        ops: list[Op],
+        open_subs: set[str],
+        now_ns: int,
+        early: Callable[[list[Delivery]], None] | None = None,
         lanes: dict[str, Lanes] | None = None,
     ) -> Step:
         """Apply ops, run due timers, fill open subscribers: one transaction, one commit.

@@ -11,14 +11,14 @@ A subscriber with Connections > 1 is filled per lane (laning.py).
 
 from __future__ import annotations
 
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
 from ppmq.core.lanes import Lanes, room
 from ppmq.core.laning import Laning
-from ppmq.store.counters import Ledger
 from ppmq.core.ops import Delivery
 from ppmq.core.publish import fragment_expiring
 from ppmq.core.queues import Queue
+from ppmq.protocol import messages as p
+from ppmq.store.counters import Ledger
 from ppmq.store.schema import Taken
 from ppmq.store.state import NS
 from ppmq.store.store import Txn

@@ -52,6 +52,7 @@ COLUMNS = {
     REJECTED: ("pub_ns", "attempts"),
 }
 
+
 class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True, gc=False):
     """One batch of one kind; the columns of a kind are parallel arrays, one entry
     a message, except that a column of one entry where `ids` has more holds for
@@ -150,7 +151,15 @@ class StepEvents:
         self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
         return event
 
-    def publish(self, topic: str, ids: Sequence[int], prio: Sequence[int], size: Sequence[int], expires_ns: Sequence[int], replaced: Sequence[bool] | bool) -> None:
+    def publish(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        prio: Sequence[int],
+        size: Sequence[int],
+        expires_ns: Sequence[int],
+        replaced: Sequence[bool] | bool,
+    ) -> None:
         """A request's stored messages, column by column: a few C-level list
         copies or extensions per request instead of five appends per message."""
         event = self._batches.get((PUBLISH, topic, None, None))

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ppmq.core.lanes import Lanes, carry, room
 from ppmq.core.ops import Delivery
+from ppmq.core.wiring import Wired
 from ppmq.store.flight_index import FlightWatch
 from ppmq.store.store import Txn
-from ppmq.core.wiring import Wired
 
 
 class Laning(Wired):
@@ -27,7 +27,8 @@ class Laning(Wired):
         Read from the event loop, as has_pending is."""
         subs = self.state.subs
         return [
-            t.name for t in self.sub_topics.get(sub, ())
+            t.name
+            for t in self.sub_topics.get(sub, ())
             if (stats := subs.peek(t.name, {}).get(sub)) is not None and any(stats.ready) and not stats.paused
         ]
 
@@ -49,7 +50,9 @@ class Laning(Wired):
         """Note, in this step's transaction, what leaves flight to subscribers with lanes."""
         watched = {
             (self.state.topic_ids[t.name], self.state.sub_ids[sc.name])
-            for sc in self.config.subscribers if sc.connections > 1 for t in self.sub_topics[sc.name]
+            for sc in self.config.subscribers
+            if sc.connections > 1
+            for t in self.sub_topics[sc.name]
         }
         self._watch = FlightWatch(watched) if watched else None
         if self._watch is not None:

@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import msgspec
 
-from ppmq.protocol import messages as p
 from ppmq.config import Config
 from ppmq.core.events import Event
 from ppmq.core.staging import Answer
+from ppmq.protocol import messages as p
 
 
 class Returned(NamedTuple):

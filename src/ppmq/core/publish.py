@@ -17,15 +17,14 @@ from typing import NamedTuple
 
 import msgspec
 
-from ppmq.core import events as ev
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
-from ppmq.store.schema import FLIGHT_ENTRY, Body
+from ppmq.core import events as ev
 from ppmq.core.staging import Staging
-from ppmq.store.store import Txn
 from ppmq.core.validate import Prepared, prepared
 from ppmq.core.wiring import Wired
-
+from ppmq.protocol import messages as p
+from ppmq.store.schema import FLIGHT_ENTRY, Body
+from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
 
@@ -150,7 +149,12 @@ class Publishing(Wired):
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
         stats = self.state.topics[topic.name]
         keys, fragments, new, first = [], [], [], stats.seq + 1
-        flight_entry, plain, expiring, expires_bytes = FLIGHT_ENTRY.pack, p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
+        flight_entry, plain, expiring, expires_bytes = (
+            FLIGHT_ENTRY.pack,
+            p.GENERATED_FRAGMENT,
+            p.GENERATED_EXPIRING_FRAGMENT,
+            p.expires_bytes,
+        )
         # Only a subscriber that reads now keeps them fresh, to be taken in this
         # step or from its tail: the in-flight entries are packed for it, not for
         # a backlog nobody reads now.

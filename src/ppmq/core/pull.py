@@ -18,11 +18,11 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET
 
-from ppmq.protocol import messages as p
 from ppmq.core.taker_holdings import Key
+from ppmq.core.wiring import Wired
+from ppmq.protocol import messages as p
 from ppmq.store.state import SubStats
 from ppmq.store.store import Txn
-from ppmq.core.wiring import Wired
 
 MAX_COUNT = 10_000  # messages one TAKE may ask for
 MAX_WAIT_S = 3600  # seconds one TAKE may wait

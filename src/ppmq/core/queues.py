@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
-from ppmq.store.state import SubStats
 from ppmq.store.schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken, fitting
+from ppmq.store.state import SubStats
 from ppmq.store.store import Txn
 
 log = logging.getLogger("ppmq.broker")
@@ -239,7 +239,9 @@ class Queue:
         flight = self.unflight(m)
         return None if flight is None else (flight.attempts, True)
 
-    def requeue_version(self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int], due_ns: int = 0) -> tuple[int, int]:
+    def requeue_version(
+        self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int], due_ns: int = 0
+    ) -> tuple[int, int]:
         """PROTOCOL §3 Dedupe, for this subscriber: a new version of m with priority
         `prio`. Still waiting (ready, or delayed) at the same or a higher priority
         number it keeps its place; otherwise it goes to the end of its priority.

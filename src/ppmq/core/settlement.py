@@ -14,16 +14,16 @@ import logging
 
 import msgspec
 
-from ppmq.core import events as ev
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
+from ppmq.core import events as ev
 from ppmq.core.ops import Requeue, Returned
 from ppmq.core.queues import Queue
+from ppmq.core.validate import MAX_KEY_BYTES, prepared
+from ppmq.core.wiring import Wired
+from ppmq.protocol import messages as p
 from ppmq.store.schema import Body, Flight
 from ppmq.store.state import NS, SubStats
 from ppmq.store.store import Txn
-from ppmq.core.validate import MAX_KEY_BYTES, prepared
-from ppmq.core.wiring import Wired
 
 log = logging.getLogger("ppmq.broker")
 
@@ -154,7 +154,9 @@ class Completion(Wired):
             self._events.batch(ev.REQUEUE, self._topic_by_id[t], self._sub_by_id[s], reason).ids.append(m)
         return back
 
-    def _give_back(self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0, to_end: bool = False) -> tuple[Flight, bool] | None:
+    def _give_back(
+        self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0, to_end: bool = False
+    ) -> tuple[Flight, bool] | None:
         """m leaves flight to s: back to its place (waiting there until `due_ns`
         if given; `to_end`: a new place at the end of its priority), or, after
         its MaxAttempts-th delivery, given up on. Returns its flight and whether
@@ -218,7 +220,9 @@ class Completion(Wired):
         body = txn.get_body(t, flight.m)
         if body is not None and not self._dead_letter(txn, topic, sub, body, reason, flight.attempts, now_ns):
             why = f"after {flight.attempts} deliveries without an ack" if reason == "attempts" else "which rejected it"
-            log.warning("topic %s: message %s dropped for subscriber %s %s (no DeadLetter)", topic.name, body.key.decode(errors="replace"), sub, why)
+            log.warning(
+                "topic %s: message %s dropped for subscriber %s %s (no DeadLetter)", topic.name, body.key.decode(errors="replace"), sub, why
+            )
         self._release(txn, topic.name, t, s, [flight.m])
 
     def _dead_letter(self, txn: Txn, topic: TopicConfig, sub: str, body: Body, reason: str, attempts: int, now_ns: int) -> bool:
@@ -229,12 +233,23 @@ class Completion(Wired):
         if target is None:
             return False
         origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key, body.priority)
-        copy = prepared(body.key if target.dedupe else None, min(body.priority, target.priorities - 1), 0, p.fragment_payload(body.fragment), origin=origin)
+        copy = prepared(
+            body.key if target.dedupe else None,
+            min(body.priority, target.priorities - 1),
+            0,
+            p.fragment_payload(body.fragment),
+            origin=origin,
+        )
         try:
             self._publish(txn, target, [copy], now_ns)
         except p.StoreFull as exc:
-            log.warning("topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
-                        topic.name, body.key.decode(errors="replace"), sub, exc)
+            log.warning(
+                "topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
+                topic.name,
+                body.key.decode(errors="replace"),
+                sub,
+                exc,
+            )
             return False
         return True
 
@@ -333,7 +348,11 @@ class Completion(Wired):
                 continue
             removed.append(subs[name])
             attempts, in_flight = held
-            if tc is not None and kind in (ev.EXPIRE, ev.OVERFLOW) and self._dead_letter(txn, tc, name, body, DEAD_LETTER_REASON[kind], attempts, self._events.now_ns):
+            if (
+                tc is not None
+                and kind in (ev.EXPIRE, ev.OVERFLOW)
+                and self._dead_letter(txn, tc, name, body, DEAD_LETTER_REASON[kind], attempts, self._events.now_ns)
+            ):
                 subs[name].dead_lettered += 1
             if self._events.journaled and kind is not None:
                 event = self._events.batch(kind, topic, name)
@@ -358,7 +377,7 @@ def generated_ids(keys: list[str]) -> list[int | None]:
     the ints read by msgspec at once rather than by int() a key."""
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
-        return _int_list("[%s]" % joined)  # canonical decimals: a JSON array of them, read in one call
+        return _int_list(f"[{joined}]")  # canonical decimals: a JSON array of them, read in one call
     return [generated_id(key) for key in keys]
 
 

@@ -32,14 +32,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ppmq.core import events as ev
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
+from ppmq.core import events as ev
 from ppmq.core.events import Event
-from ppmq.store.state import TopicStats
-from ppmq.store.schema import Staged
-from ppmq.store.store import Txn
 from ppmq.core.validate import Prepared, delayed, prepare
+from ppmq.protocol import messages as p
+from ppmq.store.schema import Staged
+from ppmq.store.state import TopicStats
+from ppmq.store.store import Txn
 
 CHUNK_MESSAGES = 20_000  # per step: about a tenth of a second of the writer's time
 
@@ -50,7 +50,9 @@ def is_large(topic: TopicConfig, messages: list[p.Message]) -> bool:
         return False
     why = _unstageable(topic, messages)
     if why:
-        raise p.TooLarge(f"Messages: {len(messages)} messages in one publish {why}, which takes at most {CHUNK_MESSAGES} in one request: split it")
+        raise p.TooLarge(
+            f"Messages: {len(messages)} messages in one publish {why}, which takes at most {CHUNK_MESSAGES} in one request: split it"
+        )
     return True
 
 
@@ -160,7 +162,9 @@ class Staging:
         self._touched = None
         return answers
 
-    def store_chunk(self, txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], stats: TopicStats, max_message_bytes: int) -> bool:
+    def store_chunk(
+        self, txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], stats: TopicStats, max_message_bytes: int
+    ) -> bool:
         """Validate and store the job's next chunk, unseen; True once it is whole
         (the record is then cleared and the caller makes it visible)."""
         if topic != job.topic:
@@ -202,7 +206,9 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     for prio in prios:
         job.ready[prio] += 1
     job.stored_bytes += sum(sizes)
-    txn.put_messages(t, first, prios, job.arrived_ns, expiries, keys, fragments, dedupe=False, expire=topic.expire)  # a Dedupe topic never stages
+    txn.put_messages(
+        t, first, prios, job.arrived_ns, expiries, keys, fragments, dedupe=False, expire=topic.expire
+    )  # a Dedupe topic never stages
     for s in subs:
         txn.push_ready_many(t, s, list(zip(prios, ids, ids)))  # (prio, pos, m): a new message's place is its id
     txn.put_new_holders(t, subs, first, prios)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from msgspec import Raw
 
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
+from ppmq.protocol import messages as p
 from ppmq.store.state import NS
 
 MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, and the dedupe index adds 4

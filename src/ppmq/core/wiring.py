@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ppmq.protocol import messages as p
-from ppmq.core.access import Rules
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.access import Rules
 from ppmq.core.events import StepEvents
 from ppmq.core.taker_holdings import Owners
+from ppmq.protocol import messages as p
 from ppmq.store.state import State
 from ppmq.store.store import Store
 

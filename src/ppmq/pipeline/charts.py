@@ -14,9 +14,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # no display: render to memory
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 MAX_SERIES = 8  # lines per chart; the busiest are kept
 Row = dict[str, Any]
@@ -85,7 +85,9 @@ def losses(subs: list[Row]) -> bytes:
     left.set_yticks(y, names)
     left.set_xlabel("% of deliveries that were redeliveries")
     left.set_title("Redelivery rate")
-    right.barh([i - 0.2 for i in y], [r["expired_before_delivery"] for r in rows], height=0.4, label="expired before delivery", color="#8c564b")
+    right.barh(
+        [i - 0.2 for i in y], [r["expired_before_delivery"] for r in rows], height=0.4, label="expired before delivery", color="#8c564b"
+    )
     right.barh([i + 0.2 for i in y], [r["replaced"] or 0 for r in rows], height=0.4, label="replaced by dedupe (topic)", color="#17becf")
     right.set_xlabel("messages")
     right.set_title("Never delivered")

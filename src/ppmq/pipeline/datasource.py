@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -37,11 +37,11 @@ from pyspark.sql.types import StructType
 
 from ppmq.client.library import Client, ClientError
 from ppmq.config import load_config
+from ppmq.pipeline import snapshot
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store.counters import HEAD_KEY, load_state
 from ppmq.store.reader import BodyRecord, Damaged, ReadTxn, StoreReader
 from ppmq.store.schema import StoreError
-from ppmq.pipeline import snapshot
 
 SNAPSHOT_SCHEMA = (
     "topic string, key string, priority int, payload string, payload_json string, "
@@ -177,7 +177,7 @@ def _row(txn: ReadTxn, topic: str, record: BodyRecord, subs: dict[int, str]) -> 
 
 
 def _time(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns / 1e9, timezone.utc)
+    return datetime.fromtimestamp(ns / 1e9, UTC)
 
 
 # --- writing --------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def _message_fields(schema: StructType) -> dict[str, str]:
 def _wire(value: Any) -> Any:
     """A Spark value as JSON: rows and maps as objects, times as RFC 3339 in UTC."""
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)  # PySpark hands out naive local times
+        return value.astimezone(UTC)  # PySpark hands out naive local times
     if hasattr(value, "asDict"):
         return {k: _wire(v) for k, v in value.asDict().items()}
     if isinstance(value, dict):

@@ -8,8 +8,8 @@ has one row per host, so it is small whatever the journals' size.
 
 from __future__ import annotations
 
-from statistics import median
 from collections.abc import Callable
+from statistics import median
 from typing import Any, NamedTuple
 
 Row = dict[str, Any]
@@ -18,7 +18,9 @@ WORST = 3  # hosts named per figure
 
 class Figure(NamedTuple):
     column: str  # of the hosts table
-    fleet: Callable[[list[Row], str], float | int] | None  # the fleet's value from the hosts'; None for a percentile, which hosts' do not give
+    fleet: (
+        Callable[[list[Row], str], float | int] | None
+    )  # the fleet's value from the hosts'; None for a percentile, which hosts' do not give
     high_is_bad: bool  # worst hosts are those with the highest value
 
 

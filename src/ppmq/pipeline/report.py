@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from pyspark import StorageLevel
@@ -110,15 +110,33 @@ def render(rows: dict[str, list[Row]]) -> str:
     hosts = sorted(rows["hosts"], key=lambda r: r["host"] or "")
     sections = [
         *_fleet_sections(hosts, flow),
-        ("Published per minute", fleet_wide(image(charts.throughput(flow, "publish", "Messages published, busiest hosts and topics"), "published per minute"))),
-        ("Delivered per minute", fleet_wide(image(charts.throughput(flow, "deliver", "First deliveries, busiest subscribers"), "delivered per minute"))),
+        (
+            "Published per minute",
+            fleet_wide(image(charts.throughput(flow, "publish", "Messages published, busiest hosts and topics"), "published per minute")),
+        ),
+        (
+            "Delivered per minute",
+            fleet_wide(image(charts.throughput(flow, "deliver", "First deliveries, busiest subscribers"), "delivered per minute")),
+        ),
         ("Acknowledged per minute", fleet_wide(image(charts.throughput(flow, "ack", "Acks, busiest subscribers"), "acked per minute"))),
-        ("Slowest subscribers", fleet_wide(image(charts.latency(subs), "latency per subscriber")) + table(slowest, list(slowest[0]) if slowest else [])),
-        ("Redeliveries and messages never delivered", fleet_wide(image(charts.losses(subs), "redeliveries and losses")) if subs else table([], [])),
+        (
+            "Slowest subscribers",
+            fleet_wide(image(charts.latency(subs), "latency per subscriber")) + table(slowest, list(slowest[0]) if slowest else []),
+        ),
+        (
+            "Redeliveries and messages never delivered",
+            fleet_wide(image(charts.losses(subs), "redeliveries and losses")) if subs else table([], []),
+        ),
         ("Subscribers", table(subs, SUBSCRIBER_COLUMNS)),
-        ("Topics", table(sorted(rows["topics"], key=key), ["host", "topic", "published", "published_bytes", "replaced", "rejected_requests", "rejected_messages"])),
+        (
+            "Topics",
+            table(
+                sorted(rows["topics"], key=key),
+                ["host", "topic", "published", "published_bytes", "replaced", "rejected_requests", "rejected_messages"],
+            ),
+        ),
     ]
-    return page("ppmq delivery report", sections, datetime.now(timezone.utc), [h["host"] for h in hosts if h["host"]])
+    return page("ppmq delivery report", sections, datetime.now(UTC), [h["host"] for h in hosts if h["host"]])
 
 
 def _fleet_sections(hosts: list[Row], flow: list[Row]) -> list[tuple[str, str]]:

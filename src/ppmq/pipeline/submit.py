@@ -20,7 +20,9 @@ from ppmq.pipeline.report import report
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ppmq-report", description="Journals of many ppmq hosts -> Parquet tables and report.html")
-    ap.add_argument("paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads")
+    ap.add_argument(
+        "paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads"
+    )
     ap.add_argument("--out", required=True, help="output directory (any URI Spark writes)")
     args = ap.parse_args(argv)
     spark = SparkSession.builder.appName("ppmq report").getOrCreate()

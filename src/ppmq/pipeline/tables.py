@@ -38,7 +38,11 @@ SLOWEST = 10  # rows of the slowest-subscribers table
 PER_SUBSCRIBER = ["host", "topic", "subscriber"]
 PER_TOPIC = ["host", "topic"]
 PARTITIONS = ["host", "date"]  # of the records table
-RATES = {"redelivery": "redelivered", "nack": "nacks", "reject": "rejected"}  # <name>_rate of the subscribers table: count per delivered message
+RATES = {
+    "redelivery": "redelivered",
+    "nack": "nacks",
+    "reject": "rejected",
+}  # <name>_rate of the subscribers table: count per delivered message
 
 
 def read_journal(spark: SparkSession, paths: Iterable[str]) -> DataFrame:

@@ -211,11 +211,7 @@ def _looks_whole(line: bytes) -> bool:
     Brackets inside strings can only make this say no, sending the line to the
     scanner, which is slower but exact.
     """
-    return (
-        line.count(b"{") == line.count(b"}")
-        and line.count(b"[") == line.count(b"]")
-        and not _SEAM.search(line)
-    )
+    return line.count(b"{") == line.count(b"}") and line.count(b"[") == line.count(b"]") and not _SEAM.search(line)
 
 
 def _ends_like_a_value(buf: bytearray) -> bool:

@@ -113,7 +113,24 @@ class Request(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
 
 WRAPPER_KEYS = {
     f.lower(): f
-    for f in ("Topic", "Subscriber", "Messages", "Acks", "Nacks", "Rejects", "Touch", "Delay", "Keys", "State", "Limit", "After", "Count", "Wait", "Command", "Id")
+    for f in (
+        "Topic",
+        "Subscriber",
+        "Messages",
+        "Acks",
+        "Nacks",
+        "Rejects",
+        "Touch",
+        "Delay",
+        "Keys",
+        "State",
+        "Limit",
+        "After",
+        "Count",
+        "Wait",
+        "Command",
+        "Id",
+    )
 }
 MESSAGE_KEYS = {f.lower(): f for f in ("Key", "Payload", "Expires", "TTL", "Priority", "Delay", "NotBefore")}
 
@@ -323,8 +340,8 @@ def error_reply(exc: RequestError, request_id: Raw | UnsetType = UNSET) -> Reply
 
 # --- broker -> subscriber (PROTOCOL §5) --------------------------------------------
 
-_GO_ZERO_TIME = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_GO_ZERO_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MAX_EXPIRES_S = 2**63 // 10**9 - 1
 
 
@@ -338,7 +355,7 @@ def expires_ns(value: dt.datetime | int | float | None) -> int:
         return 0
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
         if value == _GO_ZERO_TIME:
             return 0
         delta = value - _EPOCH
@@ -364,7 +381,7 @@ def _shown(value: dt.datetime | int | float) -> str:
 def format_expires(ns: int) -> str:
     """RFC 3339 in UTC with up to nanosecond precision, as Go writes it."""
     seconds, frac = divmod(ns, 10**9)
-    base = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    base = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
 
 

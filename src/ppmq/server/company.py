@@ -14,8 +14,8 @@ from typing import Protocol
 
 from msgspec import UNSET
 
-from ppmq.protocol import messages as p
 from ppmq.core.ops import Op, Written, request_of
+from ppmq.protocol import messages as p
 
 
 class Counters(Protocol):

@@ -20,9 +20,8 @@ from typing import Protocol
 from msgspec import UNSET
 
 from ppmq.protocol import messages as p
-from ppmq.server.waiters import Waiters
 from ppmq.server.group_commit import ReplySink
-
+from ppmq.server.waiters import Waiters
 
 
 class Requests(Protocol):
@@ -32,6 +31,7 @@ class Requests(Protocol):
     def feed(self, data: bytes) -> None: ...
 
     def end(self, exc: BaseException | None) -> None: ...
+
 
 log = logging.getLogger("ppmq.connection")
 

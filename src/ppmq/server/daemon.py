@@ -18,28 +18,38 @@ import socket
 import time
 from pathlib import Path
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, ConfigError, SubscriberConfig, load_config
-from ppmq.server.connection_limit import ConnectionLimit
-from ppmq.server.push import SubscriberLink
-from ppmq.server.journal import Journal
-from ppmq.server.metrics import CommitTimes, exposition, write_textfile
+from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
+from ppmq.protocol import messages as p
+from ppmq.server.connection_limit import ConnectionLimit
+from ppmq.server.group_commit import Writer
+from ppmq.server.journal import Journal
+from ppmq.server.listener import Server
+from ppmq.server.metrics import CommitTimes, exposition, write_textfile
 from ppmq.server.parallel_push import ParallelLink
 from ppmq.server.phpmq import PhpmqServer
-from ppmq.server.listener import Server
+from ppmq.server.push import SubscriberLink
+from ppmq.server.take_waits import Takes
 from ppmq.store.store import Store
 from ppmq.systemd import Notifier
-from ppmq.server.take_waits import Takes
-from ppmq.server.group_commit import Writer
 
 log = logging.getLogger("ppmq.daemon")
 
 STOP_GRACE_S = 5.0  # how long open connections get to read their last replies
 STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 # Changing these needs a restart: they are the environment the others run in.
-RESTART_ONLY = ("server_socket", "phpmq_socket", "data_path", "sync", "max_store_bytes", "socket_mode", "socket_group", "journal", "metrics")
+RESTART_ONLY = (
+    "server_socket",
+    "phpmq_socket",
+    "data_path",
+    "sync",
+    "max_store_bytes",
+    "socket_mode",
+    "socket_group",
+    "journal",
+    "metrics",
+)
 
 
 async def run(
@@ -95,18 +105,27 @@ class Daemon:
         self.broker = Broker(config, store, time.time_ns(), complete_status=self._complete_status)
         self.journal = _journal(config)
         self.writer = Writer(
-            self.broker, self.journal.put if self.journal else None,
-            durable=config.sync and not config.in_memory, on_step=self.commit_times.observe,
+            self.broker,
+            self.journal.put if self.journal else None,
+            durable=config.sync and not config.in_memory,
+            on_step=self.commit_times.observe,
         )
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
         self.takes = Takes(self.writer)  # TAKEs of every listener's connections (PROTOCOL §9)
         self.connections = ConnectionLimit(config.max_connections)  # of every listener together (PROTOCOL §9)
         self.server = Server(
-            config.server_socket, self.writer, config.max_frame_bytes,
-            connections=self.connections, read_timeout_s=config.read_timeout, policy=self.policy, takes=self.takes,
+            config.server_socket,
+            self.writer,
+            config.max_frame_bytes,
+            connections=self.connections,
+            read_timeout_s=config.read_timeout,
+            policy=self.policy,
+            takes=self.takes,
         )
         self.phpmq = (
-            PhpmqServer(config.phpmq_socket, self.writer, self.takes, config, self.connections, self.policy) if config.phpmq_socket else None
+            PhpmqServer(config.phpmq_socket, self.writer, self.takes, config, self.connections, self.policy)
+            if config.phpmq_socket
+            else None
         )
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
@@ -133,8 +152,12 @@ class Daemon:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_interval_s), name="watchdog"))
         log.info(
             "serving on %s%s: %d topics, %d subscribers, data in %s (sync %s)",
-            self.config.server_socket, " (from systemd)" if inherited is not None else "",
-            len(self.config.topics), len(self.config.subscribers), self.store.path, "on" if self.config.sync else "off",
+            self.config.server_socket,
+            " (from systemd)" if inherited is not None else "",
+            len(self.config.topics),
+            len(self.config.subscribers),
+            self.store.path,
+            "on" if self.config.sync else "off",
         )
         self.notifier.ready(self.status_text())
 
@@ -175,8 +198,12 @@ class Daemon:
 
     def _link(self, sub: SubscriberConfig) -> None:
         link = (ParallelLink if sub.connections > 1 else SubscriberLink)(
-            sub, self.writer, self.config.retry_max, self.config.max_frame_bytes,
-            read_timeout_s=self.config.read_timeout, policy=self.policy,
+            sub,
+            self.writer,
+            self.config.retry_max,
+            self.config.max_frame_bytes,
+            read_timeout_s=self.config.read_timeout,
+            policy=self.policy,
         )
         self.links[sub.name] = (link, asyncio.create_task(link.run(), name=f"subscriber {sub.name}"))
 

@@ -27,14 +27,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from ppmq.protocol import messages as p
 from ppmq.core import staging
 from ppmq.core.broker import Broker
-from ppmq.server.company import Company
 from ppmq.core.events import Event
 from ppmq.core.lanes import Lanes
 from ppmq.core.ops import Delivery, Op, Returned, request_of
 from ppmq.core.staging import Answer
+from ppmq.protocol import messages as p
+from ppmq.server.company import Company
 from ppmq.server.waiters import Waiters
 
 ReplySink = Callable[[p.Reply], None]
@@ -355,7 +355,6 @@ class Writer:
                 self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
             else:
                 outlet.push(delivery)
-
 
     def _free(self, left: dict[str, dict[str, list[int]]]) -> None:
         """Room again on the lanes that carried what left flight in the step; after

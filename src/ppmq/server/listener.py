@@ -9,15 +9,15 @@ import asyncio
 import logging
 import socket
 
-from ppmq.protocol import messages as p
 from ppmq import sockets
 from ppmq.core.access import Peer, Policy
-from ppmq.sockets import peer_credentials
+from ppmq.protocol import messages as p
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.connection_limit import ConnectionLimit
+from ppmq.server.group_commit import Writer
 from ppmq.server.requests import Requests
 from ppmq.server.take_waits import Takes
-from ppmq.server.group_commit import Writer
+from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.server")
 
@@ -93,7 +93,9 @@ class Server:
             peer = Peer(*peer_credentials(conn.get_extra_info("socket")))
             channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")
             authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
-            await Requests(conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes).serve()
+            await Requests(
+                conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes
+            ).serve()
         finally:
             self._channels.pop(task, None)
             self.connections.leave(LISTENER)

@@ -79,7 +79,13 @@ def _subscriber_families(topics: dict[str, Any]) -> Iterator[Metric]:
     """Per topic and subscriber, from each topic's Subscribers; `Connected` per subscriber alone."""
     subs = [(topic, name, s) for topic, t in topics.items() for name, s in t["Subscribers"].items()]
     ready = [([t, n, str(prio)], count) for t, n, s in subs for prio, count in enumerate(s["Ready"])]
-    yield _family(GaugeMetricFamily, "ppmq_ready_messages", "Messages queued for a subscriber, not in flight.", ["topic", "subscriber", "priority"], ready)
+    yield _family(
+        GaugeMetricFamily,
+        "ppmq_ready_messages",
+        "Messages queued for a subscriber, not in flight.",
+        ["topic", "subscriber", "priority"],
+        ready,
+    )
     for key, name, doc in _SUB_COUNTERS:
         yield _family(CounterMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs])
     for key, name, doc in _SUB_GAUGES:  # OldestReadyAge is null when nothing is ready: 0 here
@@ -87,7 +93,13 @@ def _subscriber_families(topics: dict[str, Any]) -> Iterator[Metric]:
     for key, name, doc in _PULL_GAUGES:  # in the entries of Pull subscribers only (PROTOCOL §9)
         yield _family(GaugeMetricFamily, name, doc, ["topic", "subscriber"], [([t, n], s[key]) for t, n, s in subs if key in s])
     connected = {n: int(s.get("Connected", False)) for _, n, s in subs}
-    yield _family(GaugeMetricFamily, "ppmq_subscriber_connected", "1 while the broker has a connection to the subscriber's socket.", ["subscriber"], [([n], c) for n, c in connected.items()])
+    yield _family(
+        GaugeMetricFamily,
+        "ppmq_subscriber_connected",
+        "1 while the broker has a connection to the subscriber's socket.",
+        ["subscriber"],
+        [([n], c) for n, c in connected.items()],
+    )
 
 
 def _broker_families(body: dict[str, Any]) -> Iterator[Metric]:
@@ -100,7 +112,9 @@ def _broker_families(body: dict[str, Any]) -> Iterator[Metric]:
             yield GaugeMetricFamily(name, doc, value=body[key])
     if "CommitSeconds" in body:
         commits = body["CommitSeconds"]
-        yield HistogramMetricFamily("ppmq_commit_duration_seconds", COMMIT_HELP, buckets=list(commits["Buckets"].items()), sum_value=commits["Sum"])
+        yield HistogramMetricFamily(
+            "ppmq_commit_duration_seconds", COMMIT_HELP, buckets=list(commits["Buckets"].items()), sum_value=commits["Sum"]
+        )
 
 
 def _listener_families(listeners: dict[str, Any]) -> Iterator[Metric]:
@@ -133,7 +147,11 @@ _SUB_COUNTERS = (
     ("Delivered", "ppmq_delivered_messages", "Pushes of a message to the subscriber, redeliveries included."),
     ("Acked", "ppmq_acked_messages", "Messages the subscriber acknowledged."),
     ("Redelivered", "ppmq_redelivered_messages", "Pushes of a message to the subscriber after its first."),
-    ("DeadLettered", "ppmq_dead_lettered_messages", "Messages given up for the subscriber (MaxAttempts, Rejects) or dead-lettered for it (expired, overflow)."),
+    (
+        "DeadLettered",
+        "ppmq_dead_lettered_messages",
+        "Messages given up for the subscriber (MaxAttempts, Rejects) or dead-lettered for it (expired, overflow).",
+    ),
 )
 _SUB_GAUGES = (
     ("InFlight", "ppmq_inflight_messages", "Messages delivered to the subscriber and not yet acknowledged."),
@@ -142,7 +160,11 @@ _SUB_GAUGES = (
     ("Paused", "ppmq_subscriber_paused", "1 while the subscription is paused (PAUSE), else 0."),
 )
 _PULL_GAUGES = (
-    ("Takers", "ppmq_takers", "Takers (ServerSocket connections, PHPMQ consumers) holding the Pull subscriber's messages or waiting in a TAKE."),
+    (
+        "Takers",
+        "ppmq_takers",
+        "Takers (ServerSocket connections, PHPMQ consumers) holding the Pull subscriber's messages or waiting in a TAKE.",
+    ),
     ("WaitingTakes", "ppmq_waiting_takes", "TAKEs of the Pull subscriber waiting for messages."),
 )
 _BROKER_COUNTERS = (
@@ -151,7 +173,12 @@ _BROKER_COUNTERS = (
     ("Commits", "ppmq_commits", "Write transactions committed."),
 )
 _LISTENER_FAMILIES = (
-    (GaugeMetricFamily, "Connections", "ppmq_connections", "Connections open on the listener (MaxConnections bounds all listeners' together)."),
+    (
+        GaugeMetricFamily,
+        "Connections",
+        "ppmq_connections",
+        "Connections open on the listener (MaxConnections bounds all listeners' together).",
+    ),
     (CounterMetricFamily, "UnknownQueue", "ppmq_unknown_queue", "Frames naming a queue that is no topic; each closed its connection."),
 )
 _BROKER_GAUGES = (

@@ -18,10 +18,10 @@ import asyncio
 from typing import Any
 
 from ppmq.config import SubscriberConfig
-from ppmq.server.push import SubscriberLink
 from ppmq.core.lanes import Lanes, Ledger
 from ppmq.core.ops import Delivery, Op, Returned
 from ppmq.server.group_commit import Outlet, ReplySink, Writer
+from ppmq.server.push import SubscriberLink
 
 
 class ParallelLink:

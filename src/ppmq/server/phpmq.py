@@ -30,18 +30,18 @@ from collections.abc import Callable
 import msgspec
 from msgspec import UNSET
 
-from ppmq.protocol import phpmq as wire
-from ppmq.protocol import messages as p
 from ppmq import sockets
-from ppmq.core.access import Peer, Policy
-from ppmq.sockets import peer_credentials
 from ppmq.config import Config, TopicConfig
-from ppmq.server.connection_limit import ConnectionLimit
+from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Guarded, Invalid, Op, Requeue
-from ppmq.server.phpmq_consume import Consumer, Wanted
-from ppmq.server.listener import LISTEN_BACKLOG
-from ppmq.server.take_waits import Takes
+from ppmq.protocol import messages as p
+from ppmq.protocol import phpmq as wire
+from ppmq.server.connection_limit import ConnectionLimit
 from ppmq.server.group_commit import Writer
+from ppmq.server.listener import LISTEN_BACKLOG
+from ppmq.server.phpmq_consume import Consumer, Wanted
+from ppmq.server.take_waits import Takes
+from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.phpmq")
 
@@ -173,7 +173,13 @@ class PhpmqServer:
     """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
 
     def __init__(
-        self, path: str, writer: Writer, takes: Takes, config: Config, connections: ConnectionLimit, policy: Policy | None = None,
+        self,
+        path: str,
+        writer: Writer,
+        takes: Takes,
+        config: Config,
+        connections: ConnectionLimit,
+        policy: Policy | None = None,
     ) -> None:
         self.path = path
         self.writer = writer

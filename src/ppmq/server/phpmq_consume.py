@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import msgspec
 
-from ppmq.protocol import phpmq as wire
-from ppmq.protocol import messages as p
-from ppmq.server.take_waits import Takes
 from ppmq.core.pull import MAX_COUNT, MAX_WAIT_S
+from ppmq.protocol import messages as p
+from ppmq.protocol import phpmq as wire
+from ppmq.server.take_waits import Takes
 
 log = logging.getLogger("ppmq.phpmq")
 
@@ -133,8 +133,12 @@ class Consumer:
         may, unless a new 002 ends the wait first."""
         self._interrupt = asyncio.get_running_loop().create_future()
         request = p.Request(
-            topic=wanted.queue, subscriber=wanted.subscriber, command="TAKE",
-            count=min(room, MAX_COUNT), wait=MAX_WAIT_S, id=TAKE_ID,
+            topic=wanted.queue,
+            subscriber=wanted.subscriber,
+            command="TAKE",
+            count=min(room, MAX_COUNT),
+            wait=MAX_WAIT_S,
+            id=TAKE_ID,
         )
         return await self.takes.take(self.taker, request, self.check, self._interrupt)
 

@@ -26,13 +26,13 @@ import random
 import time
 from collections import deque
 
-from ppmq.core.access import Peer, Policy
-from ppmq.sockets import peer_credentials
 from ppmq.config import SubscriberConfig
+from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Delivery, Returned, Written
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.requests import Requests
 from ppmq.server.group_commit import Writer
+from ppmq.server.requests import Requests
+from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.delivery")
 
@@ -163,9 +163,7 @@ class SubscriberLink:
         """Push batches until the subscriber closes; acks it sends back are served too."""
         channel = ReplyChannel(out, f"subscriber {self.name} ({peer})")
         authorize = self.policy.guard(peer, channel.peer, own=self.name) if self.policy is not None else None
-        acks = asyncio.create_task(
-            Requests(out, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize).serve()
-        )
+        acks = asyncio.create_task(Requests(out, channel, self.writer, self.max_frame_bytes, None, self.read_timeout_s, authorize).serve())
         acks.add_done_callback(self._wake)
         self._out = out
         self.writer.open(self.name, self)
@@ -234,4 +232,3 @@ class SubscriberLink:
 
     def _give_back(self, delivery: Delivery) -> None:
         self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
-

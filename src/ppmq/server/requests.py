@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 from msgspec import UNSET
 
-from ppmq.protocol import messages as p
-from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.protocol.framing import Framer
 from ppmq.core.ops import Guarded, Invalid
-from ppmq.server.take_waits import Takes
+from ppmq.protocol import messages as p
+from ppmq.protocol.framing import Framer
+from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.group_commit import Writer
+from ppmq.server.take_waits import Takes
 
 log = logging.getLogger("ppmq.connection")
 

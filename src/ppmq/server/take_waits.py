@@ -28,10 +28,10 @@ from functools import partial
 
 import msgspec
 
-from ppmq.protocol import messages as p
 from ppmq.core import staging
 from ppmq.core.ops import Abandoned, Op, Take, request_of
 from ppmq.core.taker_holdings import Key
+from ppmq.protocol import messages as p
 from ppmq.server.group_commit import Writer
 
 
@@ -87,7 +87,9 @@ class Takes:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.wait
         # Sent again without what the first one carried besides the TAKE (Acks...): that is applied.
-        again = Take(taker, p.Request(topic=request.topic, subscriber=request.subscriber, count=request.count, command="TAKE", id=request.id), check)
+        again = Take(
+            taker, p.Request(topic=request.topic, subscriber=request.subscriber, count=request.count, command="TAKE", id=request.id), check
+        )
         key = (request.topic, request.subscriber)
         while (left_s := deadline - loop.time()) > 0:
             waiter = _Waiter(taker, request.count or 1, loop.create_future(), again)

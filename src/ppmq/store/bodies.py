@@ -14,13 +14,28 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import lmdb
 
 from ppmq.store.rows import Rows, at_row
-from ppmq.store.schema import BODY_HEAD, BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, Staged, body_columns, body_row_spans, decode_body, encode_body, encode_body_row, record_span, replace_body_record, u32
+from ppmq.store.schema import (
+    BODY_HEAD,
+    BODY_ROW_BYTES,
+    GROUP_MESSAGES,
+    TM,
+    Body,
+    Staged,
+    body_columns,
+    body_row_spans,
+    decode_body,
+    encode_body,
+    encode_body_row,
+    record_span,
+    replace_body_record,
+    u32,
+)
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 

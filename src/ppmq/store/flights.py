@@ -8,12 +8,11 @@ state machine's other parts read them through it, and fsck through reader.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 
-from ppmq.store.flight_index import FlightWatch, SubFlights
-
 from ppmq.store.bodies import BodyFinder
+from ppmq.store.flight_index import FlightWatch, SubFlights
 from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyRows
 from ppmq.store.schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
 
@@ -26,7 +25,13 @@ class QueueRows(ReadyRows):
     moves ready entries into flight."""
 
     def take_ready(
-        self, t: int, s: int, limit: int, deadline_ns: int, expired_at_ns: int, own_expiry: dict[int, int] | None = None,
+        self,
+        t: int,
+        s: int,
+        limit: int,
+        deadline_ns: int,
+        expired_at_ns: int,
+        own_expiry: dict[int, int] | None = None,
         max_bytes: int = 0,
     ) -> tuple[list[Taken], list[int], list[int]]:
         """A batch for s: up to `limit` entries of its queue on t, by priority then
@@ -92,7 +97,7 @@ class QueueRows(ReadyRows):
         """The index of s's batches in flight on t, from its rows."""
         flights = SubFlights()
         for f, _, raw in self._flight_rows(t, s):
-            for (m, *_rest) in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
+            for m, *_rest in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
                 flights.where[m] = f
             flights.next_f = f + 1
         return flights

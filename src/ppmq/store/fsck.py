@@ -27,16 +27,15 @@ import msgspec
 
 from ppmq.config import Config
 from ppmq.store.counters import load_state
-from ppmq.store.state import State
 from ppmq.store.reader import (
     BodyRecord,
     CopyExpiryRecord,
     CopyRecord,
     Damaged,
     DeadlineRecord,
+    DedupeRecord,
     DelayedRecord,
     DueRecord,
-    DedupeRecord,
     ExpiryRecord,
     FlightRecord,
     HoldersRecord,
@@ -46,6 +45,7 @@ from ppmq.store.reader import (
     StoreReader,
 )
 from ppmq.store.schema import Body, Flight, Staged, StoreError
+from ppmq.store.state import State
 
 
 class FsckError(Exception):
@@ -226,10 +226,22 @@ _KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
 def check(snap: Snapshot, config: Config) -> list[str]:
     """Every problem found, one line each; empty when the store is consistent."""
     problems = list(snap.problems)
-    for find in (_staging_record_fits, _sequences_reserved, _bodies_referenced, _rows_tile_ids, _holders_point_at_places,
-                 _ready_points_at_messages, _inflight_points_at_messages, _deadlines_point_at_flights, _delayed_points_at_messages,
-                 _due_points_at_delayed, _message_indexes_point_at_bodies, _copies_point_at_holders, _subscriptions_exist,
-                 _counters_match):
+    for find in (
+        _staging_record_fits,
+        _sequences_reserved,
+        _bodies_referenced,
+        _rows_tile_ids,
+        _holders_point_at_places,
+        _ready_points_at_messages,
+        _inflight_points_at_messages,
+        _deadlines_point_at_flights,
+        _delayed_points_at_messages,
+        _due_points_at_delayed,
+        _message_indexes_point_at_bodies,
+        _copies_point_at_holders,
+        _subscriptions_exist,
+        _counters_match,
+    ):
         problems += find(snap, config)
     return problems
 
@@ -244,7 +256,9 @@ def _staging_record_fits(snap: Snapshot, config: Config) -> list[str]:
     stats = snap.state.topics.get(snap.topic_names[staged.t])  # None: a dropped topic, its rows being deleted
     seq = stats.seq if stats is not None else staged.last
     if not 0 < staged.first <= staged.last <= seq:
-        return [f"meta: the staging record's ids {staged.first}..{staged.last} of topic {snap.topic(staged.t)} are not reserved (sequence {seq})"]
+        return [
+            f"meta: the staging record's ids {staged.first}..{staged.last} of topic {snap.topic(staged.t)} are not reserved (sequence {seq})"
+        ]
     return []
 
 
@@ -277,7 +291,13 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
         tc = flags.get(names[t])
         if tc is not None and tc.dedupe and snap.dedupe.get((t, body.key)) != m:
             out.append(f"dedupe: {where} (key {body.key!r}) is missing from the dedupe index")
-        if tc is not None and tc.expire and body.expires_ns and (body.expires_ns, t, m) not in snap.expiry and not snap.all_copies_own(t, m):
+        if (
+            tc is not None
+            and tc.expire
+            and body.expires_ns
+            and (body.expires_ns, t, m) not in snap.expiry
+            and not snap.all_copies_own(t, m)
+        ):
             out.append(f"expiry: {where} expires but is missing from the expiry index")
     return out
 
@@ -353,10 +373,14 @@ def _deadlines_point_at_flights(snap: Snapshot, config: Config) -> list[str]:
     out = []
     for (t, s, f), deadline_ns in snap.batches.items():
         if deadline_ns and (deadline_ns, t, s, f) not in snap.deadlines:
-            out.append(f"inflight: batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} has an AckRetry deadline missing from the deadline index")
+            out.append(
+                f"inflight: batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} has an AckRetry deadline missing from the deadline index"
+            )
     for deadline_ns, t, s, f in snap.deadlines:
         if snap.batches.get((t, s, f)) != deadline_ns:
-            out.append(f"deadlines: {deadline_ns} for batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} matches no batch in flight")
+            out.append(
+                f"deadlines: {deadline_ns} for batch {f} to subscriber {snap.sub(s)} on topic {snap.topic(t)} matches no batch in flight"
+            )
     return out
 
 
@@ -425,10 +449,14 @@ def _subscriptions_exist(snap: Snapshot, config: Config) -> list[str]:
         return sub not in snap.state.subs.get(topic, {})
 
     for (t, m), holders in snap.holders.items():
-        out += [f"holders: {snap.msg(t, m)} is held by subscriber {snap.sub(s)}, which does not take that topic"
-                for s in holders if gone(t, s)]
-    rows_of = (("ready", ((t, s) for t, s, _, _ in snap.ready)), ("delayed", ((t, s) for t, s, _, _ in snap.delayed)),
-               ("inflight", ((t, s) for t, s, _ in snap.inflight)))
+        out += [
+            f"holders: {snap.msg(t, m)} is held by subscriber {snap.sub(s)}, which does not take that topic" for s in holders if gone(t, s)
+        ]
+    rows_of = (
+        ("ready", ((t, s) for t, s, _, _ in snap.ready)),
+        ("delayed", ((t, s) for t, s, _, _ in snap.delayed)),
+        ("inflight", ((t, s) for t, s, _ in snap.inflight)),
+    )
     for what, rows in rows_of:
         for (t, s), n in Counter(rows).items():
             if gone(t, s):

@@ -190,7 +190,9 @@ def _release_one(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list
     return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
 
 
-def _release_run(raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...], counts: tuple[int, ...], base: int) -> tuple[bytes, list[int]] | None:
+def _release_run(
+    raw: bytes, sub: bytes, wanted: list[int], ids: tuple[int, ...], counts: tuple[int, ...], base: int
+) -> tuple[bytes, list[int]] | None:
     """`_release` without a step per message, for what an ack most often is: a
     run of the row's messages with as many holders each, `sub` at the same
     place among them. None if `wanted` is not such a run."""

@@ -260,6 +260,8 @@ def _resume_point(txn: lmdb.Transaction, meta: lmdb._Database, path: str) -> tup
     if version == SCHEMA_VERSION:
         return None
     if version not in STEPS:
-        raise StoreError(f"store {path} has schema {found.decode(errors='replace')}, this ppmq reads {SCHEMA_VERSION} and converts from {min(STEPS)}")
+        raise StoreError(
+            f"store {path} has schema {found.decode(errors='replace')}, this ppmq reads {SCHEMA_VERSION} and converts from {min(STEPS)}"
+        )
     txn.put(b"schema", b"%d" % SCHEMA_VERSION, db=meta)
     return version, 0, b""

@@ -14,9 +14,11 @@ from typing import NamedTuple
 import lmdb
 
 from ppmq.protocol.messages import fragment_payload
+from ppmq.store.flight_index import FlightIndex
+from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.rows import floor_row
 from ppmq.store.schema import (
     BODY_HEAD,
-    Body,
     CONVERTING_KEY,
     DBS,
     DELAYED_VAL,
@@ -25,23 +27,21 @@ from ppmq.store.schema import (
     ETM,
     ETMS,
     FLIGHT_ENTRY,
-    Flight,
     HOLDER,
     READY_ENTRY,
     SCHEMA_VERSION,
-    StoreError,
     TM,
     TMS,
     TSM,
     TSPQ,
     U64,
+    Body,
+    Flight,
+    StoreError,
     body_columns,
     decode_body,
     holders_columns,
 )
-from ppmq.store.flight_index import FlightIndex
-from ppmq.store.ready_tails import ReadyTails
-from ppmq.store.rows import floor_row
 from ppmq.store.store import Txn, missing_store
 
 
@@ -88,7 +88,9 @@ class StoreReader:
             hint = ": start the broker, or run `ppmq migrate`, to convert it" if older else ""
             raise StoreError(f"store {path} has schema {found!r}, this ppmq reads {SCHEMA_VERSION}{hint}")
         if converting is not None:
-            raise StoreError(f"store {path} is part converted to schema {SCHEMA_VERSION}: start the broker, or run `ppmq migrate`, to finish")
+            raise StoreError(
+                f"store {path} is part converted to schema {SCHEMA_VERSION}: start the broker, or run `ppmq migrate`, to finish"
+            )
 
     @property
     def flight_index(self) -> FlightIndex:
@@ -230,8 +232,17 @@ class Damaged(NamedTuple):
 
 
 Record = (
-    BodyRecord | HoldersRecord | ReadyRecord | FlightRecord | DeadlineRecord | DelayedRecord | DueRecord | ExpiryRecord | DedupeRecord
-    | CopyRecord | CopyExpiryRecord
+    BodyRecord
+    | HoldersRecord
+    | ReadyRecord
+    | FlightRecord
+    | DeadlineRecord
+    | DelayedRecord
+    | DueRecord
+    | ExpiryRecord
+    | DedupeRecord
+    | CopyRecord
+    | CopyExpiryRecord
 )
 
 

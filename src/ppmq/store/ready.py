@@ -276,7 +276,9 @@ def _joined(cur: lmdb.Cursor, t: int, s: int, prio: int, adds: list[tuple[int, i
     return items
 
 
-def _cut(t: int, s: int, prio: int, key: bytes | None, raw: bytes, adds: list[tuple[int, int, int]], last: bool) -> list[tuple[bytes, bytes]]:
+def _cut(
+    t: int, s: int, prio: int, key: bytes | None, raw: bytes, adds: list[tuple[int, int, int]], last: bool
+) -> list[tuple[bytes, bytes]]:
     """A run (key None: a new one) with `adds` in it, as rows: the run itself,
     then a new run per READY_RUN entries it grew past its limit. The last run of
     a priority, appended to by every publish, stops at READY_RUN (or where it

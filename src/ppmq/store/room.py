@@ -63,4 +63,3 @@ class Room:
         """Writes were undone: the last count may have seen rows that are gone,
         or missed rows that are back."""
         self._counted = None
-

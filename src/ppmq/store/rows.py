@@ -26,7 +26,6 @@ END = 1 << 64  # above every message id: the bound of a topic's last group row
 Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
 
 
-
 class Opened(Protocol):
     """What the rows of a transaction need of whatever opened it: a Store, or a StoreReader."""
 

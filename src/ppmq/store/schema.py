@@ -86,7 +86,20 @@ from typing import NamedTuple
 
 # Bump when a key or value layout changes, and add the conversion to migrate.py.
 SCHEMA_VERSION = 6
-DBS = (b"bodies", b"holders", b"ready", b"inflight", b"deadlines", b"delayed", b"due", b"expiry", b"dedupe", b"copies", b"copy_expiry", b"meta")
+DBS = (
+    b"bodies",
+    b"holders",
+    b"ready",
+    b"inflight",
+    b"deadlines",
+    b"delayed",
+    b"due",
+    b"expiry",
+    b"dedupe",
+    b"copies",
+    b"copy_expiry",
+    b"meta",
+)
 
 TM = struct.Struct(">IQ")
 TS = struct.Struct(">IH")
@@ -225,12 +238,17 @@ class StoreFullError(StoreError):
     """LMDB's map is full: the transaction was rolled back."""
 
 
-def body_records(prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]) -> list[bytes]:
+def body_records(
+    prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]
+) -> list[bytes]:
     """Messages published together as their bodies rows hold them, each what
     decode_body reads back: from the publish's columns, in one call and with
     no Body made."""
     head = BODY_HEAD.pack
-    return [head(prio, publish_ns, expires_ns, len(key)) + key + fragment for prio, expires_ns, key, fragment in zip(prios, expiries, keys, fragments)]
+    return [
+        head(prio, publish_ns, expires_ns, len(key)) + key + fragment
+        for prio, expires_ns, key, fragment in zip(prios, expiries, keys, fragments)
+    ]
 
 
 def encode_body(body: Body) -> bytes:

@@ -128,10 +128,7 @@ def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Co
     names = {tc.name for tc in config.topics}
     for topic, stats in state.topics.items():
         if topic not in names and stats.stored and topic not in config.drop_topics:
-            errors.append(
-                f"Topics: topic {topic!r} was removed but holds {stats.stored} messages;"
-                " list it in DropTopics to delete them"
-            )
+            errors.append(f"Topics: topic {topic!r} was removed but holds {stats.stored} messages; list it in DropTopics to delete them")
     for tc in config.topics:
         old, stats = old_topics.get(tc.name), state.topics.get(tc.name)
         if old is None or stats is None or not stats.stored:

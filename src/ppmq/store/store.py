@@ -21,22 +21,22 @@ from contextlib import contextmanager
 import lmdb
 
 from ppmq.protocol import messages as p
+from ppmq.store.flight_index import FlightIndex
+from ppmq.store.holders import HolderRows, Holders
 from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
-from ppmq.store.holders import Holders, HolderRows
-from ppmq.store.flight_index import FlightIndex
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
 from ppmq.store.schema import (
-    Body,
     DBS,
     ETM,
     ETMS,
-    TMS,
     SCHEMA_VERSION,
+    TMS,
+    U64,
+    Body,
     StoreError,
     StoreFullError,
-    U64,
     body_records,
     u32,
 )
@@ -242,8 +242,17 @@ class Txn(HolderRows):
 
     # --- messages and their indexes ------------------------------------------------
     def put_messages(
-        self, t: int, first: int, prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes],
-        *, dedupe: bool, expire: bool,
+        self,
+        t: int,
+        first: int,
+        prios: Sequence[int],
+        publish_ns: int,
+        expiries: Sequence[int],
+        keys: Sequence[bytes],
+        fragments: Sequence[bytes],
+        *,
+        dedupe: bool,
+        expire: bool,
     ) -> None:
         """New messages, ids first, first + 1, ..., from their publish's columns:
         their records (schema.body_records) and, from the same columns, their

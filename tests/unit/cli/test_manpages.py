@@ -52,7 +52,8 @@ def test_the_config_page_documents_every_key_of_every_config_struct(pages) -> No
 def test_a_key_the_example_does_not_document_stops_the_pages() -> None:
     # Given the example without the comment above Window
     undocumented = EXAMPLE.replace("    # Extension. At most this many messages of one topic in flight\n", "").replace(
-        "    # (delivered, not acknowledged) to this subscriber. Default BatchSize.\n", "")
+        "    # (delivered, not acknowledged) to this subscriber. Default BatchSize.\n", ""
+    )
     assert "Subscribers.Window" not in documented_keys(undocumented)
     with pytest.raises(ManPageError, match=r"Subscribers\[\]\.Window"):
         config_page(undocumented)

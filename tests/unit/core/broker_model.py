@@ -11,19 +11,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppmq.protocol import messages as p
 from ppmq.config import TopicConfig
+from ppmq.protocol import messages as p
 from ppmq.store.state import NS, RESERVE_IDS
 
 SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
 TOPICS = [
     TopicConfig(
-        name="plain", subscribers=["s1", "s2"], ack_retry=5.0, priorities=2, expire=True,
-        max_messages=6, max_bytes=200, overflow_policy="drop-oldest", max_attempts=2, dead_letter="dead",
+        name="plain",
+        subscribers=["s1", "s2"],
+        ack_retry=5.0,
+        priorities=2,
+        expire=True,
+        max_messages=6,
+        max_bytes=200,
+        overflow_policy="drop-oldest",
+        max_attempts=2,
+        dead_letter="dead",
     ),
     TopicConfig(
-        name="dd", subscribers=["s1", "s2"], dedupe=True, priorities=3, expire=True, max_bytes=150, max_attempts=3,
-        dead_letter="dead", dead_letter_reasons=["rejected"],
+        name="dd",
+        subscribers=["s1", "s2"],
+        dedupe=True,
+        priorities=3,
+        expire=True,
+        max_bytes=150,
+        max_attempts=3,
+        dead_letter="dead",
+        dead_letter_reasons=["rejected"],
     ),
     TopicConfig(name="dm", subscribers=["s2"], dedupe=True, priorities=2, max_messages=2, overflow_policy="drop-oldest"),
     TopicConfig(name="auto", subscribers=["s2"], ack_required=False, max_messages=4),

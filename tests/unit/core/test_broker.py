@@ -13,12 +13,12 @@ import msgspec
 import pytest
 import yaml
 
-from ppmq.core import broker as broker_module
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig, load_config
-from ppmq.store.fsck import check, read_snapshot
+from ppmq.core import broker as broker_module
+from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure, Returned
+from ppmq.protocol import messages as p
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.schema import StoreError
 from ppmq.store.state import NS
 from ppmq.store.store import Store, Txn
@@ -30,7 +30,9 @@ NOW = 1_800_000_000 * NS
 def two_subscribers(path, window: int = 100, subs: tuple[str, ...] = ("s", "r"), **topic: object) -> Config:
     """Topic `t` taken by `subs` (of subscribers s and r), on a store at path."""
     return Config(
-        server_socket="/nonexistent", data_path=str(path), sync=False,
+        server_socket="/nonexistent",
+        data_path=str(path),
+        sync=False,
         subscribers=[SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=100, window=window) for n in ("s", "r")],
         topics=[TopicConfig(name="t", subscribers=list(subs), **topic)],
     )
@@ -238,7 +240,9 @@ def test_a_key_pushed_by_a_step_that_died_with_its_process_is_never_handed_out_a
         paths.append(tmp_path / f"ppmq{i}.yaml")
         paths[-1].write_text(yaml.safe_dump(make_config(tmp_path, config, ["s"])))
     topic = topics[-1]["Name"]
-    died = subprocess.run([sys.executable, "-c", STEP_AND_DIE, str(paths[0]), topic, *map(str, paths[1:] if created else [])], capture_output=True, timeout=60)
+    died = subprocess.run(
+        [sys.executable, "-c", STEP_AND_DIE, str(paths[0]), topic, *map(str, paths[1:] if created else [])], capture_output=True, timeout=60
+    )
     assert died.returncode == 9, died.stderr.decode()
     (first,) = keys_by_payload(died.stdout.splitlines())["first"]
     # When the broker starts again on its store, and a new message comes
@@ -408,7 +412,11 @@ def test_a_publish_a_limited_topic_has_room_for_is_stored_whole_and_one_it_has_n
             return {body.fragment.split(b'"Payload":')[1].split(b",")[0].decode(): body.key.decode() for _, body in txn.bodies_of(t)}
 
     # When a publish of priorities 2, 0, 1 finds room for all of it
-    broker.step([p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"%d" % i), priority=prio) for i, prio in ((1, 2), (2, 0), (3, 1))])], set(), NOW)
+    broker.step(
+        [p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"%d" % i), priority=prio) for i, prio in ((1, 2), (2, 0), (3, 1))])],
+        set(),
+        NOW,
+    )
     # Then it is stored at once: its keys go by priority
     assert stored_keys() == {"2": "1", "3": "2", "1": "3"}
     # When the next publish of 3 has room for 2 of them only

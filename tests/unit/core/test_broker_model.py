@@ -41,13 +41,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ppmq.protocol import messages as p
-from ppmq.store import ready as ready_rows
+from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
-from ppmq.config import Config, JournalConfig, SubscriberConfig
-from ppmq.store.fsck import check, read_snapshot
 from ppmq.core.ops import Returned, Written
+from ppmq.protocol import messages as p
+from ppmq.store import ready as ready_rows
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.state import NS
 from ppmq.store.store import Store
 from tests.unit.core.broker_model import SUBS, TOPICS, Given, Job, Msg, TopicModel
@@ -69,7 +69,12 @@ class BrokerMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="ppmq-model-")
         subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
         self.config = Config(
-            server_socket="/nonexistent/s", data_path=self.dir, subscribers=subs, topics=TOPICS, sync=False, journal=JournalConfig(enabled=journaled)
+            server_socket="/nonexistent/s",
+            data_path=self.dir,
+            subscribers=subs,
+            topics=TOPICS,
+            sync=False,
+            journal=JournalConfig(enabled=journaled),
         )
         self.now = START_NS
         self.model = {t.name: TopicModel(t) for t in TOPICS}
@@ -195,7 +200,9 @@ class BrokerMachine(RuleBasedStateMachine):
                 return
             if len(spec) > CHUNK:  # staged: answered in the step that ends it
                 assert reply is None
-                self.jobs.append(Job(req, [(ident, msg) for ident, msg, _ in idents], bad_at if bad_at is not None and bad_at < len(spec) else None))
+                self.jobs.append(
+                    Job(req, [(ident, msg) for ident, msg, _ in idents], bad_at if bad_at is not None and bad_at < len(spec) else None)
+                )
                 return
             if bad_at is not None and bad_at < len(spec):
                 assert reply.status == 400 and f"Messages[{bad_at}].Priority" in reply.error
@@ -223,7 +230,7 @@ class BrokerMachine(RuleBasedStateMachine):
             message.not_before = self.now // NS + seconds
             due_ns = message.not_before * NS
         else:
-            message.not_before = dt.datetime.fromtimestamp(self.now / NS + seconds, dt.timezone.utc)
+            message.not_before = dt.datetime.fromtimestamp(self.now / NS + seconds, dt.UTC)
             due_ns = self.now + int(seconds * NS)
         return due_ns if due_ns > self.now else 0
 
@@ -340,7 +347,17 @@ class BrokerMachine(RuleBasedStateMachine):
         if bad == "Delay":  # Delay without Nacks, or a negative one
             delay = 1 if nacks is None else -1
         command = "BOGUS" if bad == "Command" else None
-        req = p.Request(topic=topic, subscriber=sub, acks=acks, nacks=nacks, rejects=rejects, touch=touch, delay=delay, command=command, id=msgspec.Raw(b"4"))
+        req = p.Request(
+            topic=topic,
+            subscriber=sub,
+            acks=acks,
+            nacks=nacks,
+            rejects=rejects,
+            touch=touch,
+            delay=delay,
+            command=command,
+            id=msgspec.Raw(b"4"),
+        )
 
         def apply(replies: list) -> None:
             (reply,) = replies
@@ -537,10 +554,15 @@ class BrokerMachine(RuleBasedStateMachine):
                     ready[prio] += 1
                 c = tm.counters[s]
                 assert sub["Ready"] == ready, (name, s)
-                assert (sub["InFlight"], sub["Delayed"], sub["Paused"]) == (len(tm.inflight[s]), len(tm.delayed[s]), s in tm.paused), (name, s)
+                assert (sub["InFlight"], sub["Delayed"], sub["Paused"]) == (len(tm.inflight[s]), len(tm.delayed[s]), s in tm.paused), (
+                    name,
+                    s,
+                )
                 counts = (sub["Delivered"], sub["Acked"], sub["Redelivered"], sub["Expired"], sub["IgnoredAcks"], sub["DeadLettered"])
                 assert counts == (c.delivered, c.acked, c.redelivered, c.expired, c.ignored, c.dead_lettered), (name, s)
 
 
-BrokerMachine.TestCase.settings = settings(max_examples=int(os.environ.get("PPMQ_MODEL_EXAMPLES", "200")), stateful_step_count=60, deadline=None)
+BrokerMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("PPMQ_MODEL_EXAMPLES", "200")), stateful_step_count=60, deadline=None
+)
 test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase

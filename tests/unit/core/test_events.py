@@ -63,7 +63,9 @@ def test_delivery_control_reports_nacks_rejects_touches_purges_and_pauses(tmp_pa
     broker.step([p.Request(topic="t", messages=[message(b"%d" % i) for i in range(4)])], {"s"}, NOW)
     # When s nacks one with a delay, rejects one and touches one; and the operator purges the last and pauses s
     control = p.Request(topic="t", subscriber="s", nacks=["1"], delay=2.5, rejects=["2"], touch=["3", "9"])
-    step = broker.step([control, p.Request(command="PURGE", topic="t", keys=["4"]), p.Request(command="PAUSE", subscriber="s")], set(), NOW + NS)
+    step = broker.step(
+        [control, p.Request(command="PURGE", topic="t", keys=["4"]), p.Request(command="PAUSE", subscriber="s")], set(), NOW + NS
+    )
     kinds = {e.event: e for e in step.events}
     # Then each is journaled with the messages it concerned
     assert (kinds["nack"].ids, kinds["nack"].attempts, kinds["nack"].pub_ns, kinds["nack"].delay_ns) == ([1], [1], [NOW], int(2.5 * NS))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.broker import Broker
 from ppmq.core.ops import Abandoned, Take
+from ppmq.protocol import messages as p
 from ppmq.store.state import NS
 from ppmq.store.store import Store
 
@@ -18,7 +18,9 @@ NOW = 1_800_000_000 * NS
 def open_pull_broker(path, window: int = 100, **topic: object) -> tuple[Broker, Store]:
     """Topic `t` taken by the Pull subscriber `w`, on a real store at path."""
     config = Config(
-        server_socket="/nonexistent", data_path=str(path), sync=False,
+        server_socket="/nonexistent",
+        data_path=str(path),
+        sync=False,
         subscribers=[SubscriberConfig(name="w", pull=True, window=window)],
         topics=[TopicConfig(name="t", subscribers=["w"], **topic)],
     )

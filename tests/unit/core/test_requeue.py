@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ppmq.protocol import messages as p
-from ppmq.store.fsck import check, read_snapshot
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Requeue
+from ppmq.protocol import messages as p
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.peek import parts_of, peek
 from ppmq.store.state import NS
 from ppmq.store.store import Store

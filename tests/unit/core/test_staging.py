@@ -12,16 +12,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.protocol import messages as p
+from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
-from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.store.fsck import check, read_snapshot
 from ppmq.core.ops import Reconfigure
-from ppmq.store.state import NS
-from ppmq.store.schema import TM, StoreFullError, holders_columns
-from ppmq.store.store import Store, Txn
+from ppmq.protocol import messages as p
 from ppmq.server.group_commit import Writer
+from ppmq.store.fsck import check, read_snapshot
+from ppmq.store.schema import TM, StoreFullError, holders_columns
+from ppmq.store.state import NS
+from ppmq.store.store import Store, Txn
 
 NOW = 1_800_000_000 * NS
 CHUNK = 4
@@ -34,7 +34,9 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def make_config(path: Path, **bulk: object) -> Config:
     return Config(
-        server_socket=str(path / "ppmq.sock"), data_path=str(path / "data"), sync=False,
+        server_socket=str(path / "ppmq.sock"),
+        data_path=str(path / "data"),
+        sync=False,
         subscribers=[SubscriberConfig(name=n, socket=str(path / f"{n}.sock"), batch_size=100) for n in ("a", "b")],
         topics=[
             TopicConfig(name="bulk", subscribers=["a", "b"], priorities=2, expire=True, **bulk),
@@ -46,7 +48,9 @@ def make_config(path: Path, **bulk: object) -> Config:
 
 def publish(topic: str, n: int, rid: int = 1, **overrides: dict) -> p.Request:
     """n messages with payloads 0..n-1; `overrides` maps an index (as a string) to fields."""
-    messages = [msgspec.convert({"Payload": msgspec.Raw(b"%d" % i), "Key": f"k{i}", **overrides.get(str(i), {})}, p.Message) for i in range(n)]
+    messages = [
+        msgspec.convert({"Payload": msgspec.Raw(b"%d" % i), "Key": f"k{i}", **overrides.get(str(i), {})}, p.Message) for i in range(n)
+    ]
     return p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"%d" % rid))
 
 

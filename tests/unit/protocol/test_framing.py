@@ -87,7 +87,7 @@ def test_brackets_quotes_and_backslashes_inside_strings_do_not_split_a_frame(lin
 def test_a_pretty_printed_object_comes_out_as_one_line_with_its_tokens_unchanged():
     # Given a multi-line object whose strings and numbers have unusual spellings
     tokens = [b'"caf\\u00e9"', b'"a\\/b"', b'"  two  spaces  "', b"1.0E10", b"1.50", b"-0", b'"\\\\"', b'"}{"']
-    pretty = b"{\n  \"Payload\": [\n" + b",\n".join(b"    " + t for t in tokens) + b"\n  ]\n}\n"
+    pretty = b'{\n  "Payload": [\n' + b",\n".join(b"    " + t for t in tokens) + b"\n  ]\n}\n"
     # When it is framed
     [frame] = frames_of(pretty)
     # Then it is on one line, means the same, and every token is there byte for byte

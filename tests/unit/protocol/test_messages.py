@@ -31,7 +31,7 @@ from ppmq.protocol.messages import (
     with_metadata,
 )
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NOV21_S = 1795291200  # 2026-11-21T20:00:00Z in Unix seconds
 NOV21_NS = NOV21_S * 10**9
 
@@ -350,7 +350,7 @@ def test_an_expires_with_microseconds_reads_back_exactly(seconds, micros):
     ("args", "expected"),
     [
         ((b"k1", b'"p"', 0, 0), {"Key": "k1", "Payload": "p", "Priority": 0}),
-        (('k"\\\n'.encode(), b'{"a": [1, 2]}', 3, 0), {"Key": "k\"\\\n", "Payload": {"a": [1, 2]}, "Priority": 3}),
+        ((b'k"\\\n', b'{"a": [1, 2]}', 3, 0), {"Key": 'k"\\\n', "Payload": {"a": [1, 2]}, "Priority": 3}),
         ((b"7", b"null", 1, NOV21_NS), {"Key": "7", "Payload": None, "Priority": 1, "Expires": "2026-11-21T20:00:00Z"}),
         ((b"7", b"1.50", 0, NOV21_NS + 5), {"Key": "7", "Payload": 1.5, "Priority": 0, "Expires": "2026-11-21T20:00:00.000000005Z"}),
         (("ключ٣".encode(), b"[]", 2, 0), {"Key": "ключ٣", "Payload": [], "Priority": 2}),
@@ -389,7 +389,11 @@ def test_the_generated_expiring_fragment_is_the_message_fragment_of_a_generated_
     [(1, NOV21_NS), ((1, 3, 2), (NOV21_NS, NOV21_NS, NOV21_NS + 5)), (2, (NOV21_NS + 5, NOV21_NS, NOV21_NS + 5))],
 )
 def test_metadata_joins_each_fragment_given_one_value_for_all_or_one_each(attempts, published):
-    fragments = [message_fragment(b"k}", b'{"a": "}"}', 0, 0), message_fragment(b"2", b'"x"', 1, NOV21_NS), message_fragment(b"3", b"[]", 2, 0)]
+    fragments = [
+        message_fragment(b"k}", b'{"a": "}"}', 0, 0),
+        message_fragment(b"2", b'"x"', 1, NOV21_NS),
+        message_fragment(b"3", b"[]", 2, 0),
+    ]
     each = [[v] * 3 if isinstance(v, int) else list(v) for v in (attempts, published)]
     delivered = [msgspec.json.decode(f) for f in with_metadata(fragments, attempts, published)]
     expected = [{**msgspec.json.decode(f), "Attempt": a, "Published": format_expires(ns)} for f, a, ns in zip(fragments, *each)]

@@ -8,12 +8,12 @@ import time
 import msgspec
 import pytest
 
-from ppmq.protocol import messages as p
-from ppmq.server import group_commit as writer_module
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Delivery
-from ppmq.store.store import Store
+from ppmq.protocol import messages as p
+from ppmq.server import group_commit as writer_module
 from ppmq.server.group_commit import Writer
+from ppmq.store.store import Store
 from tests.unit.core.test_broker import STATUS, open_broker, publish, two_subscribers
 from tests.unit.core.test_pull import open_pull_broker, take
 from tests.unit.core.test_pull import publish as publish_to
@@ -207,7 +207,9 @@ def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after
 
 
 @pytest.mark.parametrize("ready", [0, 50])
-def test_a_publish_to_a_subscriber_with_its_window_full_and_at_most_a_batch_ready_waits_for_its_acks_and_shares_their_step(tmp_path, monkeypatch, ready):
+def test_a_publish_to_a_subscriber_with_its_window_full_and_at_most_a_batch_ready_waits_for_its_acks_and_shares_their_step(
+    tmp_path, monkeypatch, ready
+):
     # Given s with a whole Window (100) in flight and `ready` more ready (a
     # queue kept one batch behind by a publisher that keeps pace), open for its
     # next batch, and a writer without Sync that lets ops wait a minute for company
@@ -347,7 +349,10 @@ def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path,
     broker = Broker(config, store, time.time_ns())
     batches = broker.step([publish(*[b"%d" % i for i in range(100)])], {"s", "r"}, time.time_ns()).deliveries
     broker.step([publish(*[b"%d" % i for i in range(ready)])] if ready else [], set(), time.time_ns())
-    acks = {d.subscriber: p.Request(topic="t", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]]) for d in batches}
+    acks = {
+        d.subscriber: p.Request(topic="t", subscriber=d.subscriber, acks=[m["Key"] for m in msgspec.json.decode(d.frame)["Messages"]])
+        for d in batches
+    }
     monkeypatch.setattr(writer_module, "ACK_GATHER_S", 60.0)
     steps: list[float] = []
 

@@ -11,7 +11,6 @@ from ppmq.core import events as ev
 from ppmq.core.events import Event
 from ppmq.server.journal import QUEUE_STEPS, Journal
 from ppmq.server.journal_lines import VERSION, Lines
-
 from tests.conftest import wait_for
 
 
@@ -49,7 +48,9 @@ def test_a_column_whose_entries_are_all_equal_is_written_once() -> None:
     """Given a publish of three messages that share priority, expiry and Replaced but
     not their sizes, then those three columns have one entry and Bytes three; a
     record of one message is written as it is."""
-    publish = Event(event=ev.PUBLISH, ts=1, topic="t", ids=[7, 8, 9], prio=[2] * 3, bytes=[10, 11, 10], expires_ns=[0] * 3, replaced=[False] * 3)
+    publish = Event(
+        event=ev.PUBLISH, ts=1, topic="t", ids=[7, 8, 9], prio=[2] * 3, bytes=[10, 11, 10], expires_ns=[0] * 3, replaced=[False] * 3
+    )
     single = Event(event=ev.DELIVER, ts=2, topic="t", subscriber="s", ids=[7], pub_ns=[1], attempts=[1], bytes=[10])
     first, second = map(json.loads, Lines("h").encode([publish, single]).splitlines())
     assert {k: first[k] for k in ("Ids", "Prio", "Bytes", "ExpiresNs", "Replaced")} == {

@@ -12,13 +12,36 @@ from ppmq.server.metrics import exposition, write_textfile
 
 # A STATUS body as a broker without a daemon around it answers: no Connected, no CommitSeconds.
 BODY = {
-    "Topics": {"t": {
-        "Stored": 1, "Published": 4, "Replaced": 0, "Expired": 1, "StoredBytes": 30, "Dropped": 0,
-        "Subscribers": {"s": {"Ready": [0, 1], "InFlight": 0, "OldestReadyAge": None, "Delivered": 3,
-                              "Acked": 2, "Redelivered": 0, "Expired": 1, "IgnoredAcks": 0, "DeadLettered": 0,
-                              "Paused": False, "Delayed": 0}},
-    }},
-    "Rejected": 0, "Forbidden": 0, "Commits": 9, "StoreUsedBytes": 8192, "StoreMaxBytes": 1 << 30,
+    "Topics": {
+        "t": {
+            "Stored": 1,
+            "Published": 4,
+            "Replaced": 0,
+            "Expired": 1,
+            "StoredBytes": 30,
+            "Dropped": 0,
+            "Subscribers": {
+                "s": {
+                    "Ready": [0, 1],
+                    "InFlight": 0,
+                    "OldestReadyAge": None,
+                    "Delivered": 3,
+                    "Acked": 2,
+                    "Redelivered": 0,
+                    "Expired": 1,
+                    "IgnoredAcks": 0,
+                    "DeadLettered": 0,
+                    "Paused": False,
+                    "Delayed": 0,
+                }
+            },
+        }
+    },
+    "Rejected": 0,
+    "Forbidden": 0,
+    "Commits": 9,
+    "StoreUsedBytes": 8192,
+    "StoreMaxBytes": 1 << 30,
 }
 
 

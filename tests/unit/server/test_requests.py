@@ -8,8 +8,8 @@ import socket
 import msgspec
 
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.requests import Requests
 from ppmq.server.group_commit import Writer
+from ppmq.server.requests import Requests
 from tests.unit.core.test_broker import open_broker
 
 

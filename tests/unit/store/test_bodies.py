@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from ppmq.store.schema import BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, body_columns, encode_body
 from ppmq.store.store import Store, Txn
-
 from tests.unit.conftest import writing
 
 T = 7  # a topic id
@@ -33,7 +32,11 @@ def publish(txn: Txn, first: int, last: int, size: int = 10, t: int = T) -> None
 
 def test_a_publish_is_stored_in_rows_of_at_most_GROUP_MESSAGES_keyed_by_their_first_id(txn):
     publish(txn, 1, 2 * GROUP_MESSAGES + 44)
-    assert [(key, len(ids)) for key, ids in rows(txn)] == [(1, GROUP_MESSAGES), (GROUP_MESSAGES + 1, GROUP_MESSAGES), (2 * GROUP_MESSAGES + 1, 44)]
+    assert [(key, len(ids)) for key, ids in rows(txn)] == [
+        (1, GROUP_MESSAGES),
+        (GROUP_MESSAGES + 1, GROUP_MESSAGES),
+        (2 * GROUP_MESSAGES + 1, 44),
+    ]
     assert txn.get_body(T, GROUP_MESSAGES + 5) == body(GROUP_MESSAGES + 5)
     assert txn.publish_ns(T, GROUP_MESSAGES + 5) == 1_000 + GROUP_MESSAGES + 5
 
@@ -96,7 +99,12 @@ def test_a_new_version_too_large_for_its_row_splits_it(txn):
     publish(txn, 1, 4, size=BODY_ROW_BYTES // 2)
     txn.put_body(T, 4, body(4, size=BODY_ROW_BYTES))
     assert rows(txn) == [(1, [1, 2]), (3, [3, 4])]
-    assert dict(txn.bodies_of(T)) == {1: body(1, BODY_ROW_BYTES // 2), 2: body(2, BODY_ROW_BYTES // 2), 3: body(3, BODY_ROW_BYTES // 2), 4: body(4, BODY_ROW_BYTES)}
+    assert dict(txn.bodies_of(T)) == {
+        1: body(1, BODY_ROW_BYTES // 2),
+        2: body(2, BODY_ROW_BYTES // 2),
+        3: body(3, BODY_ROW_BYTES // 2),
+        4: body(4, BODY_ROW_BYTES),
+    }
 
 
 def test_put_body_of_a_message_in_no_row_joins_the_row_below_it_or_starts_one_below_all(txn):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.store.fsck import check, read_snapshot
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.counters import HEAD_KEY, TOPIC_PREFIX, TopicRecord, load_state
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.state import NS, State, SubStats, TopicStats
 from ppmq.store.store import Store
 
@@ -18,7 +18,9 @@ NOW = 1_800_000_000 * NS
 
 def config_of(path, topics: list[str]) -> Config:
     return Config(
-        server_socket=f"{path}/s.sock", data_path=str(path), sync=False,
+        server_socket=f"{path}/s.sock",
+        data_path=str(path),
+        sync=False,
         subscribers=[SubscriberConfig(name="s", socket=f"{path}/s-sub.sock")],
         topics=[TopicConfig(name=name, subscribers=["s"]) for name in topics],
     )
@@ -55,7 +57,9 @@ def test_a_refused_request_leaves_no_count_in_memory_or_in_the_store(tmp_path):
     store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
     broker = Broker(config_of(tmp_path, ["t"]), store, NOW)
     # When one step holds a good publish, and one whose second message is refused
-    bad = p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"3")), p.Message(payload=msgspec.Raw(b"4"), priority=7)], id=msgspec.Raw(b"2"))
+    bad = p.Request(
+        topic="t", messages=[p.Message(payload=msgspec.Raw(b"3")), p.Message(payload=msgspec.Raw(b"4"), priority=7)], id=msgspec.Raw(b"2")
+    )
     step = broker.step([publish("t", b"1"), bad], set(), NOW)
     # Then only the good one is counted, as the store's records say too
     assert [r.status for r in step.replies] == [200, 400]
@@ -70,8 +74,11 @@ def test_the_single_counters_record_of_an_older_ppmq_is_read_and_split_per_topic
     # Given a store whose counters are one record, as ppmq wrote them before per-topic records
     store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
     old = State(
-        commits=7, topic_ids={"t": 1}, sub_ids={"s": 1},
-        topics={"t": TopicStats(seq=0, published=5)}, subs={"t": {"s": SubStats(ready=[0], acked=5, delivered=5)}},
+        commits=7,
+        topic_ids={"t": 1},
+        sub_ids={"s": 1},
+        topics={"t": TopicStats(seq=0, published=5)},
+        subs={"t": {"s": SubStats(ready=[0], acked=5, delivered=5)}},
     )
     with store.write() as txn:
         txn.put_meta(HEAD_KEY, msgspec.msgpack.encode(old))

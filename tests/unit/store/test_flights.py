@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ppmq.store.schema import FLIGHT_ENTRY
 from ppmq.store.store import Txn
-
 from tests.unit.conftest import writing
 
 T, S = 1, 1  # a topic id, a subscriber id
@@ -66,9 +65,10 @@ def test_acks_take_what_was_in_flight_as_a_set_of_ids_would(tmp_path: Path) -> N
                     push(txn, ms)
                     model.update(ms)
                 else:
-                    ack = rng.choices(range(1, next_m + 2), k=rng.randint(0, 5)) + rng.sample(sorted(model), k=min(len(model), rng.randint(0, 6)))
+                    ack = rng.choices(range(1, next_m + 2), k=rng.randint(0, 5)) + rng.sample(
+                        sorted(model), k=min(len(model), rng.randint(0, 6))
+                    )
                     expected = list(dict.fromkeys(m for m in ack if m in model))
                     assert txn.ack_flights(T, S, ack) == expected
                     model.difference_update(ack)
                 assert in_flight(txn) == sorted(model)
-

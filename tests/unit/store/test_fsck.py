@@ -12,15 +12,14 @@ import msgspec
 import pytest
 import yaml
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.store.fsck import FsckError, check, read_snapshot
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger, load_state
+from ppmq.store.fsck import FsckError, check, read_snapshot
 from ppmq.store.schema import ETMS, HOLDER, TM, TMS, U64, body_columns, encode_body_row, encode_holders_row, holders_columns, u32
 from ppmq.store.state import NS, State
 from ppmq.store.store import Store, Txn
-
 from tests.unit.conftest import writing
 
 NOW = 1_800_000_000 * NS
@@ -29,7 +28,9 @@ NOW = 1_800_000_000 * NS
 def make_config(path: Path) -> Config:
     """`d`: dedupe, expiry, two priorities, AckRetry, two subscribers; `g`: generated keys."""
     return Config(
-        server_socket=str(path / "ppmq.sock"), data_path=str(path / "data"), sync=False,
+        server_socket=str(path / "ppmq.sock"),
+        data_path=str(path / "data"),
+        sync=False,
         subscribers=[SubscriberConfig(name=n, socket=str(path / f"{n}.sock"), batch_size=2) for n in ("a", "b")],
         topics=[
             TopicConfig(name="d", subscribers=["a", "b"], dedupe=True, expire=True, priorities=2, ack_retry=60),
@@ -132,7 +133,11 @@ def copy_first_body_to(m: int) -> Callable[[Txn, dict[str, int]], None]:
     def put(txn: Txn, ids: dict[str, int]) -> None:
         row = first_entry(txn, "bodies")[1]
         _, ends, base = body_columns(row)
-        txn.txn.put(ids["g"].to_bytes(4, "big") + m.to_bytes(8, "big"), encode_body_row([m], [row[base : base + ends[0]]]), db=txn.store.dbs["bodies"])
+        txn.txn.put(
+            ids["g"].to_bytes(4, "big") + m.to_bytes(8, "big"),
+            encode_body_row([m], [row[base : base + ends[0]]]),
+            db=txn.store.dbs["bodies"],
+        )
 
     return put
 
@@ -154,6 +159,7 @@ def empty_first_flight(txn: Txn, _: dict) -> None:
 
 def rerun_first_ready(change: Callable[[bytes, bytes], tuple[bytes, bytes]], keep: bool) -> Callable[[Built], None]:
     """The first ready run put again as `change` makes it (key, value), the original kept or not."""
+
     def apply(txn: Txn, _: dict) -> None:
         key, value = first_entry(txn, "ready")
         if not keep:
@@ -179,6 +185,7 @@ def holders_row(txn: Txn, t: int, m0: int) -> tuple[bytes, bytes]:
 
 def copy_row(db: str, m0: int, to: int, *, move: bool = False) -> Callable[[Txn, dict[str, int]], None]:
     """Topic g's row of db (holders, bodies) keyed m0, put under the key `to` (and gone from m0, `move`)."""
+
     def put(txn: Txn, ids: dict[str, int]) -> None:
         key = TM.pack(ids["g"], m0)
         raw = txn.txn.get(key, db=txn.store.dbs[db])
@@ -210,15 +217,22 @@ DAMAGES = {
     "a dedupe entry deleted": (drop_first("dedupe"), "missing from the dedupe index"),
     "a holders entry deleted": (drop_first("holders"), "is held by no subscriber"),
     "a queue entry for a message never stored": (
-        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 99, 99, 0)), "-> topic 'g' message 99 is not stored"),
-    "a message both queued and in flight": (
-        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 2, 2, 0)), "is also in flight"),
+        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 99, 99, 0)),
+        "-> topic 'g' message 99 is not stored",
+    ),
+    "a message both queued and in flight": (with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 2, 2, 0)), "is also in flight"),
     "a queue entry at another place than its holders say": (
-        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 50, 3, 0)), "does not hold this place"),
+        with_txn(lambda txn, i: txn.push_ready(i["g"], i["a"], 0, 50, 3, 0)),
+        "does not hold this place",
+    ),
     "a dedupe key pointing at another message": (
-        with_txn(lambda txn, i: txn.txn.put(u32(i["d"]) + b"k0", U64.pack(2), db=txn.store.dbs["dedupe"])), "not stored under that key"),
+        with_txn(lambda txn, i: txn.txn.put(u32(i["d"]) + b"k0", U64.pack(2), db=txn.store.dbs["dedupe"])),
+        "not stored under that key",
+    ),
     "an expiry entry at the wrong time": (
-        with_txn(lambda txn, i: txn.add_expiry(NOW, i["d"], 1)), "matches no stored message expiring then"),
+        with_txn(lambda txn, i: txn.add_expiry(NOW, i["d"], 1)),
+        "matches no stored message expiring then",
+    ),
     "a body above the topic's sequence": (with_txn(copy_first_body_to(10**6)), "above the topic's sequence"),
     "an in-flight entry with another publish time": (with_txn(shift_first_flight_publish_ns), "its message at"),
     "a truncated body": (truncate_first("bodies"), "bodies: entry"),
@@ -230,9 +244,18 @@ DAMAGES = {
     "a holders row cut short": (truncate_first("holders"), "holders: entry"),
     "a holders row keyed above its first message": (with_txn(copy_row("holders", 1, 3, move=True)), "holds message 2, below its key"),
     "a message in two holders rows": (with_txn(copy_row("holders", 5, 4)), "holds message 5, not below the next row's key 5"),
-    "a bodies row keyed above its first message": (with_txn(copy_row("bodies", 1, 3, move=True)), "bodies: row 3 of topic 'g' holds message 2, below its key"),
-    "a message in two bodies rows": (with_txn(copy_row("bodies", 5, 4)), "bodies: row 4 of topic 'g' holds message 5, not below the next row's key 5"),
-    "a message left in its holders row without a holder": (with_txn(unhold_first_of_holders_row), "message 2 is in row 1 but held by no subscriber"),
+    "a bodies row keyed above its first message": (
+        with_txn(copy_row("bodies", 1, 3, move=True)),
+        "bodies: row 3 of topic 'g' holds message 2, below its key",
+    ),
+    "a message in two bodies rows": (
+        with_txn(copy_row("bodies", 5, 4)),
+        "bodies: row 4 of topic 'g' holds message 5, not below the next row's key 5",
+    ),
+    "a message left in its holders row without a holder": (
+        with_txn(unhold_first_of_holders_row),
+        "message 2 is in row 1 but held by no subscriber",
+    ),
     "a sequence above its reservation": (with_state(lambda s: setattr(s.topics["g"], "reserved", 1)), "above its reservation 1"),
     "a stored counter off by one": (with_state(lambda s: setattr(s.topics["d"], "stored", 7)), "counts 7 stored"),
     "a stored-bytes counter off": (with_state(lambda s: setattr(s.topics["g"], "stored_bytes", 1)), "counts 1 stored bytes"),
@@ -241,13 +264,17 @@ DAMAGES = {
     "rows of a subscription that is gone": (with_state(lambda s: s.subs["g"].pop("a")), "which it does not take"),
     "holders naming a subscription that is gone": (with_state(lambda s: s.subs["d"].pop("b")), "which does not take that topic"),
     "a copy's own expiry for a copy not held": (
-        with_txn(lambda txn, i: txn.put_copy_expiry(i["g"], 99, i["a"], 0, expire=True)), "has an expiry of its own but is not held"),
+        with_txn(lambda txn, i: txn.put_copy_expiry(i["g"], 99, i["a"], 0, expire=True)),
+        "has an expiry of its own but is not held",
+    ),
     "a copy's own expiry missing from its index": (
         with_txn(lambda txn, i: txn.txn.put(TMS.pack(i["d"], 1, i["a"]), U64.pack(NOW), db=txn.store.dbs["copies"])),
-        "missing from the copy_expiry index"),
+        "missing from the copy_expiry index",
+    ),
     "a copy expiry entry without its copy": (
         with_txn(lambda txn, i: txn.txn.put(ETMS.pack(NOW, i["d"], 1, i["a"]), b"", db=txn.store.dbs["copy_expiry"])),
-        "matches no copy expiring then"),
+        "matches no copy expiring then",
+    ),
 }
 
 
@@ -275,12 +302,19 @@ def test_a_store_of_another_schema_or_with_unreadable_counters_cannot_be_checked
 
 def fsck_cli(config: Config | dict, tmp: Path) -> subprocess.CompletedProcess:
     path = tmp / "fsck.yaml"
-    data = config if isinstance(config, dict) else {
-        "ServerSocket": config.server_socket, "DataPath": config.data_path,
-        "Subscribers": [{"Name": s.name, "Socket": s.socket} for s in config.subscribers],
-        "Topics": [{"Name": t.name, "Subscribers": t.subscribers, "Dedupe": t.dedupe, "Expire": t.expire, "Priorities": t.priorities}
-                   for t in config.topics],
-    }
+    data = (
+        config
+        if isinstance(config, dict)
+        else {
+            "ServerSocket": config.server_socket,
+            "DataPath": config.data_path,
+            "Subscribers": [{"Name": s.name, "Socket": s.socket} for s in config.subscribers],
+            "Topics": [
+                {"Name": t.name, "Subscribers": t.subscribers, "Dedupe": t.dedupe, "Expire": t.expire, "Priorities": t.priorities}
+                for t in config.topics
+            ],
+        }
+    )
     path.write_text(yaml.safe_dump(data))
     return subprocess.run([sys.executable, "-m", "ppmq.cli", "fsck", "-c", str(path)], capture_output=True, text=True, timeout=60)
 

@@ -28,8 +28,15 @@ def publish(txn: Txn, first: int, last: int, subs: tuple[int, ...] = (A, B)) -> 
 
 def test_a_publish_is_stored_in_rows_of_at_most_GROUP_MESSAGES_keyed_by_their_first_id(txn):
     publish(txn, 1, 2 * GROUP_MESSAGES + 44)
-    assert [(key, len(ids)) for key, ids in rows(txn)] == [(1, GROUP_MESSAGES), (GROUP_MESSAGES + 1, GROUP_MESSAGES), (2 * GROUP_MESSAGES + 1, 44)]
-    assert txn.get_holders(T, GROUP_MESSAGES + 5) == {A: ((GROUP_MESSAGES + 5) % 3, GROUP_MESSAGES + 5), B: ((GROUP_MESSAGES + 5) % 3, GROUP_MESSAGES + 5)}
+    assert [(key, len(ids)) for key, ids in rows(txn)] == [
+        (1, GROUP_MESSAGES),
+        (GROUP_MESSAGES + 1, GROUP_MESSAGES),
+        (2 * GROUP_MESSAGES + 1, 44),
+    ]
+    assert txn.get_holders(T, GROUP_MESSAGES + 5) == {
+        A: ((GROUP_MESSAGES + 5) % 3, GROUP_MESSAGES + 5),
+        B: ((GROUP_MESSAGES + 5) % 3, GROUP_MESSAGES + 5),
+    }
 
 
 def test_a_release_across_two_rows_returns_what_nobody_holds_any_more(txn):
@@ -127,7 +134,11 @@ OPS = st.lists(
     st.one_of(
         st.tuples(st.just("publish"), SUBS, st.integers(1, 9)),
         st.tuples(st.just("release"), st.sampled_from([A, B, C]), st.lists(st.integers(0, 40), max_size=12)),
-        st.tuples(st.just("put"), st.integers(0, 40), st.dictionaries(st.sampled_from([A, B, C]), st.tuples(st.integers(0, 2), st.integers(0, 99)))),
+        st.tuples(
+            st.just("put"),
+            st.integers(0, 40),
+            st.dictionaries(st.sampled_from([A, B, C]), st.tuples(st.integers(0, 2), st.integers(0, 99))),
+        ),
         st.tuples(st.just("pop"), st.lists(st.integers(0, 40), max_size=6)),
     ),
     max_size=25,
@@ -159,7 +170,7 @@ def run_against_model(txn: Txn, ops: list[tuple]) -> None:
             subs, n = args
             new = [(m, m % 3) for m in range(seq + 1, seq + n + 1)]
             txn.put_new_holders(T, subs, seq + 1, [prio for _, prio in new])
-            model.update((m, {s: (prio, m) for s in subs}) for m, prio in new)
+            model.update((m, dict.fromkeys(subs, (prio, m))) for m, prio in new)
             seq += n
         elif op == "release":
             s, ms = args

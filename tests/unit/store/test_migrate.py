@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from ppmq.cli import main as cli
-from ppmq.store import migrate
-from ppmq.protocol import messages as p
 from ppmq.core.broker import Broker
-from ppmq.store.fsck import check, read_snapshot
+from ppmq.protocol import messages as p
 from ppmq.protocol.messages import fragment_payload
+from ppmq.store import migrate
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.reader import StoreReader
 from ppmq.store.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, StoreError, body_columns, encode_body, holders_columns
 from ppmq.store.state import RESERVE_IDS
@@ -114,7 +114,11 @@ def test_the_sequences_of_an_old_store_go_on_above_any_id_its_broker_may_have_le
     # When a message is published and pushed to a subscriber that acked everything it had
     with store.write() as txn:
         held = [str(f.m) for f in txn.inflight_of(broker.state.topic_ids["jobs"], broker.state.sub_ids["a"])]
-    step = broker.step([p.Request(topic="jobs", subscriber="a", acks=held), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])], {"a"}, NOW + 4 * 10**9)
+    step = broker.step(
+        [p.Request(topic="jobs", subscriber="a", acks=held), p.Request(topic="jobs", messages=[p.Message(payload=msgspec.Raw(b"1"))])],
+        {"a"},
+        NOW + 4 * 10**9,
+    )
     # Then its key is a reservation's length above the ids the older ppmq handed out (9),
     # which its last step may have let out before a commit that never came
     (key,) = [m["Key"] for d in step.deliveries for m in msgspec.json.decode(d.frame)["Messages"] if m["Payload"] == 1]
@@ -201,7 +205,9 @@ def test_holders_rows_become_one_row_per_run_of_consecutive_ids_however_the_read
     old.update({(2, m): HOLDER.pack(4, 0, m) for m in (5, 6)})
     # When they are converted, read 200 rows at a time (a read cuts a run), or 7 (shorter than a run)
     monkeypatch.setattr(migrate, "_CONVERT_ROWS", convert_rows)
-    rows = {key: holders_columns(value) + (value,) for key, value in converted(tmp_path, "holders", old, migrate._holders_as_groups).items()}
+    rows = {
+        key: holders_columns(value) + (value,) for key, value in converted(tmp_path, "holders", old, migrate._holders_as_groups).items()
+    }
     # Then each run of consecutive ids of a topic, up to GROUP_MESSAGES long, is one row keyed by its first id
     runs = [(1, list(range(1, 50))), (1, list(range(51, 51 + GROUP_MESSAGES))), (1, list(range(51 + GROUP_MESSAGES, 301))), (2, [5, 6])]
     assert [(t, list(ids)) for (t, _), (ids, _, _, _) in rows.items()] == runs

@@ -7,10 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.protocol import messages as p
-from ppmq.core.broker import Broker
 from ppmq.config import Config, SubscriberConfig, TopicConfig
-from ppmq.store.state import NS
+from ppmq.core.broker import Broker
+from ppmq.protocol import messages as p
 from ppmq.store.reader import (
     BodyRecord,
     Damaged,
@@ -22,6 +21,7 @@ from ppmq.store.reader import (
     StoreReader,
 )
 from ppmq.store.schema import Flight, body_columns, encode_body_row
+from ppmq.store.state import NS
 from ppmq.store.store import Store
 
 NOW = 1_800_000_000 * NS
@@ -32,7 +32,9 @@ ACK_RETRY_S = 60
 def stored(tmp_path: Path) -> tuple[str, dict[str, int]]:
     """One message of dedupe topic `t`, in flight to `a` (with an AckRetry deadline) and ready for `b`."""
     config = Config(
-        server_socket=str(tmp_path / "ppmq.sock"), data_path=str(tmp_path / "data"), sync=False,
+        server_socket=str(tmp_path / "ppmq.sock"),
+        data_path=str(tmp_path / "data"),
+        sync=False,
         subscribers=[SubscriberConfig(name=n, socket=str(tmp_path / f"{n}.sock")) for n in ("a", "b")],
         topics=[TopicConfig(name="t", subscribers=["a", "b"], dedupe=True, ack_retry=ACK_RETRY_S)],
     )
@@ -75,9 +77,9 @@ def test_a_row_that_does_not_decode_comes_back_as_damaged_among_the_others(store
     # Given the in-flight row cut short and a body whose key runs past its end
     store = Store(data_path, sync=False, max_bytes=1 << 24)
     with store.write() as txn:
-        (flight_key, flight), = txn.txn.cursor(db=store.dbs["inflight"])
+        ((flight_key, flight),) = txn.txn.cursor(db=store.dbs["inflight"])
         txn.txn.put(flight_key, flight[:5], db=store.dbs["inflight"])
-        (body_key, row), = txn.txn.cursor(db=store.dbs["bodies"])
+        ((body_key, row),) = txn.txn.cursor(db=store.dbs["bodies"])
         _, ends, base = body_columns(row)
         record = row[base : base + ends[0]][:17] + b"\xff\xff"  # key length 65535
         txn.txn.put(body_key[:4] + (2).to_bytes(8, "big"), encode_body_row([2], [record]), db=store.dbs["bodies"])

@@ -49,7 +49,10 @@ def test_a_publish_appends_runs_of_ready_run_entries_and_a_take_crosses_them(txn
     taken, expired, missing = txn.take_ready(T, S, R + R // 2, 0, 0)
     # Then it took them in order, deleted the first run and cut the second, which keeps its key
     assert [m for m, *_ in taken] == list(range(1, R + R // 2 + 1)) and not expired and not missing
-    assert [(first, places[0], len(places)) for _, first, places in runs(txn)] == [(R + 1, R + R // 2 + 1, R // 2), (2 * R + 1, 2 * R + 1, R // 2)]
+    assert [(first, places[0], len(places)) for _, first, places in runs(txn)] == [
+        (R + 1, R + R // 2 + 1, R // 2),
+        (2 * R + 1, 2 * R + 1, R // 2),
+    ]
     assert_invariant(txn)
 
 

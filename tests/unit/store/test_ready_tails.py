@@ -22,13 +22,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ppmq.protocol import messages as p
-from ppmq.store import ready as ready_rows
+from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
-from ppmq.config import Config, JournalConfig, SubscriberConfig, TopicConfig
-from ppmq.store.fsck import check, read_snapshot
 from ppmq.core.ops import Abandoned, Take
+from ppmq.protocol import messages as p
+from ppmq.store import ready as ready_rows
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.state import NS
 from ppmq.store.store import Store
@@ -48,7 +48,9 @@ OPEN = st.sets(st.sampled_from(sorted(SUBS)))
 def config(path: str) -> Config:
     subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
     subs.append(SubscriberConfig(name=PULL, pull=True, window=4))
-    return Config(server_socket="/nonexistent/s", data_path=path, subscribers=subs, topics=TOPICS, sync=False, journal=JournalConfig(enabled=True))
+    return Config(
+        server_socket="/nonexistent/s", data_path=path, subscribers=subs, topics=TOPICS, sync=False, journal=JournalConfig(enabled=True)
+    )
 
 
 class Twins(RuleBasedStateMachine):
@@ -79,7 +81,9 @@ class Twins(RuleBasedStateMachine):
     def step(self, ops: list, open_subs: set[str] = frozenset()) -> None:
         with_tails, without = (b.step(list(ops), set(open_subs), self.now) for b in self.brokers)
         assert with_tails.replies == without.replies
-        assert [(d.subscriber, d.topic, d.msgs, d.frame) for d in with_tails.deliveries] == [(d.subscriber, d.topic, d.msgs, d.frame) for d in without.deliveries]
+        assert [(d.subscriber, d.topic, d.msgs, d.frame) for d in with_tails.deliveries] == [
+            (d.subscriber, d.topic, d.msgs, d.frame) for d in without.deliveries
+        ]
         assert with_tails.finished == without.finished
         assert [msgspec.json.encode(e) for e in with_tails.events] == [msgspec.json.encode(e) for e in without.events]
         for d in with_tails.deliveries:
@@ -96,7 +100,11 @@ class Twins(RuleBasedStateMachine):
 
     @rule(
         topic=st.sampled_from(["plain", "plain", "exp", "dd"]),
-        spec=st.lists(st.tuples(st.integers(0, 2), st.sampled_from("abc"), st.sampled_from([None, None, 1, 5]), st.sampled_from([None] * 7 + [2.0])), min_size=1, max_size=9),
+        spec=st.lists(
+            st.tuples(st.integers(0, 2), st.sampled_from("abc"), st.sampled_from([None, None, 1, 5]), st.sampled_from([None] * 7 + [2.0])),
+            min_size=1,
+            max_size=9,
+        ),
         bad=st.sampled_from([False] * 4 + [True]),
         subs=OPEN,
     )
@@ -322,7 +330,20 @@ def restart(pair: Pair) -> None:
     pair.machine.restart()
 
 
-@pytest.mark.parametrize("meanwhile", [redeliver_by_nack, redeliver_by_ack_retry, reconnect, purge, purge_one_of_them, publish_delayed, stage_a_large_publish, join_it_and_fail_a_request, restart])
+@pytest.mark.parametrize(
+    "meanwhile",
+    [
+        redeliver_by_nack,
+        redeliver_by_ack_retry,
+        reconnect,
+        purge,
+        purge_one_of_them,
+        publish_delayed,
+        stage_a_large_publish,
+        join_it_and_fail_a_request,
+        restart,
+    ],
+)
 def test_a_queue_changed_another_way_is_read_from_its_rows(tmp_path, monkeypatch, meanwhile):
     pair = Pair(tmp_path, monkeypatch)
     full_window_and_a_tail(pair)

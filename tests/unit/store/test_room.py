@@ -70,10 +70,9 @@ def test_a_publish_is_refused_when_and_only_when_the_pages_in_use_reach_the_limi
 def test_a_count_taken_in_writes_that_were_undone_is_not_trusted(store: Store) -> None:
     with store.write() as txn:
         ms = fill(txn, 20_000)
-    with pytest.raises(RuntimeError):
-        with store.write() as txn:
-            txn.delete_messages(T, list(range(ms)), dedupe=False)
-            assert not txn.full()
-            raise RuntimeError("undo")
+    with pytest.raises(RuntimeError), store.write() as txn:
+        txn.delete_messages(T, list(range(ms)), dedupe=False)
+        assert not txn.full()
+        raise RuntimeError("undo")
     with store.write() as txn:
         assert txn.full(), "the count of a transaction that was undone"

@@ -31,21 +31,19 @@ def test_a_block_that_ends_cleanly_is_committed(store: Store) -> None:
 
 def test_a_block_that_raises_is_undone_with_what_memory_keeps_and_its_exception_goes_on(store: Store) -> None:
     store.ready_tails.start(T, S, [FRESH])
-    with pytest.raises(ValueError, match="a bug"):
-        with store.write() as txn:
-            txn.put_meta(b"test", b"undone")
-            raise ValueError("a bug")
+    with pytest.raises(ValueError, match="a bug"), store.write() as txn:
+        txn.put_meta(b"test", b"undone")
+        raise ValueError("a bug")
     assert store.committed_meta(b"test") is None
     assert store.ready_tails.take(T, S, 10, 0) is None, "a tail kept past undone writes"
 
 
 def test_lmdb_running_out_of_map_leaves_as_store_full_and_the_store_goes_on(store: Store) -> None:
     # Given a store whose map (MaxStoreBytes and its headroom) is far smaller than a block's writes
-    with pytest.raises(StoreFullError, match="LMDB map is full"):
-        with store.write() as txn:
-            txn.put_meta(b"test", b"undone")
-            for i in range(100):
-                txn.put_meta(b"big%d" % i, b"x" * (1 << 20))
+    with pytest.raises(StoreFullError, match="LMDB map is full"), store.write() as txn:
+        txn.put_meta(b"test", b"undone")
+        for i in range(100):
+            txn.put_meta(b"big%d" % i, b"x" * (1 << 20))
     # Then nothing of the block stays, and the next transaction commits
     assert store.committed_meta(b"test") is None and store.committed_meta(b"big0") is None
     with store.write() as txn:

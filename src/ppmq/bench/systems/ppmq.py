@@ -12,11 +12,10 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from ppmq.client.library import Client
-
 from ppmq.bench.service import Running, Service
-from ppmq.bench.workloads import Workload
 from ppmq.bench.systems import IDLE_S
+from ppmq.bench.workloads import Workload
+from ppmq.client.library import Client
 
 NAME = "ppmq"
 TOPIC = "bench"
@@ -35,7 +34,9 @@ def start(tmp: Path, w: Workload) -> Running:
         "DataPath": str(tmp / "data"),
         "Sync": w.durable,
         "RetryMax": "100ms",  # a backlog's subscribers come up once publishing ends
-        "Subscribers": [{"Name": s, **(kind or {"Socket": str(tmp / f"{s}.sock")}), "BatchSize": w.batch, "Window": w.window} for s in subs],
+        "Subscribers": [
+            {"Name": s, **(kind or {"Socket": str(tmp / f"{s}.sock")}), "BatchSize": w.batch, "Window": w.window} for s in subs
+        ],
         "Topics": [{"Name": TOPIC, "Priorities": w.priorities, "Subscribers": subs, "Dedupe": w.dedupe}],
     }
     if w.metrics_s:
@@ -47,7 +48,9 @@ def start(tmp: Path, w: Workload) -> Running:
     acks = "acks to ServerSocket" if w.server_acks or w.pull else "acks on the delivery connection"
     dedupe = ", Dedupe with a Key a message" if w.dedupe else ""
     metrics = f", Metrics every {w.metrics_s:g}s" if w.metrics_s else ""
-    return Running(service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe}{metrics})")
+    return Running(
+        service, address, tmp / "data", f"ppmq {_revision()} (Sync {str(w.durable).lower()}, Window {w.window}, {acks}{dedupe}{metrics})"
+    )
 
 
 def _revision() -> str:
@@ -71,7 +74,9 @@ class Publisher:
     def publish(self, batch: list[tuple[int, bytes]]) -> None:
         if self.dedupe:  # every key new: what a producer that may resend sends
             first, self.sent = self.sent, self.sent + len(batch)
-            body = b",".join(b'{"Key":"k%d","Priority":%d,"Payload":"%s"}' % (first + i, prio, payload) for i, (prio, payload) in enumerate(batch))
+            body = b",".join(
+                b'{"Key":"k%d","Priority":%d,"Payload":"%s"}' % (first + i, prio, payload) for i, (prio, payload) in enumerate(batch)
+            )
         else:
             body = b",".join(b'{"Priority":%d,"Payload":"%s"}' % (prio, payload) for prio, payload in batch)
         self.sock.sendall(self.head + body + b"]}\n")

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppmq.bench.service import Running, Service, free_port
-from ppmq.bench.workloads import Workload
 from ppmq.bench.systems import IDLE_S, lacking
+from ppmq.bench.workloads import Workload
 
 NAME = "rabbitmq"
 EXCHANGE = "bench"

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppmq.bench.service import Running, Service
-from ppmq.bench.workloads import Workload
 from ppmq.bench.systems import IDLE_S, lacking
+from ppmq.bench.workloads import Workload
 
 NAME = "redis"
 STREAM = "bench"
@@ -29,8 +29,21 @@ def start(tmp: Path, w: Workload) -> Running:
     data, sock = tmp / "data", str(tmp / "redis.sock")
     data.mkdir()
     argv = [
-        "redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--dir", str(data),
-        "--save", "", "--appendonly", "yes", "--appendfsync", "always" if w.durable else "no",
+        "redis-server",
+        "--port",
+        "0",
+        "--unixsocket",
+        sock,
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(data),
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always" if w.durable else "no",
     ]
     service = Service(argv, tmp)
     service.wait_unix(sock)
