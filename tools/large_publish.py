@@ -44,7 +44,7 @@ def decode_s() -> float:
 
 
 def in_process() -> tuple[float, int, float]:
-    """Writer seconds until the big publish is answered, steps, longest step."""
+    """GroupCommit seconds until the big publish is answered, steps, longest step."""
     req = p.decode_request(FRAME)
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         config = Config(

@@ -28,7 +28,7 @@ SUBS = ["a", "b"]
 
 
 def run(n: int, idle_topics: int) -> float:
-    """Writer CPU microseconds per message (its publish step and both ack steps)."""
+    """GroupCommit CPU microseconds per message (its publish step and both ack steps)."""
     with tempfile.TemporaryDirectory(prefix="ppmq-bench-") as d:
         topics = [TopicConfig(name="bench", subscribers=SUBS, priorities=3)]
         topics += [TopicConfig(name=f"idle{i}", subscribers=SUBS, priorities=3) for i in range(idle_topics)]

@@ -12,7 +12,7 @@ per message of each phase. Each publish and each step of acks is a step of its
 own, unless `--shared`: then the subscribers' acks of the last publish come in
 the step of the next, before it, as they do end to end when the acks come
 while the commit before waits for the disk, or when a publish waits for the
-acks on their way (company.py). With `--window 100 --shared` they make the
+acks on their way (server/gathering.py). With `--window 100 --shared` they make the
 room its messages go straight into flight with: the path of fan-out at Window
 = BatchSize when the subscribers keep up. With `--window 100 --lag 1` the
 subscribers ack a publish behind, so every message waits in the ready queue

@@ -128,7 +128,7 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     def room(self, sub: SubscriberConfig, inflight: int) -> int:
         """How many more messages of a topic sub may have in flight beside
         `inflight` (PROTOCOL §3 Window): all its connections' Windows; a Pull
-        subscriber has one. Pushing (filling.py) and TAKE (taking.py) both ask."""
+        subscriber has one. Pushing (core/dispatch.py) and TAKE (core/pull.py) both ask."""
         return max(0, self.window(sub) * sub.connections - inflight)
 
     @property

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
-_OURS = {p.name for p in Path(__file__).parent.parent.glob("*.py")} - {"cli.py", "__init__.py"}
+_OURS = {p.name for p in Path(__file__).parent.parent.glob("*.py")} - {"cli/main.py", "__init__.py"}
 
 
 def summary(path: Path, top: int = 15) -> str:

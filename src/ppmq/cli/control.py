@@ -19,7 +19,7 @@ from ppmq.client.library import Client
 from ppmq.config import default_config_path, load_config
 from ppmq.protocol.messages import Reply
 
-# cli.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
+# cli/main.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
 Command = Callable[..., argparse.ArgumentParser]  # also config=False: no -c/-s; a None handler: its subcommands set one
 PAYLOAD_CHARS = 40  # of a payload's JSON in peek's table; a longer one is cut and ends in "…"
 _PEEK_COLUMNS = ("SUBSCRIBER", "STATE", "KEY", "PRIORITY", "ATTEMPT", "PUBLISHED", "DEADLINE", "PAYLOAD")
@@ -33,7 +33,7 @@ def config_options(parser: argparse.ArgumentParser) -> None:
 
 def open_client(args: argparse.Namespace) -> Client:
     """The broker named by -s, or by ServerSocket of the config. Here rather than in
-    cli.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
+    cli/main.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
     path = args.socket or load_config(args.config or default_config_path()).server_socket
     return Client(path)
 
@@ -71,7 +71,7 @@ def align(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def add_commands(command: Command) -> None:
-    """This module's subcommands, made by cli.py's factory so that they take -c/-s
+    """This module's subcommands, made by cli/main.py's factory so that they take -c/-s
     and the man page shows them like every other command."""
     nack = _in_flight_command(command, "nack", _nack, "give messages in flight back to their queue, to be delivered again")
     nack.add_argument("--delay", type=seconds, help="seconds before they may be delivered again (default 0)")

@@ -7,9 +7,13 @@ push and when it next needs to run. It never touches a socket or reads a clock,
 and it runs on one thread: the writer thread of the server, or a test.
 
 This module is the step and the dispatch of requests (PROTOCOL §2), read top
-down; what a request does to messages is in the parts the Broker is made of:
-publishing.py, completion.py, filling.py, taking.py and admin.py (wiring.py says
-why they are mixins), and the values a step takes and returns are in ops.py.
+down. What a request does to messages is in the parts the Broker is composed
+of, each holding the few shared objects it reads (the counters in `State`, the
+config in force in `Topology`, the step's journal `StepEvents`) and the parts
+it calls: `Publisher` (publish.py), `Settlement` (settlement.py), `Dispatcher`
+(dispatch.py), `Pull` (pull.py), `Admin` (core/admin.py), with `Queues` (core/queues.py)
+and `LaneRouter` (core/laning.py) under them. The values a step takes and returns
+are in core/ops.py.
 """
 
 from __future__ import annotations
@@ -20,20 +24,22 @@ from typing import TypeVar
 
 from msgspec import UNSET
 
-from ppmq.config import Config, ConfigError
+from ppmq.config import Config, ConfigError, SubscriberConfig, TopicConfig
 from ppmq.core.access import Policy
 from ppmq.core.admin import Admin
-from ppmq.core.dispatch import Filling
+from ppmq.core.dispatch import Dispatcher
 from ppmq.core.events import StepEvents
 from ppmq.core.lanes import Lanes
+from ppmq.core.laning import LaneRouter
 from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
-from ppmq.core.publish import Publishing
-from ppmq.core.pull import ABANDONED, Taking
-from ppmq.core.settlement import Completion
+from ppmq.core.publish import Publisher
+from ppmq.core.pull import ABANDONED, Pull
+from ppmq.core.queues import Queues
+from ppmq.core.settlement import Settlement
 from ppmq.core.staging import Answer, Staging, is_large
-from ppmq.core.taker_holdings import Owners
+from ppmq.core.taker_holdings import TakerHoldings
+from ppmq.core.topology import Snapshot, Topology
 from ppmq.core.validate import delay_ns, prepare
-from ppmq.core.wiring import Wiring
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger, load_state
 from ppmq.store.schema import StoreError, StoreFullError
@@ -53,7 +59,7 @@ class _Replay(Exception):
     back, to run again with them."""
 
 
-class Broker(Publishing, Completion, Filling, Taking, Admin):
+class Broker:
     """One store's state machine; run `step` from one thread only."""
 
     def __init__(self, config: Config, store: Store, now_ns: int, complete_status: Callable[[dict], None] | None = None) -> None:
@@ -64,29 +70,53 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self.store = store
         self._complete_status = complete_status
         self.policy = Policy()  # connections check their requests against it, in the step
-        self._wiring: Wiring | None = None
-        self._fresh = {}
-        self._open, self._lanes, self._watch = set(), {}, None
-        self._owners = Owners()  # who took what (PROTOCOL §9); no taker outlives the process
-        self._events = StepEvents(config.journaled, now_ns)
+        self._topology = topology = Topology()
+        self._takers = takers = TakerHoldings()  # who took what (PROTOCOL §9); no taker outlives the process
+        self._events = events = StepEvents(config.journaled, now_ns)
         self._carried: list[Op] = []  # internal ops of a step whose commit failed, tried again
         self._failures = 0  # commits failed in a row
         self._retry_at_ns = 0  # after a failed commit, no step without requests before this
         # Topic -> the last id its sequence handed out in a step whose batches
         # left but whose commit failed: no rollback takes the sequence below it.
         self._let_out: dict[str, int] = {}
-        self._started_ns = now_ns  # PING's uptime
         with store.write() as txn:
-            self.state = load_state(txn)
-            self._ledger = Ledger(self.state)  # the counters' records, and their undo
+            self.state = state = load_state(txn)
+            self._ledger = ledger = Ledger(state)  # the counters' records, and their undo
             self._staging = Staging(txn.staged())  # a record left by a crash: its rows go
+            self._queues = queues = Queues(state, topology)
+            self._router = router = LaneRouter(state, topology)
+            self._publisher = publisher = Publisher(state, topology, events, queues, self._staging)
+            self._settlement = settlement = Settlement(state, topology, events, queues, takers, publisher)
+            publisher.discard = settlement.discard
+            self._dispatcher = dispatcher = Dispatcher(state, topology, events, ledger, queues, settlement, router)
+            self._pull = Pull(state, topology, takers, dispatcher, settlement)
+            self._admin = Admin(state, topology, events, queues, publisher, settlement, now_ns)
             self._switch(txn, config)
             self.state.resume_sequences()
             self._requeue_unconfirmed(txn, now_ns)
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
-        self._index_backlog()
+        self._dispatcher.index_backlog()
         self._next_tick_ns = now_ns
+
+    # --- what the server reads between steps, from the counters alone ------------------
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._topology.config
+
+    @property
+    def topics(self) -> dict[str, TopicConfig]:
+        return self._topology.topics
+
+    @property
+    def sub_configs(self) -> dict[str, SubscriberConfig]:
+        return self._topology.sub_configs
+
+    @property
+    def sub_topics(self) -> dict[str, list[TopicConfig]]:
+        return self._topology.sub_topics
 
     @property
     def next_tick_ns(self) -> int:
@@ -101,7 +131,22 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
     def has_backlog(self, sub: str) -> bool:
         """sub has messages ready that wait for room in its Window, as the last
         step left them (read from the event loop like has_pending)."""
-        return bool(self._backlog.get(sub))
+        return bool(self._dispatcher.backlog.get(sub))
+
+    def awaiting_acks(self, topic: str) -> list[str]:
+        return self._dispatcher.awaiting_acks(topic)
+
+    def ready_topics(self, sub: str) -> list[str]:
+        return self._router.ready_topics(sub)
+
+    def takeable(self, topic: str, sub: str) -> int:
+        return self._pull.takeable(topic, sub)
+
+    def take_room(self, topic: str, sub: str) -> int:
+        return self._pull.take_room(topic, sub)
+
+    def holders(self, topic: str, sub: str) -> set[int]:
+        return self._pull.holders(topic, sub)
 
     def has_pending(self, sub: str) -> bool:
         """sub has messages ready or unacknowledged: worth connecting to (and
@@ -111,7 +156,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         and a stale answer costs one step's delay.
         """
         subs = self.state.subs
-        for t in self.sub_topics.get(sub, ()):
+        for t in self._topology.sub_topics.get(sub, ()):
             stats = subs.peek(t.name, {}).get(sub)
             if stats is not None and (stats.inflight or any(stats.ready)):
                 return True
@@ -125,8 +170,10 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
             return False
         if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        subs = ((s, self._lanes_of(s, lanes or {})) for s in open_subs)
-        return now_ns >= self._next_tick_ns or any(self._space(s, t, ls) > 0 for s, ls in subs for t in self._pending_topics(s))
+        subs = ((s, self._router.lanes_of(s, lanes or {})) for s in open_subs)
+        return now_ns >= self._next_tick_ns or any(
+            self._dispatcher.space(s, t, ls) > 0 for s, ls in subs for t in self._dispatcher.pending_topics(s)
+        )
 
     def step(
         self,
@@ -148,8 +195,8 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         again, whatever the crash. A step that runs out of room looks again for
         reader slots of dead processes (which pin pages) and, if that freed
         any, tries once more before answering 507. `lanes`: what each lane of the open
-        subscribers with Connections > 1 carries (laning.py)."""
-        self._lanes = lanes or {}
+        subscribers with Connections > 1 carries (core/laning.py)."""
+        self._router.lanes = lanes or {}
         carried, self._carried = self._carried, []
         ops = carried + ops
         self._clear_stale_readers()
@@ -169,7 +216,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._left_flight())
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._router.left_flight())
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -203,23 +250,23 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool
     ) -> tuple[list, list[Delivery], int, list[Answer]]:
         """One try at the step's transaction; `guarded`: each request in a savepoint."""
-        wiring = self._wiring
-        self._open, self._fresh, self._events.now_ns = open_subs, {}, now_ns
+        topology = self._topology.snapshot()
+        self._queues.open, self._queues.fresh, self._events.now_ns = open_subs, {}, now_ns
         self._ledger.step()
         sent = False  # the step's batches left before its commit
         try:
             with self.store.write() as txn:
-                self._watch_flights(txn)
+                self._router.watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
                 finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True))
                 if now_ns >= self._next_tick_ns:
-                    self._tick(txn, now_ns)
-                deliveries = self._fill(txn, open_subs, now_ns)
-                self._queue_fresh(txn)
+                    self._settlement.tick(txn, now_ns)
+                deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
+                self._queues.settle_all(txn)
                 self.state.commits += 1
                 held = self._reserve_ids()
                 self._ledger.save(txn)
-                next_tick = self._next_tick(txn, now_ns)
+                next_tick = self._settlement.next_tick(txn, now_ns)
                 if early is not None and deliveries and not held:
                     early(deliveries)
                     sent = True
@@ -228,15 +275,15 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 self._note_let_out()
             self._ledger.rollback(self.store.committed_meta)
             self._keep_let_out()
-            self._rewire(wiring)
-            self._note_backlog(self._ledger.take_touched())
+            self._restore_topology(topology)
+            self._dispatcher.note_backlog(self._ledger.take_touched())
             self._events.clear()
-            self._fresh = {}
-            self._owners.undo()
+            self._queues.fresh = {}
+            self._takers.undo()
             raise
         self._ledger.stepped()
-        self._note_backlog(self._ledger.take_touched())
-        self._owners.commit()
+        self._dispatcher.note_backlog(self._ledger.take_touched())
+        self._takers.commit()
         if early is not None and deliveries and held:
             early(deliveries)
         return replies, deliveries, next_tick, finished
@@ -314,15 +361,15 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
     def _apply_internal(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         """An op the broker made itself, not a client's request."""
         if isinstance(op, Abandoned):
-            self._abandon(txn, op.taker, now_ns)
+            self._pull.abandon(txn, op.taker, now_ns)
             return None
         if isinstance(op, (Returned, Written)):
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
             if isinstance(op, Returned):
-                self._return(txn, op)
+                self._settlement.return_batch(txn, op)
             else:
-                self._ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
+                self._settlement.ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
@@ -332,7 +379,7 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
             return self._reconfigure(txn, op.config)
         if isinstance(op, Requeue):
             try:
-                return self._requeue_at_end(txn, op, now_ns)
+                return self._settlement.requeue_at_end(txn, op, now_ns)
             except p.RequestError as exc:  # counted and journaled as any refused request
                 return self._apply(txn, Invalid(exc, UNSET), now_ns)
         log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
@@ -342,17 +389,17 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         """apply(), whose writes, counters, config and fresh messages all vanish if
         it raises. The step's fresh lists are kept by value: a STATUS or a reload
         moves them into the queues (and empties the dict) inside it."""
-        wiring, owners = self._wiring, self._owners.mark()
-        fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._fresh.items()}
+        topology, owners = self._topology.snapshot(), self._takers.mark()
+        fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._queues.fresh.items()}
         self._ledger.begin()
         try:
             with txn.savepoint():
                 result = apply()
         except BaseException:
-            self._owners.undo(owners)
+            self._takers.undo(owners)
             self._ledger.undo()
-            self._rewire(wiring)
-            self._fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
+            self._restore_topology(topology)
+            self._queues.fresh = {key: fresh[:n] for key, (fresh, n) in fresh_before.items() if n}
             raise
         self._ledger.end()
         return result
@@ -364,22 +411,22 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
     def _request(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None = None) -> p.Reply | None:
         """PROTOCOL §2, §8: messages, acks, nacks, rejects, touches, then the
         command (a TAKE's on behalf of `taker`); all or nothing.
-        None: a large publish, answered in a later step (staging.py)."""
+        None: a large publish, answered in a later step (core/staging.py)."""
         accepted, body = 0, None
         if req.messages is not None:
-            topic = self._topic_for(req, "Messages")
+            topic = self._topology.topic_for(req, "Messages")
             if is_large(topic, req.messages):
-                if not self._publish_staged(txn, topic, req, now_ns):
+                if not self._publisher.publish_staged(txn, topic, req, now_ns):
                     return None
             else:
-                prepared = prepare(topic, req.messages, self.config.max_message_bytes, now_ns)
+                prepared = prepare(topic, req.messages, self._topology.config.max_message_bytes, now_ns)
                 txn.refuse_when_full()
-                self._publish(txn, topic, prepared, now_ns)
+                self._publisher.publish(txn, topic, prepared, now_ns)
             accepted += len(req.messages)
         if req.acks is not None:
-            topic = self._topic_for(req, "Acks")
-            sub = self._subscriber_of(req.subscriber, topic, "Acks")
-            accepted += self._ack_keys(txn, topic, sub, req.acks)
+            topic = self._topology.topic_for(req, "Acks")
+            sub = self._topology.subscriber_of(req.subscriber, topic, "Acks")
+            accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
         accepted += self._control(txn, req)
         if req.command is not None:
             body = self._command(txn, req, now_ns, taker)
@@ -395,37 +442,53 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         for field, keys in (("Nacks", req.nacks), ("Rejects", req.rejects), ("Touch", req.touch)):
             if keys is None:
                 continue
-            topic = self._topic_for(req, field)
-            sub = self._subscriber_of(req.subscriber, topic, field)
+            topic = self._topology.topic_for(req, field)
+            sub = self._topology.subscriber_of(req.subscriber, topic, field)
             if field == "Nacks":
-                applied += self._nack_keys(txn, topic, sub, keys, delay_ns(req.delay or 0, "Delay"))
+                applied += self._settlement.nack_keys(txn, topic, sub, keys, delay_ns(req.delay or 0, "Delay"))
             elif field == "Rejects":
-                applied += self._reject_keys(txn, topic, sub, keys)
+                applied += self._settlement.reject_keys(txn, topic, sub, keys)
             else:
-                applied += self._touch_keys(txn, topic, sub, keys)
+                applied += self._settlement.touch_keys(txn, topic, sub, keys)
         return applied
 
     def _command(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None) -> dict | None:
         """The Body of the request's Command (PROTOCOL §2, §8, §9), None if it has none."""
-        command = req.command.upper()
-        if command == "TAKE":
-            return self._take(txn, req, taker, now_ns)
-        if command in ("RECONNECT", "CONNECT"):
-            self._reconnect(txn, req.subscriber, self._topics_of_subscriber(req, "RECONNECT"), now_ns)
-            return None
-        if command == "STATUS":
-            self._queue_fresh(txn)  # so that OldestReadyAge sees them
-            if req.topic is not None:
-                self._topic_for(req, "STATUS")
-            self._prune_takers(txn)  # so that the takers counted hold messages in flight
-            body = status_body(self.config, self.state, txn, now_ns, req.topic)
-            if self._complete_status is not None:
-                self._complete_status(body)
-            return body
-        try:
-            return self._admin(txn, command, req, now_ns)
-        except KeyError:
-            raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})") from None
+        match req.command.upper():
+            case "TAKE":
+                return self._pull.take(txn, req, taker, now_ns)
+            case "RECONNECT" | "CONNECT":
+                self._settlement.reconnect(txn, req.subscriber, self._topology.topics_of_subscriber(req, "RECONNECT"), now_ns)
+                return None
+            case "STATUS":
+                return self._status(txn, req, now_ns)
+            case "PING":
+                return self._admin.ping(now_ns)
+            case "PAUSE":
+                self._admin.pause(req, True)
+                return None
+            case "RESUME":
+                self._admin.pause(req, False)
+                return None
+            case "PEEK":
+                return self._admin.peek(txn, req)
+            case "PURGE":
+                return self._admin.purge(txn, req)
+            case "REDRIVE":
+                return self._admin.redrive(txn, req, now_ns)
+            case _:
+                raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})")
+
+    def _status(self, txn: Txn, req: p.Request, now_ns: int) -> dict:
+        """PROTOCOL §2 STATUS: the counters of every topic, or of the request's Topic."""
+        self._queues.settle_all(txn)  # so that OldestReadyAge sees them
+        if req.topic is not None:
+            self._topology.topic_for(req, "STATUS")
+        self._pull.prune_takers(txn)  # so that the takers counted hold messages in flight
+        body = status_body(self._topology.config, self.state, txn, now_ns, req.topic)
+        if self._complete_status is not None:
+            self._complete_status(body)
+        return body
 
     # --- the config in force: one value, switched whole ---------------------------------
 
@@ -445,10 +508,10 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
 
     def _switch(self, txn: Txn, config: Config) -> None:
         """Make `config` the broker's, dropping what it says goes (PROTOCOL §6 DropTopics)."""
-        errors = refused_changes(self.state, self.topics, config)
+        errors = refused_changes(self.state, self._topology.topics, config)
         if errors:
             raise ConfigError(errors)
-        self._queue_fresh(txn)  # a subscription dropped below must find its messages in the store
+        self._queues.settle_all(txn)  # a subscription dropped below must find its messages in the store
         for topic, subs in list(self.state.subs.items()):
             tc = next((t for t in config.topics if t.name == topic), None)
             for sub in [s for s in subs if tc is None or s not in tc.subscribers]:
@@ -457,20 +520,22 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
                 log.warning("topic %s removed from the config: forgotten", topic)
                 self.state.forget(topic)
         self.state.register(config)
-        self._rewire(Wiring.of(config, self.state))
-        self._wiring.rules.warn_unknown()
-        self._index_backlog()
+        self._topology.install(config, self.state)
+        self.policy.rules = self._topology.rules
+        self._topology.rules.warn_unknown()
+        self._dispatcher.index_backlog()
 
-    def _rewire(self, wiring: Wiring | None) -> None:
-        self._wiring = wiring
-        self.policy.rules = wiring.rules if wiring is not None else None
+    def _restore_topology(self, snapshot: Snapshot) -> None:
+        """The config in force as `snapshot` held it, access rules included."""
+        self._topology.restore(snapshot)
+        self.policy.rules = self._topology.rules
 
     def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:
         """sub no longer takes topic: what it still had there is released, and
         messages nobody else holds are deleted (like deleting a bound queue)."""
-        msgs = self._queue_of(txn, topic, sub).drop_all()
+        msgs = self._queues.of(txn, topic, sub).drop_all()
         t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
-        self._release(txn, topic, t, s, msgs)
+        self._settlement.release(txn, topic, t, s, msgs)
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
@@ -479,14 +544,14 @@ class Broker(Publishing, Completion, Filling, Taking, Admin):
         `AckRequired: false` topic, what a previous run pushed without seeing the
         write finish; for a Pull subscriber, what the takers of that run, all
         gone with it, took (PROTOCOL §9 Competing consumers)."""
-        for tc in self.config.topics:
+        for tc in self._topology.config.topics:
             t = self.state.topic_ids[tc.name]
             for name in tc.subscribers:
-                if tc.ack_required and not self.sub_configs[name].pull:
+                if tc.ack_required and not self._topology.sub_configs[name].pull:
                     continue
                 s = self.state.sub_ids[name]
                 for flight in txn.inflight_of(t, s):
-                    self._requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
+                    self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
 
 def _reply_error(exc: StoreError) -> p.RequestError:

@@ -1,131 +1,135 @@
-"""Filling subscribers: the batches a step pushes (PROTOCOL §3 Window, Order).
+"""Dispatching: the batches a step pushes, and those a TAKE gets (PROTOCOL §3 Window, Order).
 
-A Broker part (see wiring.py for why the parts are mixins). It also keeps the
-step's fresh messages: published in this step for an open subscriber with nothing
-older queued, they go into flight from memory if a batch takes them in the same
-step (no ready row written, walked and read back), and join the ready queue at
-the end otherwise. A step that commits must therefore `_queue_fresh` first.
-
-A subscriber with Connections > 1 is filled per lane (laning.py).
+A batch takes a subscription's fresh messages (core/queues.py) when they are its
+whole queue, else reads the ready rows. A subscriber with Connections > 1 is
+filled per lane (core/laning.py).
 """
 
 from __future__ import annotations
 
 from ppmq.config import TopicConfig
+from ppmq.core.events import StepEvents
 from ppmq.core.lanes import Lanes, room
-from ppmq.core.laning import Laning
+from ppmq.core.laning import LaneRouter
 from ppmq.core.ops import Delivery
 from ppmq.core.publish import fragment_expiring
-from ppmq.core.queues import Queue
+from ppmq.core.queues import Queues
+from ppmq.core.settlement import Settlement
+from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger
 from ppmq.store.schema import Taken
-from ppmq.store.state import NS
+from ppmq.store.state import NS, State
 from ppmq.store.store import Txn
 
 
-class Filling(Laning):
-    _fresh: dict[tuple[str, str], list[Taken]]  # (topic, subscriber) -> its fresh messages, oldest first
-    _open: set[str]  # the subscribers that can take a batch in this step
-    _ledger: Ledger
-    # subscriber -> the topics where it had messages ready when the last step ended:
-    # with the topics a step touches, where a fill looks, so that a step costs
-    # what its topics cost, not what every topic of an open subscriber does
-    _backlog: dict[str, set[str]]
+class Dispatcher:
+    """Fills open subscribers' Windows with batches, and keeps which subscribers have a backlog."""
 
-    def _pending_topics(self, sub: str) -> list[TopicConfig]:
+    def __init__(
+        self,
+        state: State,
+        topology: Topology,
+        events: StepEvents,
+        ledger: Ledger,
+        queues: Queues,
+        settlement: Settlement,
+        router: LaneRouter,
+    ) -> None:
+        self._state = state
+        self._topology = topology
+        self._events = events
+        self._ledger = ledger
+        self._queues = queues
+        self._settlement = settlement
+        self._router = router
+        # subscriber -> the topics where it had messages ready when the last step ended:
+        # with the topics a step touches, where a fill looks, so that a step costs
+        # what its topics cost, not what every topic of an open subscriber does
+        self.backlog: dict[str, set[str]] = {}
+
+    def pending_topics(self, sub: str) -> list[TopicConfig]:
         """sub's topics that may have a batch for it: those with messages ready
         as the last step left them, and those touched since; in config order."""
-        names = self._backlog.get(sub, set()) | self._ledger.touched
-        subs, order = self.state.subs, self._topic_order
+        names = self.backlog.get(sub, set()) | self._ledger.touched
+        subs, order = self._state.subs, self._topology.topic_order
         found = [name for name in names if sub in subs.peek(name, ()) and name in order]
         if len(found) > 1:
             found.sort(key=order.__getitem__)
-        return [self.topics[name] for name in found]
+        return [self._topology.topics[name] for name in found]
 
-    def _note_backlog(self, topics: set[str]) -> None:
+    def note_backlog(self, topics: set[str]) -> None:
         """After a step: whether each subscription of `topics` has messages ready."""
         for name in topics:
-            for sub, stats in self.state.subs.peek(name, {}).items():
+            for sub, stats in self._state.subs.peek(name, {}).items():
                 if any(stats.ready):
-                    self._backlog.setdefault(sub, set()).add(name)
-                elif sub in self._backlog:
-                    self._backlog[sub].discard(name)
+                    self.backlog.setdefault(sub, set()).add(name)
+                elif sub in self.backlog:
+                    self.backlog[sub].discard(name)
 
-    def _index_backlog(self) -> None:
+    def index_backlog(self) -> None:
         """The backlog index anew, from every topic (at start and after a reload)."""
-        self._backlog = {}
-        self._note_backlog(set(self.state.subs.keys()))
+        self.backlog = {}
+        self.note_backlog(set(self._state.subs.keys()))
 
-    def _reads_now(self, sub: str) -> bool:
-        """Whether sub may take a batch in this step: it is open, or it is a Pull
-        subscriber, whose workers TAKE whenever they like (PROTOCOL §9). New
-        messages stay fresh for it, then wait in its queue's tail in memory."""
-        return sub in self._open or self.sub_configs[sub].pull
-
-    def _queue_of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
-        """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
-        fresh_list = self._fresh.setdefault((topic, sub), []) if fresh else None
-        return Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh_list, fresh)
-
-    def _space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
+    def space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
         """How many messages of topic sub's next batch may take now (PROTOCOL §3
         Batches and window): with lanes, to its least loaded lane, and all lanes'
         Windows cap what is in flight in all; 0 also when a reload lowered Window
         below what is in flight, and while it is paused (PROTOCOL §8). Read from
         the counters alone, so the writer can ask it between steps; they are read
         first, since after a batch there is mostly nothing ready."""
-        stats = self.state.subs.peek(topic.name)[sub]
+        stats = self._state.subs.peek(topic.name)[sub]
         if stats.paused or not any(stats.ready):
             return 0
-        sc = self.sub_configs[sub]
-        limit = min(sc.batch_size, self.config.room(sc, stats.inflight))
-        return limit if lanes is None else min(limit, room(lanes, topic.name, self.config.window(sc))[1])
+        sc = self._topology.sub_configs[sub]
+        limit = min(sc.batch_size, self._topology.config.room(sc, stats.inflight))
+        return limit if lanes is None else min(limit, room(lanes, topic.name, self._topology.config.window(sc))[1])
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
-        waiting for (company.py): no room left in their Window, and at most a
+        waiting for (server/gathering.py): no room left in their Window, and at most a
         batch ready. Applied before it, those acks make the room its messages
         go straight into flight with, from memory (with nothing ready), or the
         room for the batch ready before them; applied after it, they need a step
         of their own. A subscriber with more ready is behind anyway, and a
         publisher is not held back by a slow one. Read from the counters
         alone, between steps."""
-        tc = self.topics.get(topic)
+        tc = self._topology.topics.get(topic)
         if tc is None:
             return []
-        subs, configs, room_of = self.state.subs.peek(topic, {}), self.sub_configs, self.config.room
+        subs, configs, room_of = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.config.room
         return [
             sub for sub in tc.subscribers
             if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
             and sum(stats.ready) <= configs[sub].batch_size and not room_of(configs[sub], stats.inflight)
         ]  # fmt: skip
 
-    def _fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
+    def fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one
         batch a step would leave a subscriber that fell one batch behind (say,
         connecting after the first publish) behind for good, taking every new
         message through the ready queue instead of straight into flight."""
         out = []
         for sub in sorted(open_subs):
-            lanes = self._lanes_of(sub, self._lanes)
-            for topic in self._pending_topics(sub):
-                while (limit := self._space(sub, topic, lanes)) > 0:
-                    delivery = self._pull(txn, sub, topic, limit, now_ns)
+            lanes = self._router.lanes_of(sub, self._router.lanes)
+            for topic in self.pending_topics(sub):
+                while (limit := self.space(sub, topic, lanes)) > 0:
+                    delivery = self._delivery(txn, sub, topic, limit, now_ns)
                     if delivery is None:
                         break
-                    out.append(delivery if lanes is None else self._to_lane(sub, delivery, lanes))
+                    out.append(delivery if lanes is None else self._router.to_lane(sub, delivery, lanes))
         return out
 
-    def _pull(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
+    def _delivery(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
         """The next batch for sub, as the frame pushed to it."""
-        batch = self._batch(txn, sub, topic, limit, now_ns)
+        batch = self.batch(txn, sub, topic, limit, now_ns)
         if batch is None:
             return None
         ids, fragments = batch
         return Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
-    def _batch(
+    def batch(
         self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int, max_bytes: int = 0
     ) -> tuple[list[int], list[bytes]] | None:
         """The next batch for sub, now in flight and journaled, pushed or taken
@@ -133,8 +137,8 @@ class Filling(Laning):
         `limit` of them and, given `max_bytes`, as many as that many bytes
         hold (at least one). Its fresh messages when they are its whole queue,
         else from the ready rows; expired ones met on the way are expired."""
-        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        queue = Queue(txn, t, s, self.state.subs[topic.name][sub], self._fresh.pop((topic.name, sub), None), True)
+        queue = self._queues.taking(txn, topic.name, sub)
+        t, s = queue.t, queue.s
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         taken = queue.take_fresh(limit, deadline, max_bytes)
         fresh = taken is not None  # published in this very step
@@ -143,9 +147,9 @@ class Filling(Laning):
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0, own, max_bytes)
             for m in pulled.expired:
                 if m in own:
-                    self._expire_copy(txn, topic.name, t, s, m)
+                    self._settlement.expire_copy(txn, topic.name, t, s, m)
                 else:
-                    self._expire(txn, topic.name, t, m)
+                    self._settlement.expire(txn, topic.name, t, m)
             if not pulled.entries:
                 return None
             taken = pulled.entries if not own else [self._with_own_expiry(txn, t, entry, own) for entry in pulled.entries]
@@ -154,7 +158,7 @@ class Filling(Laning):
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
-        if self.sub_configs[sub].metadata:
+        if self._topology.sub_configs[sub].metadata:
             fragments = p.with_metadata(fragments, attempts, pub_ns)
         return list(ids), list(fragments)
 
@@ -165,19 +169,3 @@ class Filling(Laning):
         if body is None:
             return entry
         return (*entry[:5], fragment_expiring(body, own[m]), entry[6], own[m])
-
-    def _settle_fresh(self, txn: Txn, topic: str) -> None:
-        """The fresh messages of one topic join its ready queues now: before a
-        replacement, a drop or an expiry looks a message up by its place."""
-        for key in [key for key in self._fresh if key[0] == topic]:
-            self._settle(txn, key, self._fresh.pop(key))
-
-    def _queue_fresh(self, txn: Txn) -> None:
-        """Fresh messages no batch took join the ready queues."""
-        for key, fresh in self._fresh.items():
-            self._settle(txn, key, fresh)
-        self._fresh = {}
-
-    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Taken]) -> None:
-        topic, sub = key
-        Queue(txn, self.state.topic_ids[topic], self.state.sub_ids[sub], self.state.subs[topic][sub], fresh, True).settle()

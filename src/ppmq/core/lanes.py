@@ -7,7 +7,7 @@ expired, redelivered after AckRetry, put back by RECONNECT), also across a
 broken connection: the next connection in that lane starts with what is still
 in flight there, as the one connection of `Connections: 1` always does.
 
-The link keeps a `Ledger` and hands the broker, with every step, `Lanes`: per
+The link keeps a `LaneLoads` and hands the broker, with every step, `Lanes`: per
 lane, how many messages of each topic it carries, or None while the lane has no
 connection that can take a batch. The broker gives each batch to the lane with
 the most room under `Window` for its topic (the least loaded), and says which
@@ -39,7 +39,7 @@ def carry(lanes: Lanes, lane: int, topic: str, count: int) -> None:
     carried[topic] = carried.get(topic, 0) + count
 
 
-class Ledger:
+class LaneLoads:
     """Which lane carries each message in flight to one subscriber, and how many
     each lane carries per topic; lives on the event loop, with the link."""
 

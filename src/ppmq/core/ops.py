@@ -58,7 +58,7 @@ class Guarded(NamedTuple):
 
 class Take(NamedTuple):
     """A TAKE (PROTOCOL §9) on behalf of `taker`: one connection, or one consumer of
-    another listener, numbered by whoever makes the ops (`takes.Takes.new_taker`).
+    another listener, numbered by whoever makes the ops (`takes.TakeWaits.new_taker`).
     The messages it gets stay that taker's until they are acked or it is
     `Abandoned`; `request` is the wrapper (Command TAKE, Topic, Subscriber, Count,
     Id, and maybe Acks to apply first), `check` its access check, as in Guarded."""
@@ -98,21 +98,21 @@ class Delivery(NamedTuple):
     msgs: list[int]
     frame: bytes
     auto_ack: bool  # AckRequired: false - complete once written
-    lane: int = 0  # with Connections > 1, the lane whose connection takes it (lanes.py)
+    lane: int = 0  # with Connections > 1, the lane whose connection takes it (core/lanes.py)
 
 
 class Step(NamedTuple):
     """What one transaction produced."""
 
     # One per op; None for internal ops, and for a publish staged over later steps
-    # (staging.py), whose reply comes in `finished` of the step that ends it.
+    # (core/staging.py), whose reply comes in `finished` of the step that ends it.
     replies: list[p.Reply | None]
     deliveries: list[Delivery]
     next_tick_ns: int
     events: list[Event] = []  # for the journal; empty unless the config keeps one
     finished: list[Answer] = []  # staged publishes of earlier steps, answered now
     # Subscriber -> topic -> messages that left flight, for subscribers with
-    # Connections > 1, whose links free room on the lane that carried each (lanes.py).
+    # Connections > 1, whose links free room on the lane that carried each (core/lanes.py).
     left: dict[str, dict[str, list[int]]] = {}
 
 

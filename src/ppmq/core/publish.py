@@ -1,7 +1,7 @@
 """Publishing (PROTOCOL §3 Fan-out, Dedupe, Keys, Expiry; §6 MaxMessages, MaxBytes,
 OverflowPolicy): how a message gets into the store and into every subscriber's queue.
 
-A Broker part (see wiring.py for why the parts are mixins). A batch without
+A batch without
 dedupe or limits is stored with one store write for all of it; a key that may
 come twice or a limit that may drop a message takes it one by one, each seeing
 the last. Nothing is counted before a limit has let a message in, so a refused
@@ -10,7 +10,7 @@ message leaves no trace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
@@ -19,11 +19,14 @@ import msgspec
 
 from ppmq.config import TopicConfig
 from ppmq.core import events as ev
+from ppmq.core.events import StepEvents
+from ppmq.core.queues import Queues
 from ppmq.core.staging import Staging
+from ppmq.core.topology import Topology
 from ppmq.core.validate import Prepared, prepared
-from ppmq.core.wiring import Wired
 from ppmq.protocol import messages as p
 from ppmq.store.schema import FLIGHT_ENTRY, Body
+from ppmq.store.state import State, SubStats
 from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
@@ -38,13 +41,23 @@ class Stored(NamedTuple):
     expires_ns: Sequence[int]
 
 
-class Publishing(Wired):
-    _staging: Staging
+class Publisher:
+    """Stores published messages and queues them for their subscribers."""
 
-    def _publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int, subs: list[str] | None = None) -> None:
+    def __init__(self, state: State, topology: Topology, events: StepEvents, queues: Queues, staging: Staging) -> None:
+        self._state = state
+        self._topology = topology
+        self._events = events
+        self._queues = queues
+        self._staging = staging
+        # What makes room under OverflowPolicy drop-oldest: Settlement.discard,
+        # given once the settlement exists (it publishes dead letters through this).
+        self.discard: Callable[[Txn, str, int, int, str], list[SubStats]] = _not_given
+
+    def publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int, subs: list[str] | None = None) -> None:
         """Counted as published once stored: a refused dead-letter copy is not.
         `subs`: the subscribers that get the messages (a redrive's one); default all."""
-        t = self.state.topic_ids[topic.name]
+        t = self._state.topic_ids[topic.name]
         subs = topic.subscribers if subs is None else subs
         if not subs or not prepared:
             pass  # nobody to deliver to, like a fanout exchange without queues; or nothing to store
@@ -52,7 +65,7 @@ class Publishing(Wired):
             # The whole batch at once, its ids by priority, then by place in the
             # publish: delivery order is the same (priority, then publish order),
             # but a batch of one priority then takes a run of consecutive ids,
-            # which its ack releases and deletes as whole rows (schema.py)
+            # which its ack releases and deletes as whole rows (store/schema.py)
             # instead of cutting every third id out of them. Sorted stably, in C.
             # A limited topic's batch too, when all of it fits.
             if self._events.journaled:
@@ -73,7 +86,7 @@ class Publishing(Wired):
                     raise p.StoreFull(f"Messages[{i}]: {exc}") from None
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
-        self.state.topics[topic.name].published += len(prepared)
+        self._state.topics[topic.name].published += len(prepared)
 
     def _publish_deduped(self, txn: Txn, topic: TopicConfig, t: int, prepared: list[Prepared], now_ns: int, subs: list[str]) -> None:
         """A Dedupe topic's batch (with room for all of it): each message sees the ones
@@ -118,7 +131,7 @@ class Publishing(Wired):
         _, prio, expires_ns, *_ = msg
         return old, prio, self._replace(txn, topic, t, old, msg, now_ns), expires_ns, True
 
-    def _publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
+    def publish_staged(self, txn: Txn, topic: TopicConfig, req: p.Request, now_ns: int) -> bool:
         """A publish too large for one step: queued on arrival, then one chunk per
         step stored unseen; True in the step that makes it whole, and visible:
         counted here, journaled with this request, in this transaction."""
@@ -126,16 +139,16 @@ class Publishing(Wired):
         if job is None:
             self._staging.queue(req, topic, now_ns, self._events.journaled)
             return False
-        t = self.state.topic_ids[topic.name]
-        stats = self.state.topics[topic.name]
-        subs = [self.state.sub_ids[name] for name in topic.subscribers]
-        if not self._staging.store_chunk(txn, job, topic, t, subs, stats, self.config.max_message_bytes):
+        t = self._state.topic_ids[topic.name]
+        stats = self._state.topics[topic.name]
+        subs = [self._state.sub_ids[name] for name in topic.subscribers]
+        if not self._staging.store_chunk(txn, job, topic, t, subs, stats, self._topology.config.max_message_bytes):
             return False
         stats.stored += sum(job.ready)
         stats.stored_bytes += job.stored_bytes
         stats.published += job.done
         for name in topic.subscribers:
-            self._queue_of(txn, topic.name, name).reveal(job.ready)
+            self._queues.of(txn, topic.name, name).reveal(job.ready)
         if job.event is not None:
             self._events.file(job.event)
         return True
@@ -147,7 +160,7 @@ class Publishing(Wired):
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        stats = self.state.topics[topic.name]
+        stats = self._state.topics[topic.name]
         keys, fragments, new, first = [], [], [], stats.seq + 1
         flight_entry, plain, expiring, expires_bytes = (
             FLIGHT_ENTRY.pack,
@@ -158,7 +171,7 @@ class Publishing(Wired):
         # Only a subscriber that reads now keeps them fresh, to be taken in this
         # step or from its tail: the in-flight entries are packed for it, not for
         # a backlog nobody reads now.
-        takes_fresh = any(map(self._reads_now, subs))
+        takes_fresh = any(map(self._queues.reads_now, subs))
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
@@ -186,9 +199,9 @@ class Publishing(Wired):
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
         due = dues if any(dues) else None
         for name in subs:
-            reads = self._reads_now(name)
-            self._queue_of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
-        txn.put_new_holders(t, [self.state.sub_ids[name] for name in subs], first, prios)
+            reads = self._queues.reads_now(name)
+            self._queues.of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
+        txn.put_new_holders(t, [self._state.sub_ids[name] for name in subs], first, prios)
         return Stored(range(first, first + len(keys)), prios, sizes, expiries)
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
@@ -207,12 +220,12 @@ class Publishing(Wired):
                 return
             victim = None
             if topic.overflow_policy == "drop-oldest":
-                self._settle_fresh(txn, topic.name)  # the oldest may be fresh
+                self._queues.settle_topic(txn, topic.name)  # the oldest may be fresh
                 victim = self._oldest_lowest(txn, topic, t)
             if victim is None:
                 raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
-            self._discard(txn, topic.name, t, victim, ev.OVERFLOW)
-            self.state.topics[topic.name].dropped += 1
+            self.discard(txn, topic.name, t, victim, ev.OVERFLOW)
+            self._state.topics[topic.name].dropped += 1
 
     def _room_for_all_new(self, topic: TopicConfig, count: int) -> bool:
         """A Dedupe topic's publish of `count` could not pass its limits even if
@@ -224,7 +237,7 @@ class Publishing(Wired):
     def _passes_limit(self, topic: TopicConfig, count: int, size: int) -> str | None:
         """The limit (PROTOCOL §3 MaxMessages, MaxBytes) that `count` more messages
         of `size` bytes in all would pass, as an error names it; None if none."""
-        stats = self.state.topics[topic.name]
+        stats = self._state.topics[topic.name]
         if topic.max_messages and stats.stored + count > topic.max_messages:
             return f"MaxMessages ({topic.max_messages})"
         if topic.max_bytes and stats.stored_bytes + size > topic.max_bytes:
@@ -235,7 +248,7 @@ class Publishing(Wired):
         """The message at the head of the lowest non-empty priority of any of the
         topic's queues (the smallest position among them); None if all are empty."""
         for prio in reversed(range(topic.priorities)):
-            heads = [txn.first_ready(t, self.state.sub_ids[name], prio) for name in topic.subscribers]
+            heads = [txn.first_ready(t, self._state.sub_ids[name], prio) for name in topic.subscribers]
             heads = [h for h in heads if h is not None]
             if heads:
                 return min(heads, key=lambda h: h.pos).msg
@@ -246,20 +259,20 @@ class Publishing(Wired):
         decides where it goes (Queue.requeue_version). Returns the size of the new
         version's JSON."""
         key, prio, expires_ns, _, due_ns, _ = msg
-        self._settle_fresh(txn, topic.name)  # the old version may be fresh: its place must be a row
-        stats = self.state.topics[topic.name]
+        self._queues.settle_topic(txn, topic.name)  # the old version may be fresh: its place must be a row
+        stats = self._state.topics[topic.name]
         stats.replaced += 1
         new_pos: list[int] = []
 
         def next_pos() -> int:  # one new place for every subscriber that moves it
             if not new_pos:
-                new_pos.append(self._next_position(topic.name))
+                new_pos.append(self.next_position(topic.name))
             return new_pos[0]
 
         holders = txn.get_holders(t, m)
         places = dict(holders)
         for name in topic.subscribers:
-            queue = self._queue_of(txn, topic.name, name)
+            queue = self._queues.of(txn, topic.name, name)
             holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), prio, next_pos, due_ns)
         if holders != places:  # a version that waits where the old one did changes no holder
             txn.put_holders(t, m, holders)
@@ -267,7 +280,7 @@ class Publishing(Wired):
         self._put_version(txn, topic, t, m, Body(prio, now_ns, expires_ns, key, fragment))
         return len(fragment)
 
-    def _retime(self, txn: Txn, topic: TopicConfig, t: int, m: int, expires_ns: int) -> None:
+    def retime(self, txn: Txn, topic: TopicConfig, t: int, m: int, expires_ns: int) -> None:
         """m gets a new Expires (0: never), also in the JSON it is delivered as
         (PROTOCOL §9, PHPMQ's re-queue); its other fields stay as they are."""
         body = txn.get_body(t, m)
@@ -280,14 +293,18 @@ class Publishing(Wired):
         and the topic's byte count following."""
         old = txn.replace_message(t, m, body, expire=topic.expire)
         if old is not None:
-            self.state.topics[topic.name].stored_bytes += len(body.fragment) - len(old.fragment)
+            self._state.topics[topic.name].stored_bytes += len(body.fragment) - len(old.fragment)
 
-    def _next_position(self, topic: str) -> int:
+    def next_position(self, topic: str) -> int:
         """A queue place after every message of the topic queued so far: places
         and message ids come from the same sequence."""
-        stats = self.state.topics[topic]
+        stats = self._state.topics[topic]
         stats.seq += 1
         return stats.seq
+
+
+def _not_given(*args: object) -> list[SubStats]:
+    raise RuntimeError("Publisher.discard is given by the broker that composes it")
 
 
 def fragment_expiring(body: Body, expires_ns: int) -> bytes:

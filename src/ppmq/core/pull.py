@@ -1,15 +1,14 @@
 """Pull subscribers (PROTOCOL §9): TAKE, and competing consumers.
 
-A Broker part (see wiring.py for why the parts are mixins). A Pull subscriber is
-never pushed to: its workers TAKE messages, which go into flight exactly as a
+A Pull subscriber is never pushed to: its workers TAKE messages, which go into flight exactly as a
 pushed batch does (the same fragments, journaled as `deliver`, with the same
 AckRetry deadline and Window), and are acked, nacked, rejected and touched the
 same way. What is new is who holds them: each TAKE comes from a taker (a
 connection), and a taker that goes away (`Abandoned`) gives back at once what
-it took and did not ack. Who holds what is kept in memory (owners.py).
+it took and did not ack. Who holds what is kept in memory (core/taker_holdings.py).
 
 Waiting for messages is not the broker's: a TAKE that finds nothing is answered
-with nothing at once, and the event loop (takes.py) keeps it waiting and sends
+with nothing at once, and the event loop (server/take_waits.py) keeps it waiting and sends
 it again when a step may have made messages available (`takeable`).
 """
 
@@ -18,10 +17,12 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET
 
-from ppmq.core.taker_holdings import Key
-from ppmq.core.wiring import Wired
+from ppmq.core.dispatch import Dispatcher
+from ppmq.core.settlement import Settlement
+from ppmq.core.taker_holdings import Key, TakerHoldings
+from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
-from ppmq.store.state import SubStats
+from ppmq.store.state import State, SubStats
 from ppmq.store.store import Txn
 
 MAX_COUNT = 10_000  # messages one TAKE may ask for
@@ -35,30 +36,39 @@ PRUNE_SLACK = 64
 ABANDONED = "Abandoned"  # the journal's requeue reason: the taker went away (or the broker restarted)
 
 
-class Taking(Wired):
+class Pull:
+    """TAKE, and who holds what a Pull subscriber's workers took."""
+
+    def __init__(self, state: State, topology: Topology, takers: TakerHoldings, dispatcher: Dispatcher, settlement: Settlement) -> None:
+        self._state = state
+        self._topology = topology
+        self._takers = takers
+        self._dispatcher = dispatcher
+        self._settlement = settlement
+
     def takeable(self, topic: str, sub: str) -> int:
         """How many messages a TAKE for sub on topic could get now: ready ones, as
         far as its Window has room (0 while paused). Read from the counters alone,
         so the event loop may ask it between steps."""
-        stats = self.state.subs.peek(topic, {}).get(sub)
+        stats = self._state.subs.peek(topic, {}).get(sub)
         return 0 if stats is None else min(sum(stats.ready), self._room(stats, sub))
 
     def take_room(self, topic: str, sub: str) -> int:
         """How many messages TAKEs for sub on topic could get if enough were
         ready: its Window's room, 0 while paused or for no such subscription.
         From the counters alone, as takeable."""
-        stats = self.state.subs.peek(topic, {}).get(sub)
+        stats = self._state.subs.peek(topic, {}).get(sub)
         return 0 if stats is None else self._room(stats, sub)
 
     def _room(self, stats: SubStats, sub: str) -> int:
-        sc = self.sub_configs.get(sub)
-        return 0 if sc is None or stats.paused else self.config.room(sc, stats.inflight)
+        sc = self._topology.sub_configs.get(sub)
+        return 0 if sc is None or stats.paused else self._topology.config.room(sc, stats.inflight)
 
     def holders(self, topic: str, sub: str) -> set[int]:
         """The takers holding messages of sub on topic (as of the last STATUS's pruning)."""
-        return self._owners.holders((topic, sub))
+        return self._takers.holders((topic, sub))
 
-    def _take(self, txn: Txn, req: p.Request, taker: int | None, now_ns: int) -> dict:
+    def take(self, txn: Txn, req: p.Request, taker: int | None, now_ns: int) -> dict:
         """PROTOCOL §9 TAKE: up to Count ready messages, now in flight to the
         subscriber and held by `taker`; none (at once) when nothing can be taken.
         The reply is one frame, which a client reads as any other: no more
@@ -69,49 +79,49 @@ class Taking(Wired):
             raise p.BadRequest("Id: required with TAKE, whose reply carries the messages")
         count = _within(req.count, "Count", 1, MAX_COUNT)
         _within(req.wait, "Wait", 0, MAX_WAIT_S)
-        topic = self._topic_for(req, "TAKE")
-        sub = self._subscriber_of(req.subscriber, topic, "TAKE")
-        if not self.sub_configs[sub].pull:
+        topic = self._topology.topic_for(req, "TAKE")
+        sub = self._topology.subscriber_of(req.subscriber, topic, "TAKE")
+        if not self._topology.sub_configs[sub].pull:
             raise p.BadRequest(f"Subscriber: {sub!r} is pushed to; TAKE is for subscribers with Pull: true")
         limit = min(count, self.takeable(topic.name, sub))
-        max_bytes = max(1, self.config.max_frame_bytes - REPLY_BYTES - len(req.id))
-        batch = self._batch(txn, sub, topic, limit, now_ns, max_bytes) if limit > 0 else None
+        max_bytes = max(1, self._topology.config.max_frame_bytes - REPLY_BYTES - len(req.id))
+        batch = self._dispatcher.batch(txn, sub, topic, limit, now_ns, max_bytes) if limit > 0 else None
         if batch is None:
             return {"Messages": []}
         ids, fragments = batch
         if topic.ack_required:
-            self._owners.took((topic.name, sub), taker, ids)
-            self._prune_stale(txn, (topic.name, sub), 2 * self.state.subs[topic.name][sub].inflight + PRUNE_SLACK)
+            self._takers.took((topic.name, sub), taker, ids)
+            self._prune_stale(txn, (topic.name, sub), 2 * self._state.subs[topic.name][sub].inflight + PRUNE_SLACK)
         else:  # AckRequired: false: taking completes them, as writing a pushed batch does
-            self._ack_msgs(txn, topic.name, sub, ids, "AutoAck")
+            self._settlement.ack_msgs(txn, topic.name, sub, ids, "AutoAck")
         return {"Messages": [msgspec.Raw(f) for f in fragments]}
 
-    def _abandon(self, txn: Txn, taker: int, now_ns: int) -> None:
+    def abandon(self, txn: Txn, taker: int, now_ns: int) -> None:
         """The taker went away: what it took and did not ack goes back to its
         place now, a delivery counted (MaxAttempts applies), as for RECONNECT."""
-        for (topic, sub), ms in self._owners.abandon(taker):
-            if sub not in self.state.subs.get(topic, {}):
+        for (topic, sub), ms in self._takers.abandon(taker):
+            if sub not in self._state.subs.get(topic, {}):
                 continue  # the subscription was dropped by a reload meanwhile
-            t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+            t, s = self._state.topic_ids[topic], self._state.sub_ids[sub]
             for m in ms:
-                self._requeue(txn, t, s, m, now_ns, ABANDONED)
+                self._settlement.requeue(txn, t, s, m, now_ns, ABANDONED)
 
-    def _prune_takers(self, txn: Txn) -> None:
+    def prune_takers(self, txn: Txn) -> None:
         """Before STATUS counts the takers: only messages still in flight are held."""
-        for sc in self.config.subscribers:
+        for sc in self._topology.config.subscribers:
             if sc.pull:
-                for tc in self.sub_topics[sc.name]:
-                    self._prune_stale(txn, (tc.name, sc.name), self.state.subs[tc.name][sc.name].inflight)
+                for tc in self._topology.sub_topics[sc.name]:
+                    self._prune_stale(txn, (tc.name, sc.name), self._state.subs[tc.name][sc.name].inflight)
 
     def _prune_stale(self, txn: Txn, key: Key, allowed: int) -> None:
         """Forget the owners of messages that left flight without an ack, once
         the subscription has more than `allowed` owner entries."""
-        if self._owners.held(key) <= allowed:
+        if self._takers.held(key) <= allowed:
             return
         topic, sub = key
-        t, s = self.state.topic_ids[topic], self.state.sub_ids[sub]
+        t, s = self._state.topic_ids[topic], self._state.sub_ids[sub]
         in_flight = {f.m for f in txn.inflight_of(t, s)}
-        self._owners.prune(key, in_flight.__contains__)
+        self._takers.prune(key, in_flight.__contains__)
 
 
 def _within(value: float | None, field: str, low: int, high: int) -> int | float:

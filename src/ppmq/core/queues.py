@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
+from ppmq.core.topology import Topology
 from ppmq.store.schema import TAKEN_ATTEMPTS, TAKEN_FLIGHT, TAKEN_FRAGMENT, TAKEN_M, TAKEN_PRIO, Delayed, Flight, ReadyEntry, Taken, fitting
-from ppmq.store.state import SubStats
+from ppmq.store.state import State, SubStats
 from ppmq.store.store import Txn
 
 log = logging.getLogger("ppmq.broker")
@@ -47,7 +48,7 @@ class Queue:
         self.t, self.s = t, s
         self.stats = stats
         self.fresh = fresh  # the step's fresh list of this subscription, for a publish or a batch
-        # When fresh messages get ready rows, the queue keeps them in memory too (ready_tails.py).
+        # When fresh messages get ready rows, the queue keeps them in memory too (store/ready_tails.py).
         self.keep_tail = keep_tail
 
     # --- reading ---------------------------------------------------------------------
@@ -95,7 +96,7 @@ class Queue:
             self._txn.push_fresh(self.t, self.s, queued, self.keep_tail, start=False)
 
     def reveal(self, counts: list[int]) -> None:
-        """A staged publish (staging.py) whose ready rows were written hidden is whole:
+        """A staged publish (core/staging.py) whose ready rows were written hidden is whole:
         count them."""
         for prio, count in enumerate(counts):
             self.stats.ready[prio] += count
@@ -300,3 +301,52 @@ def _count_in_order(ready: list[int], msgs: list[Taken], sign: int) -> None:
         hi = bisect_right(msgs, prio, lo, key=TAKEN_PRIO)
         ready[prio] += sign * (hi - lo)
         lo = hi
+
+
+class Queues:
+    """Every subscription's `Queue`, and the step's fresh messages.
+
+    Fresh messages were published in this step for a subscriber that reads now
+    (open, or Pull) with nothing older queued: a batch in the same step takes
+    them from memory; `settle_all` writes the ones no batch took before the
+    step commits, and `settle_topic` before a change that looks a message up by
+    its place (a replacement, a drop, an expiry)."""
+
+    def __init__(self, state: State, topology: Topology) -> None:
+        self._state = state
+        self._topology = topology
+        self.fresh: dict[tuple[str, str], list[Taken]] = {}  # (topic, subscriber) -> its fresh messages, oldest first
+        self.open: set[str] = set()  # the subscribers that can take a batch in this step
+
+    def reads_now(self, sub: str) -> bool:
+        """Whether sub may take a batch in this step: it is open, or it is a Pull
+        subscriber, whose workers TAKE whenever they like (PROTOCOL §9). New
+        messages stay fresh for it, then wait in its queue's tail in memory."""
+        return sub in self.open or self._topology.sub_configs[sub].pull
+
+    def of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
+        """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
+        state = self._state
+        fresh_list = self.fresh.setdefault((topic, sub), []) if fresh else None
+        return Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], fresh_list, fresh)
+
+    def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
+        """sub's queue on topic for a batch: its fresh messages go with it."""
+        state = self._state
+        return Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], self.fresh.pop((topic, sub), None), True)
+
+    def settle_topic(self, txn: Txn, topic: str) -> None:
+        """The fresh messages of one topic join its ready queues now."""
+        for key in [key for key in self.fresh if key[0] == topic]:
+            self._settle(txn, key, self.fresh.pop(key))
+
+    def settle_all(self, txn: Txn) -> None:
+        """Fresh messages no batch took join the ready queues."""
+        for key, fresh in self.fresh.items():
+            self._settle(txn, key, fresh)
+        self.fresh = {}
+
+    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Taken]) -> None:
+        topic, sub = key
+        state = self._state
+        Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], fresh, True).settle()

@@ -3,8 +3,7 @@ RECONNECT, Expiry): done with (acked, written, expired, dropped), or back to its
 place in the queue (returned, RECONNECT, AckRetry), or given up on (MaxAttempts,
 with a copy to the DeadLetter topic).
 
-A Broker part (see wiring.py for why the parts are mixins). Whatever finishes a
-message for one subscriber goes through `_release`, so the last subscriber out
+Whatever finishes a message for one subscriber goes through `release`, so the last subscriber out
 deletes it, once, with its index entries and its topic's counters.
 """
 
@@ -16,13 +15,16 @@ import msgspec
 
 from ppmq.config import TopicConfig
 from ppmq.core import events as ev
+from ppmq.core.events import StepEvents
 from ppmq.core.ops import Requeue, Returned
-from ppmq.core.queues import Queue
+from ppmq.core.publish import Publisher
+from ppmq.core.queues import Queue, Queues
+from ppmq.core.taker_holdings import TakerHoldings
+from ppmq.core.topology import Topology
 from ppmq.core.validate import MAX_KEY_BYTES, prepared
-from ppmq.core.wiring import Wired
 from ppmq.protocol import messages as p
 from ppmq.store.schema import Body, Flight
-from ppmq.store.state import NS, SubStats
+from ppmq.store.state import NS, State, SubStats
 from ppmq.store.store import Txn
 
 log = logging.getLogger("ppmq.broker")
@@ -34,42 +36,54 @@ ID_DIGITS = 20  # a generated key has fewer digits than this (ids are below 10**
 _int_list = msgspec.json.Decoder(list[int]).decode
 
 
-class Completion(Wired):
+class Settlement:
+    """Acks, nacks, rejects, touches, redeliveries, expiries and dead letters."""
+
+    def __init__(
+        self, state: State, topology: Topology, events: StepEvents, queues: Queues, takers: TakerHoldings, publisher: Publisher
+    ) -> None:
+        self._state = state
+        self._topology = topology
+        self._events = events
+        self._queues = queues
+        self._takers = takers
+        self._publisher = publisher
+
     # --- acks --------------------------------------------------------------------------------
 
-    def _ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        return self._ack_msgs(txn, topic.name, sub, self._msgs_of(txn, topic, keys))
+    def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+        return self.ack_msgs(txn, topic.name, sub, self.msgs_of(txn, topic, keys))
 
-    def _msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
+    def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
         if not topic.dedupe:
             return generated_ids(keys)
         # a key too long to be stored (or looked up) names none
         encoded = [key if len(key) <= MAX_KEY_BYTES else None for key in map(str.encode, keys)]
-        return txn.dedupe_ids(self.state.topic_ids[topic.name], encoded)
+        return txn.dedupe_ids(self._state.topic_ids[topic.name], encoded)
 
-    def _ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
-        queue = self._queue_of(txn, topic, sub)
+    def ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
+        queue = self._queues.of(txn, topic, sub)
         ids = queue.ack(msgs)
         if not ids:
             return 0
-        self._owners.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
+        self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
-        self._release(txn, topic, queue.t, queue.s, ids)
+        self.release(txn, topic, queue.t, queue.s, ids)
         return len(ids)
 
     # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------
 
-    def _nack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str], delay_ns: int) -> int:
+    def nack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str], delay_ns: int) -> int:
         """Each key in flight to sub goes back to its place, waiting there `delay_ns`
         if given; a delivery attempt, so MaxAttempts may give it up instead."""
-        t, s, now_ns = self.state.topic_ids[topic.name], self.state.sub_ids[sub], self._events.now_ns
+        t, s, now_ns = self._state.topic_ids[topic.name], self._state.sub_ids[sub], self._events.now_ns
         journaled, nacked = self._events.journaled, 0
-        for m in self._msgs_of(txn, topic, keys):
+        for m in self.msgs_of(txn, topic, keys):
             back = None if m is None else self._give_back(txn, t, s, m, now_ns, now_ns + delay_ns if delay_ns else 0)
             if back is None:
-                self.state.subs[topic.name][sub].ignored_acks += 1
+                self._state.subs[topic.name][sub].ignored_acks += 1
                 continue
             nacked += 1
             if journaled:
@@ -79,12 +93,12 @@ class Completion(Wired):
                     self._events.batch(ev.REQUEUE, topic.name, sub, "MaxAttempts").ids.append(flight.m)
         return nacked
 
-    def _reject_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+    def reject_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
         """Each key in flight to sub is given up on now: dead-lettered with reason
         `rejected`, or dropped when the topic keeps no such dead letters."""
-        queue, now_ns = self._queue_of(txn, topic.name, sub), self._events.now_ns
+        queue, now_ns = self._queues.of(txn, topic.name, sub), self._events.now_ns
         rejected = 0
-        for m in self._msgs_of(txn, topic, keys):
+        for m in self.msgs_of(txn, topic, keys):
             flight = None if m is None else queue.unflight(m)
             if flight is None:
                 queue.stats.ignored_acks += 1
@@ -95,10 +109,10 @@ class Completion(Wired):
             self._give_up(txn, topic, queue.s, flight, "rejected", now_ns)
         return rejected
 
-    def _touch_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
+    def touch_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
         """Each key in flight to sub gets AckRetry from now (no effect without AckRetry)."""
-        ms = [m for m in self._msgs_of(txn, topic, keys) if m is not None]
-        queue = self._queue_of(txn, topic.name, sub)
+        ms = [m for m in self.msgs_of(txn, topic, keys) if m is not None]
+        queue = self._queues.of(txn, topic.name, sub)
         queue.stats.ignored_acks += len(keys) - len(ms)
         deadline_ns = self._events.now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
         touched = queue.touch(ms, deadline_ns)
@@ -114,30 +128,30 @@ class Completion(Wired):
         event.attempts.append(flight.attempts)
         return event
 
-    def _release(self, txn: Txn, topic: str, t: int, s: int, ms: list[int]) -> None:
+    def release(self, txn: Txn, topic: str, t: int, s: int, ms: list[int]) -> None:
         """Subscriber s is done with ms; the last one out deletes a message."""
         done = txn.release_holders(t, s, ms)
         if done:
             self._delete_messages(txn, topic, t, done)
 
     def _delete_messages(self, txn: Txn, topic: str, t: int, ms: list[int]) -> None:
-        tc = self.topics.get(topic)  # None: the topic is being dropped; remove any index entry
+        tc = self._topology.topics.get(topic)  # None: the topic is being dropped; remove any index entry
         count, size = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
-        stats = self.state.topics[topic]
+        stats = self._state.topics[topic]
         stats.stored -= count
         # max(): a store written before this counter existed holds uncounted bytes
         stats.stored_bytes = max(0, stats.stored_bytes - size)
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
-    def _reconnect(self, txn: Txn, sub: str, topics: list[TopicConfig], now_ns: int) -> None:
+    def reconnect(self, txn: Txn, sub: str, topics: list[TopicConfig], now_ns: int) -> None:
         """PROTOCOL §3 RECONNECT: everything in flight to sub on topics goes back to its place."""
         for tc in topics:
-            t, s = self.state.topic_ids[tc.name], self.state.sub_ids[sub]
+            t, s = self._state.topic_ids[tc.name], self._state.sub_ids[sub]
             for flight in txn.inflight_of(t, s):
-                self._requeue(txn, t, s, flight.m, now_ns, "Reconnect")
+                self.requeue(txn, t, s, flight.m, now_ns, "Reconnect")
 
-    def _requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str, to_end: bool = False) -> tuple[Flight, bool] | None:
+    def requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str, to_end: bool = False) -> tuple[Flight, bool] | None:
         """Back to its place in the queue (or, `to_end`, to the end of its
         priority), as if it had not been delivered yet; after MaxAttempts
         deliveries, given up on (dead-lettered) instead. Returns what
@@ -151,7 +165,7 @@ class Completion(Wired):
         back = self._give_back(txn, t, s, m, now_ns, to_end=to_end)
         if back is not None and self._events.journaled:
             reason = "MaxAttempts" if back[1] else reason
-            self._events.batch(ev.REQUEUE, self._topic_by_id[t], self._sub_by_id[s], reason).ids.append(m)
+            self._events.batch(ev.REQUEUE, self._topology.topic_by_id[t], self._topology.sub_by_id[s], reason).ids.append(m)
         return back
 
     def _give_back(
@@ -165,7 +179,7 @@ class Completion(Wired):
         flight = queue.unflight(m)
         if flight is None:
             return None
-        topic = self.topics[self._topic_by_id[t]]
+        topic = self._topology.topics[self._topology.topic_by_id[t]]
         if topic.max_attempts and flight.attempts >= topic.max_attempts:
             self._give_up(txn, topic, s, flight, "attempts", now_ns)
             return flight, True
@@ -177,7 +191,7 @@ class Completion(Wired):
     def _moved_to_end(self, txn: Txn, t: int, s: int, flight: Flight) -> Flight:
         """flight with a place after every message of its topic queued so far,
         which its message's holders record (as a new version's, Dedupe)."""
-        pos = self._next_position(self._topic_by_id[t])
+        pos = self._publisher.next_position(self._topology.topic_by_id[t])
         holders = txn.get_holders(t, flight.m)
         holders[s] = (flight.prio, pos)
         txn.put_holders(t, flight.m, holders)
@@ -185,7 +199,7 @@ class Completion(Wired):
 
     # --- PHPMQ's re-queue (PROTOCOL §9) --------------------------------------------------------
 
-    def _requeue_at_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
+    def requeue_at_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
         """The key, in flight to the subscriber, goes to the end of its priority
         with the new TTL, as a delivery attempt (MaxAttempts may give it up
         instead). The TTL is that subscriber's copy's alone: while another
@@ -194,20 +208,20 @@ class Completion(Wired):
         expiry. Raises the RequestError that refuses it: the connection's
         access check, or a queue a reload took away since it arrived."""
         op.check()
-        topic = self.topics.get(op.topic)
+        topic = self._topology.topics.get(op.topic)
         if topic is None:
             raise p.NotFound(f"Topic: unknown topic {op.topic!r}")
-        sub = self._subscriber_of(op.subscriber, topic, "Requeue")
-        [m] = self._msgs_of(txn, topic, [op.key])
-        t, s = self.state.topic_ids[topic.name], self.state.sub_ids[sub]
-        back = None if m is None else self._requeue(txn, t, s, m, now_ns, "Requeue", to_end=True)
+        sub = self._topology.subscriber_of(op.subscriber, topic, "Requeue")
+        [m] = self.msgs_of(txn, topic, [op.key])
+        t, s = self._state.topic_ids[topic.name], self._state.sub_ids[sub]
+        back = None if m is None else self.requeue(txn, t, s, m, now_ns, "Requeue", to_end=True)
         if back is None:
-            self.state.subs[topic.name][sub].ignored_acks += 1
+            self._state.subs[topic.name][sub].ignored_acks += 1
             return p.Reply(status=200, accepted=0)
         if not back[1]:
             expires_ns = now_ns + op.ttl_s * NS if op.ttl_s else 0
             if txn.get_holders(t, m).keys() == {s}:
-                self._retime(txn, topic, t, m, expires_ns)
+                self._publisher.retime(txn, topic, t, m, expires_ns)
             else:
                 txn.put_copy_expiry(t, m, s, expires_ns, expire=topic.expire)
         return p.Reply(status=200, accepted=1)
@@ -215,21 +229,21 @@ class Completion(Wired):
     def _give_up(self, txn: Txn, topic: TopicConfig, s: int, flight: Flight, reason: str, now_ns: int) -> None:
         """Subscriber s gives up on a message it had in flight (MaxAttempts, a
         reject): dead-lettered if the topic's DeadLetterReasons say so, else dropped."""
-        t, sub = self.state.topic_ids[topic.name], self._sub_by_id[s]
-        self.state.subs[topic.name][sub].dead_lettered += 1
+        t, sub = self._state.topic_ids[topic.name], self._topology.sub_by_id[s]
+        self._state.subs[topic.name][sub].dead_lettered += 1
         body = txn.get_body(t, flight.m)
         if body is not None and not self._dead_letter(txn, topic, sub, body, reason, flight.attempts, now_ns):
             why = f"after {flight.attempts} deliveries without an ack" if reason == "attempts" else "which rejected it"
             log.warning(
                 "topic %s: message %s dropped for subscriber %s %s (no DeadLetter)", topic.name, body.key.decode(errors="replace"), sub, why
             )
-        self._release(txn, topic.name, t, s, [flight.m])
+        self.release(txn, topic.name, t, s, [flight.m])
 
     def _dead_letter(self, txn: Txn, topic: TopicConfig, sub: str, body: Body, reason: str, attempts: int, now_ns: int) -> bool:
         """PROTOCOL §8: a copy of sub's message to the topic's DeadLetter topic,
         with no expiry and an Origin saying where from and why; False if the
         topic keeps no dead letters for `reason` (or its DeadLetter refused it)."""
-        target = self.topics.get(topic.dead_letter) if topic.dead_letter and reason in topic.dead_letter_reasons else None
+        target = self._topology.topics.get(topic.dead_letter) if topic.dead_letter and reason in topic.dead_letter_reasons else None
         if target is None:
             return False
         origin = p.origin(topic.name, sub, reason, attempts, body.publish_ns, body.key, body.priority)
@@ -241,7 +255,7 @@ class Completion(Wired):
             origin=origin,
         )
         try:
-            self._publish(txn, target, [copy], now_ns)
+            self._publisher.publish(txn, target, [copy], now_ns)
         except p.StoreFull as exc:
             log.warning(
                 "topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
@@ -254,12 +268,12 @@ class Completion(Wired):
         return True
 
     def _stats(self, t: int, s: int) -> SubStats | None:
-        topic, sub = self._topic_by_id.get(t), self._sub_by_id.get(s)
-        return self.state.subs.get(topic, {}).get(sub)
+        topic, sub = self._topology.topic_by_id.get(t), self._topology.sub_by_id.get(s)
+        return self._state.subs.get(topic, {}).get(sub)
 
-    def _return(self, txn: Txn, op: Returned) -> None:
+    def return_batch(self, txn: Txn, op: Returned) -> None:
         """A batch that never reached the subscriber: as if it had not been sent."""
-        queue = self._queue_of(txn, op.topic, op.subscriber)
+        queue = self._queues.of(txn, op.topic, op.subscriber)
         event = self._events.batch(ev.RETURN, op.topic, op.subscriber) if self._events.journaled else None
         for m in op.msgs:
             if queue.give_back(m) and event is not None:
@@ -267,20 +281,20 @@ class Completion(Wired):
 
     # --- timers: expiry and AckRetry ----------------------------------------------------------
 
-    def _tick(self, txn: Txn, now_ns: int) -> None:
+    def tick(self, txn: Txn, now_ns: int) -> None:
         for expires, t, m in txn.due_expiries(now_ns, PER_TICK):
             topic = self._topic_name(t)
             if topic is None:
                 txn.remove_expiry(expires, t, m)
             else:
-                self._expire(txn, topic, t, m)
+                self.expire(txn, topic, t, m)
         for _, t, m, s in txn.due_copy_expiries(now_ns, PER_TICK):
             topic = self._topic_name(t)
             if topic is not None:
-                self._expire_copy(txn, topic, t, s, m)
+                self.expire_copy(txn, topic, t, s, m)
             txn.drop_copy_expiries(t, [m], s)  # also of a topic or subscription no config names
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
-            self._requeue(txn, t, s, m, now_ns, "AckRetry")
+            self.requeue(txn, t, s, m, now_ns, "AckRetry")
         for t, s, prio, pos in txn.due_delayed(now_ns, PER_TICK):
             stats = self._stats(t, s)
             if stats is None:  # a subscription no config names: nothing would ever take it
@@ -289,55 +303,55 @@ class Completion(Wired):
                 Queue(txn, t, s, stats).release_due(prio, pos)
 
     def _topic_name(self, t: int) -> str | None:
-        name = self._topic_by_id.get(t)
-        return name if name in self.topics else None
+        name = self._topology.topic_by_id.get(t)
+        return name if name in self._topology.topics else None
 
-    def _expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
+    def expire(self, txn: Txn, topic: str, t: int, m: int) -> None:
         """PROTOCOL §3 Expiry: gone from every queue, also from in flight; but
         a copy with an expiry of its own (PROTOCOL §9) stays until that one.
         The message then stays for those copies, out of the expiry index."""
         own = txn.copy_expiries_of(t, m)
         if not own:
-            for stats in self._discard(txn, topic, t, m, ev.EXPIRE):
+            for stats in self.discard(txn, topic, t, m, ev.EXPIRE):
                 stats.expired += 1
-            self.state.topics[topic].expired += 1
+            self._state.topics[topic].expired += 1
             return
         body = txn.get_body(t, m)
-        others = {self._sub_by_id.get(s) for s in txn.get_holders(t, m).keys() - own.keys()}
-        for stats in self._remove_copies(txn, topic, t, m, ev.EXPIRE, others):
+        others = {self._topology.sub_by_id.get(s) for s in txn.get_holders(t, m).keys() - own.keys()}
+        for stats in self.remove_copies(txn, topic, t, m, ev.EXPIRE, others):
             stats.expired += 1
-        self.state.topics[topic].expired += bool(others)
+        self._state.topics[topic].expired += bool(others)
         if body is not None and body.expires_ns and txn.get_body(t, m) is not None:
             txn.remove_expiry(body.expires_ns, t, m)
 
-    def _expire_copy(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
+    def expire_copy(self, txn: Txn, topic: str, t: int, s: int, m: int) -> None:
         """A copy's own expiry (PROTOCOL §9 PHPMQ re-queue) passed: gone from
         that subscriber's queue, also from in flight; the other copies stay."""
-        sub = self._sub_by_id.get(s)
-        for stats in self._remove_copies(txn, topic, t, m, ev.EXPIRE, {sub}):
+        sub = self._topology.sub_by_id.get(s)
+        for stats in self.remove_copies(txn, topic, t, m, ev.EXPIRE, {sub}):
             stats.expired += 1
-            self.state.topics[topic].expired += txn.get_body(t, m) is None  # it was the message's last copy
+            self._state.topics[topic].expired += txn.get_body(t, m) is None  # it was the message's last copy
 
-    def _discard(self, txn: Txn, topic: str, t: int, m: int, kind: str) -> list[SubStats]:
+    def discard(self, txn: Txn, topic: str, t: int, m: int, kind: str) -> list[SubStats]:
         """Remove m from every queue and from in flight, and delete it; return the
         counters of the subscribers that still held it. `kind` is the journal's word
         for why (expire, overflow), and the DeadLetterReasons word too."""
-        return self._remove_copies(txn, topic, t, m, kind, None)
+        return self.remove_copies(txn, topic, t, m, kind, None)
 
-    def _remove_copies(self, txn: Txn, topic: str, t: int, m: int, kind: str | None, only: set[str] | None) -> list[SubStats]:
+    def remove_copies(self, txn: Txn, topic: str, t: int, m: int, kind: str | None, only: set[str] | None) -> list[SubStats]:
         """Remove m from the queues of `only` (None: every subscriber), ready,
         delayed or in flight, copying each to DeadLetter if the topic keeps
         dead letters for `kind` (the journal's word for the removal; None: not
         journaled); the message goes when nobody holds it any more. Returns
         the counters of the subscribers it was removed for."""
-        self._settle_fresh(txn, topic)  # m may be fresh: its place must be a row
+        self._queues.settle_topic(txn, topic)  # m may be fresh: its place must be a row
         holders = txn.get_holders(t, m)
         body = txn.get_body(t, m)
-        subs = self.state.subs[topic]
-        tc = self.topics.get(topic)
+        subs = self._state.subs[topic]
+        tc = self._topology.topics.get(topic)
         removed = []
         for s, (prio, pos) in list(holders.items()):
-            name = self._sub_by_id.get(s)
+            name = self._topology.sub_by_id.get(s)
             if only is not None and name not in only:
                 continue
             del holders[s]
@@ -364,7 +378,7 @@ class Completion(Wired):
             self._delete_messages(txn, topic, t, [m])
         return removed
 
-    def _next_tick(self, txn: Txn, now_ns: int) -> int:
+    def next_tick(self, txn: Txn, now_ns: int) -> int:
         candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
         return max(now_ns, min(c for c in candidates if c is not None))
 

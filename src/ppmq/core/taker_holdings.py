@@ -18,7 +18,7 @@ from itertools import repeat
 Key = tuple[str, str]  # (topic, subscriber)
 
 
-class Owners:
+class TakerHoldings:
     """The taker of each taken message of each Pull subscription.
 
     An entry is added at every take, and dropped by an ack (the common way

@@ -35,7 +35,7 @@ def prepared(key: bytes | None, prio: int, expires_ns: int, payload: bytes | Raw
 
 def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: int, now_ns: int, first_index: int = 0) -> list[Prepared]:
     """Every message of a publish, checked; raises the RequestError of the first bad one.
-    A publish staged in chunks (staging.py) passes each chunk's place in the whole
+    A publish staged in chunks (core/staging.py) passes each chunk's place in the whole
     request as `first_index`, so an error names the message as the client counts it."""
     out = []
     max_age_ns = int(topic.max_age * NS) if topic.max_age else 0

@@ -82,7 +82,7 @@ class Message(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     expires: dt.datetime | int | float | None = None
     ttl_s: float | None = msgspec.field(default=None, name="TTL")
     priority: int = 0
-    # PROTOCOL §8: not delivered before then; both given is an error (validate.py).
+    # PROTOCOL §8: not delivered before then; both given is an error (core/validate.py).
     delay: float | None = None
     not_before: dt.datetime | int | float | None = None
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 MESSAGE_HEADER_BYTES = 8
 PACKET_HEADER_BYTES = 32
 VERSION = 1
-MAX_TTL_S = 10**9 - 1  # as a ppmq publish's TTL (validate.py)
+MAX_TTL_S = 10**9 - 1  # as a ppmq publish's TTL (core/validate.py)
 MAX_COUNT = 10**9 - 1  # messages a consume request may keep in flight
 MAX_NUMBER_DIGITS = 20  # a count or TTL packet, leading zeros included
 

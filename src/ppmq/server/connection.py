@@ -2,7 +2,7 @@
 
 Every connection, on ServerSocket or a subscriber's delivery connection, is a
 `Connection`, an asyncio.Protocol: what arrives goes to its `Requests`
-(intake.py), straight from the loop's read callback, and the replies go out
+(server/requests.py), straight from the loop's read callback, and the replies go out
 through its `ReplyChannel` in the order the requests arrived. The channel also
 keeps the budget that bounds what a connection may have waiting, so that what
 a client sends cannot grow the broker's memory without bound.

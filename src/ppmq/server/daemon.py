@@ -23,14 +23,14 @@ from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
 from ppmq.protocol import messages as p
 from ppmq.server.connection_limit import ConnectionLimit
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.server.journal import Journal
 from ppmq.server.listener import Server
 from ppmq.server.metrics import CommitTimes, exposition, write_textfile
 from ppmq.server.parallel_push import ParallelLink
 from ppmq.server.phpmq import PhpmqServer
 from ppmq.server.push import SubscriberLink
-from ppmq.server.take_waits import Takes
+from ppmq.server.take_waits import TakeWaits
 from ppmq.store.store import Store
 from ppmq.systemd import Notifier
 
@@ -104,14 +104,14 @@ class Daemon:
         self.commit_times = CommitTimes()
         self.broker = Broker(config, store, time.time_ns(), complete_status=self._complete_status)
         self.journal = _journal(config)
-        self.writer = Writer(
+        self.writer = GroupCommit(
             self.broker,
             self.journal.put if self.journal else None,
             durable=config.sync and not config.in_memory,
             on_step=self.commit_times.observe,
         )
         self.policy = self.broker.policy  # switched by the broker, in the step that switches the config
-        self.takes = Takes(self.writer)  # TAKEs of every listener's connections (PROTOCOL §9)
+        self.takes = TakeWaits(self.writer)  # TAKEs of every listener's connections (PROTOCOL §9)
         self.connections = ConnectionLimit(config.max_connections)  # of every listener together (PROTOCOL §9)
         self.server = Server(
             config.server_socket,

@@ -11,7 +11,7 @@ way a step's batches leave before its commit, and its replies after.
 
 A step's work is bounded, so that no request makes the others wait long: at most
 MAX_OPS_PER_STEP requests, and about CHUNK_MESSAGES messages beside one chunk of
-a large publish, which the broker stages over several steps (staging.py) and
+a large publish, which the broker stages over several steps (core/staging.py) and
 answers in a later step than the one it arrived in. Until then the writer keeps
 its reply sink, and holds back what its connection sent after it, so that a
 connection's requests still apply, and are answered, in the order it sent them.
@@ -34,7 +34,7 @@ from ppmq.core.lanes import Lanes
 from ppmq.core.ops import Delivery, Op, Returned, request_of
 from ppmq.core.staging import Answer
 from ppmq.protocol import messages as p
-from ppmq.server.company import Company
+from ppmq.server.gathering import Gathering
 from ppmq.server.waiters import Waiters
 
 ReplySink = Callable[[p.Reply], None]
@@ -45,7 +45,7 @@ MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many mess
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
 # fsync, and the next publish usually arrives right behind the acks of the last one.
 # Not those of a subscriber with messages ready, which its next batch waits for.
-# A publish whose subscribers' acks are on their way waits for them as long (company.py).
+# A publish whose subscribers' acks are on their way waits for them as long (gathering.py).
 ACK_GATHER_S = 0.002
 
 
@@ -56,7 +56,7 @@ class Outlet(Protocol):
 
 
 class LanedOutlet(Outlet, Protocol):
-    """The outlet of a subscriber with Connections > 1 (lanes.py)."""
+    """The outlet of a subscriber with Connections > 1 (core/lanes.py)."""
 
     def lanes(self) -> Lanes:
         """What each lane carries now; None for a lane that cannot take a batch."""
@@ -67,7 +67,7 @@ class LanedOutlet(Outlet, Protocol):
         ...
 
 
-class Writer:
+class GroupCommit:
     """Runs the broker's steps on its own thread, one after another, each with
     everything that was queued while the previous one committed."""
 
@@ -101,7 +101,7 @@ class Writer:
         self._stepped = Waiters()  # woken after each step
         self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
         self._joiners: list[Joiner] = []  # asked what joins each step (join_steps)
-        self._company = Company(broker)  # whether the ops pending may wait for company
+        self._gathering = Gathering(broker)  # whether the ops pending may wait for company
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
@@ -126,14 +126,14 @@ class Writer:
     def watch_steps(self, watcher: Callable[[], None]) -> None:
         """Call `watcher` on the event loop after every step, before the next one
         starts, so that it reads the broker's counters as that step left them:
-        how waiting TAKEs (takes.py) learn that messages may be there, without
+        how waiting TAKEs (server/take_waits.py) learn that messages may be there, without
         a step of their own."""
         self._watchers.append(watcher)
 
     def join_steps(self, joiner: Joiner) -> None:
         """Before every step, on the event loop, show `joiner` the step's ops: the
         ops (and their reply sinks) it returns run in the same step, after them.
-        How a waiting TAKE (takes.py) is served by the step of the publish that
+        How a waiting TAKE (server/take_waits.py) is served by the step of the publish that
         brings its messages, not by one more step of its own."""
         self._joiners.append(joiner)
 
@@ -147,7 +147,7 @@ class Writer:
         """Queue an op for the next transaction; `sink` receives its reply after commit.
 
         The writer is not woken while every op queued may wait for company
-        (company.py): one more ack while acks gather changes nothing for it, and
+        (gathering.py): one more ack while acks gather changes nothing for it, and
         the first to come while it waits idle only brings its timer forward to
         the end of the gathering (every subscriber sends one per batch, and at
         a paced rate the wake-up cost as much as the rest of the ack's way in).
@@ -155,11 +155,11 @@ class Writer:
         self._pending.append((op, sink))
         if self._gather_until is None:  # the company of what is queued is known while ops gather
             if self._waiter is None or len(self._pending) > 1:  # a step runs, or the writer is woken already
-                self._company.stale = True  # op is not counted
+                self._gathering.stale = True  # op is not counted
                 self._wake()
                 return
-            self._company.clear()  # the writer waits idle: no step runs, the state is the loop's to read
-        if self._company.add(op):
+            self._gathering.clear()  # the writer waits idle: no step runs, the state is the loop's to read
+        if self._gathering.add(op):
             self._gather()
         else:
             self._wake()
@@ -238,7 +238,7 @@ class Writer:
                     self._busy_since = None
                 if self._on_step is not None:
                     self._on_step(time.monotonic() - started)
-                self._company.stale = True  # counted against the state before the step
+                self._gathering.stale = True  # counted against the state before the step
                 self._answer(batch, step.replies)
                 self._answer_later(step.finished)
                 self._free(step.left)
@@ -256,7 +256,7 @@ class Writer:
         """While every op queued may wait for company, give whatever comes next
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
-        loop, company = self._loop, self._company
+        loop, company = self._loop, self._gathering
         if company.stale:
             company.recount(op for op, _ in self._pending)
         self._gather()

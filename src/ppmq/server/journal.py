@@ -1,7 +1,7 @@
 """The delivery journal: the broker's events as JSON lines under DataPath/journal/.
 
 The writer hands each step's events to `Journal.put`, which encodes them
-(journal_lines.py) and never waits: a bounded queue feeds one journal thread
+(server/journal_lines.py) and never waits: a bounded queue feeds one journal thread
 that appends, rotates and gzips, so a slow or full disk costs journal records
 (counted, and reported by a `dropped` record once writing works again), never
 broker latency or memory. The journal thread holds the interpreter lock only

@@ -1,6 +1,6 @@
 """The server socket: listens on ServerSocket, and serves each connection it
-accepts with `Requests` (intake.py), while MaxConnections, counted over every
-listener (connection_limit.py), lets it in.
+accepts with `Requests` (server/requests.py), while MaxConnections, counted over every
+listener (server/connection_limit.py), lets it in.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ppmq.core.access import Peer, Policy
 from ppmq.protocol import messages as p
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.connection_limit import ConnectionLimit
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.server.requests import Requests
-from ppmq.server.take_waits import Takes
+from ppmq.server.take_waits import TakeWaits
 from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.server")
@@ -31,13 +31,13 @@ class Server:
     def __init__(
         self,
         path: str,
-        writer: Writer,
+        writer: GroupCommit,
         max_frame_bytes: int,
         *,
         connections: ConnectionLimit,
         read_timeout_s: float = 0.0,
         policy: Policy | None = None,
-        takes: Takes | None = None,
+        takes: TakeWaits | None = None,
     ) -> None:
         self.path = path
         self.takes = takes  # TAKE on this socket's connections (PROTOCOL §9)

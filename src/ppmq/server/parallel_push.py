@@ -1,6 +1,6 @@
 """Parallel push connections (PROTOCOL §9): a subscriber with `Connections: N`.
 
-One SubscriberLink per lane (lanes.py), each connecting, pushing and reading
+One SubscriberLink per lane (core/lanes.py), each connecting, pushing and reading
 acks exactly as the one link of a subscriber with one connection does; each
 sees the writer through a `_LaneFeed` that turns its "open"/"closed" into its
 lane's, so that the broker sees the subscriber open while any lane can take a
@@ -18,21 +18,21 @@ import asyncio
 from typing import Any
 
 from ppmq.config import SubscriberConfig
-from ppmq.core.lanes import Lanes, Ledger
+from ppmq.core.lanes import LaneLoads, Lanes
 from ppmq.core.ops import Delivery, Op, Returned
-from ppmq.server.group_commit import Outlet, ReplySink, Writer
+from ppmq.server.group_commit import GroupCommit, Outlet, ReplySink
 from ppmq.server.push import SubscriberLink
 
 
 class ParallelLink:
     """The broker's side of a subscriber with Connections > 1: its lanes and what they carry."""
 
-    def __init__(self, config: SubscriberConfig, writer: Writer, *link_args: Any, **link_kwargs: Any) -> None:
+    def __init__(self, config: SubscriberConfig, writer: GroupCommit, *link_args: Any, **link_kwargs: Any) -> None:
         """link_args, link_kwargs: the rest of what a SubscriberLink takes, for every lane's."""
         self.config = config
         self.name = config.name
         self.writer = writer
-        self.ledger = Ledger(config.connections)
+        self.loads = LaneLoads(config.connections)
         self._open = [False] * config.connections  # lane i's link waits for a batch
         self.links = [SubscriberLink(config, _LaneFeed(self, i), *link_args, **link_kwargs) for i in range(config.connections)]
 
@@ -56,10 +56,10 @@ class ParallelLink:
     # --- the writer's side (writer.LanedOutlet) --------------------------------------------
 
     def lanes(self) -> Lanes:
-        return self.ledger.lanes(self._open)
+        return self.loads.lanes(self._open)
 
     def left(self, topic: str, msgs: list[int]) -> None:
-        self.ledger.left(topic, msgs)
+        self.loads.left(topic, msgs)
 
     def push(self, delivery: Delivery) -> None:
         """A batch for the lane the broker chose. Its connection gone since the
@@ -68,7 +68,7 @@ class ParallelLink:
         if not self.links[lane].serving:
             self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
         else:
-            self.ledger.carry(lane, delivery.topic, delivery.msgs)
+            self.loads.carry(lane, delivery.topic, delivery.msgs)
             self._open[lane] = False
             self.links[lane].push(delivery)
         if any(self._open):  # the writer took us off its open list for this batch
@@ -97,7 +97,7 @@ class ParallelLink:
             return False
         window = self.writer.broker.config.window(self.config)
         up = [i for i, link in enumerate(self.links) if link.serving and i != lane]
-        return any(all(self.ledger.full(i, topic, window) for i in up) for topic in self.writer.broker.ready_topics(self.name))
+        return any(all(self.loads.full(i, topic, window) for i in up) for topic in self.writer.broker.ready_topics(self.name))
 
 
 class _LaneFeed:

@@ -6,7 +6,7 @@ becomes the op a ppmq client would send, with the same access check as on
 ServerSocket, and is applied before the next frame is read: so a send (001) is
 committed, and durable with Sync, before the broker looks at anything after it.
 A consume request (002) is the exception: it sets what the connection's
-Consumer (phpmq_consume.py) keeps in flight, and the dispatches (003) come from
+Consumer (server/phpmq_consume.py) keeps in flight, and the dispatches (003) come from
 that Consumer's task while the connection's next frames are read.
 
 The protocol has no replies, so whatever ppmq would answer with an error closes
@@ -16,7 +16,7 @@ so that an operator finds a producer's typo), a refused request. The client
 notices the close, and no message it sent is silently dropped.
 
 Connections count toward MaxConnections with ServerSocket's
-(connection_limit.py); one over it is closed at once, before a byte is read.
+(server/connection_limit.py); one over it is closed at once, before a byte is read.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from ppmq.core.ops import Guarded, Invalid, Op, Requeue
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
 from ppmq.server.connection_limit import ConnectionLimit
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.server.listener import LISTEN_BACKLOG
 from ppmq.server.phpmq_consume import Consumer, Wanted
-from ppmq.server.take_waits import Takes
+from ppmq.server.take_waits import TakeWaits
 from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.phpmq")
@@ -59,7 +59,7 @@ class UnknownQueue(wire.BadFrame):
 
 class PhpmqConnection:
     """One client on PhpmqSocket: its frames, applied one at a time, and its
-    consuming (phpmq_consume.py), which runs beside them."""
+    consuming (server/phpmq_consume.py), which runs beside them."""
 
     def __init__(self, server: PhpmqServer, peer: Peer, out: asyncio.StreamWriter, where: str) -> None:
         self.server = server
@@ -175,8 +175,8 @@ class PhpmqServer:
     def __init__(
         self,
         path: str,
-        writer: Writer,
-        takes: Takes,
+        writer: GroupCommit,
+        takes: TakeWaits,
         config: Config,
         connections: ConnectionLimit,
         policy: Policy | None = None,

@@ -1,7 +1,7 @@
 """PHPMQ consuming (PROTOCOL §9): one connection's 002, served as 003 dispatches.
 
 A consume request (002) of N keeps up to N messages in flight to the connection:
-a task takes them from the queue's PhpmqSubscriber through `Takes`, exactly as a
+a task takes them from the queue's PhpmqSubscriber through `TakeWaits`, exactly as a
 ServerSocket connection's TAKE does, and writes each as a dispatch. An ack (004),
 re-queue (005) or dead letter (006) of one of them frees its slot, and the task
 takes again; a new 002 replaces the queue and N, and what is in flight still
@@ -11,7 +11,7 @@ Refilling costs nothing while nothing is ready: the task's TAKE waits as long as
 a TAKE may (`MAX_WAIT_S`), on the event loop, and is sent again only when that
 wait runs out, when a slot frees while none was asked for, or when a new 002
 interrupts it. The connection is the taker: when it closes, the task is
-cancelled and `Takes.gone` gives back what it took and was not acked, also
+cancelled and `TakeWaits.gone` gives back what it took and was not acked, also
 what was taken but never written.
 """
 
@@ -29,7 +29,7 @@ import msgspec
 from ppmq.core.pull import MAX_COUNT, MAX_WAIT_S
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
-from ppmq.server.take_waits import Takes
+from ppmq.server.take_waits import TakeWaits
 
 log = logging.getLogger("ppmq.phpmq")
 
@@ -66,7 +66,7 @@ class Consumer:
     broker refuses (access, a subscriber a reload took away) closes it, which
     ends the connection as a refused frame does."""
 
-    def __init__(self, takes: Takes, out: asyncio.StreamWriter, check: Callable[[p.Request], None], where: str) -> None:
+    def __init__(self, takes: TakeWaits, out: asyncio.StreamWriter, check: Callable[[p.Request], None], where: str) -> None:
         self.takes = takes
         self.taker = takes.new_taker()
         self.out = out

@@ -30,7 +30,7 @@ from ppmq.config import SubscriberConfig
 from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Delivery, Returned, Written
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.server.requests import Requests
 from ppmq.sockets import peer_credentials
 
@@ -46,7 +46,7 @@ class SubscriberLink:
     def __init__(
         self,
         config: SubscriberConfig,
-        writer: Writer,
+        writer: GroupCommit,
         retry_max_s: float,
         max_frame_bytes: int,
         *,

@@ -27,8 +27,8 @@ from ppmq.core.ops import Guarded, Invalid
 from ppmq.protocol import messages as p
 from ppmq.protocol.framing import Framer
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.group_commit import Writer
-from ppmq.server.take_waits import Takes
+from ppmq.server.group_commit import GroupCommit
+from ppmq.server.take_waits import TakeWaits
 
 log = logging.getLogger("ppmq.connection")
 
@@ -54,12 +54,12 @@ class Requests:
         self,
         conn: Connection,
         channel: ReplyChannel,
-        writer: Writer,
+        writer: GroupCommit,
         max_frame_bytes: int,
         stopping: asyncio.Event | None = None,
         read_timeout_s: float = 0.0,
         authorize: Callable[[p.Request], None] | None = None,
-        takes: Takes | None = None,
+        takes: TakeWaits | None = None,
     ) -> None:
         self.conn = conn
         self.channel = channel

@@ -3,13 +3,13 @@
 A TAKE goes to the writer as a `Take` op, and the step that applies it answers
 with what can be taken now, possibly nothing. One that got nothing and may wait
 (`Wait` > 0) waits here, on the event loop: a future and a timer, no step. After
-every step (`Writer.watch_steps`) the waiting TAKEs of each subscription are
+every step (`GroupCommit.watch_steps`) the waiting TAKEs of each subscription are
 looked at, and as many as the messages now takeable can serve are sent again,
 oldest first (a step that published to the topic, acked, nacked or requeued is
 what makes messages takeable). One that again finds nothing, because a
 competing worker was faster, waits again until its Wait runs out. A step that
 publishes to the topic does not wait for that: the waiting TAKEs its messages
-could serve join it (`Writer.join_steps`), are applied after the publish, and
+could serve join it (`GroupCommit.join_steps`), are applied after the publish, and
 are answered with its commit, one step and one fsync instead of two.
 
 A taker is one connection of a listener, numbered by `new_taker`, so that every
@@ -32,7 +32,7 @@ from ppmq.core import staging
 from ppmq.core.ops import Abandoned, Op, Take, request_of
 from ppmq.core.taker_holdings import Key
 from ppmq.protocol import messages as p
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 
 
 class _Waiter:
@@ -52,10 +52,10 @@ class _Waiter:
         self.joined: asyncio.Future[p.Reply] | None = None
 
 
-class Takes:
+class TakeWaits:
     """The TAKEs of every connection: sent to the writer, waiting, woken."""
 
-    def __init__(self, writer: Writer) -> None:
+    def __init__(self, writer: GroupCommit) -> None:
         self._writer = writer
         self._ids = itertools.count(1)
         self._waiting: dict[Key, dict[_Waiter, None]] = {}  # per subscription, oldest first

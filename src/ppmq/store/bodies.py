@@ -1,5 +1,5 @@
 """The messages themselves: the bodies database, a row per group of the messages
-of one publish (schema.py).
+of one publish (store/schema.py).
 
 With a row per message, fan-out wrote and deleted a row for every message, and
 a batch taken from the store read one per message and subscriber. Here a
@@ -128,7 +128,7 @@ class BodyRows(Rows):
         """Cut each of ms out of its row (a row left empty is deleted). Returns
         how many were stored, the bytes of their delivered JSON, their
         (expires_ns, m) where they expire, and their dedupe keys if `keys`:
-        what the counters and the indexes need (store.py). The path of every
+        what the counters and the indexes need (store/store.py). The path of every
         last ack: each row is read and written once, and each header read
         where it lies, with no object made per message."""
         popped = Popped()

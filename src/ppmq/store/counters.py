@@ -2,7 +2,7 @@
 when a step touched that topic, and put back the same way when a request or a
 step fails.
 
-State (state.py) is small per topic, but as one record a broker with hundreds of
+State (store/state.py) is small per topic, but as one record a broker with hundreds of
 topics would pay for all of them at every step: encoding them all to save, and
 again before every request so that a failed one can be undone. Instead State's
 two per-topic dicts are Tracked: they note which topics a step looks up, and the

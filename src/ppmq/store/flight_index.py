@@ -47,7 +47,7 @@ class FlightWatch:
     """The messages that left flight to some subscriptions in one transaction,
     net of those that came back into flight in it (a touch rewrites its flights;
     AckRetry and a batch in one step put a message back and out again): what the
-    links of subscribers with parallel connections free room by (lanes.py).
+    links of subscribers with parallel connections free room by (core/lanes.py).
     A log rather than a set, so that a savepoint rolled back takes back its part."""
 
     def __init__(self, subs: set[tuple[int, int]]) -> None:

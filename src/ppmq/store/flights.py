@@ -1,8 +1,8 @@
 """A subscription's rows: the batches in flight to it, on top of its ready
-queue (ready_rows.py) and delayed entries (delayed_rows.py).
+queue (store/ready.py) and delayed entries (store/delayed.py).
 
-Only a Queue (queues.py) changes them, with the counters that count them; the
-state machine's other parts read them through it, and fsck through reader.py.
+Only a Queue (core/queues.py) changes them, with the counters that count them; the
+state machine's other parts read them through it, and fsck through store/reader.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class QueueRows(ReadyRows):
         Returns what was taken; the ids of messages expired at `expired_at_ns`
         (0: none expire), left where they are; and the priorities of entries
         whose message is missing (a damaged store), deleted. A message in
-        `own_expiry` (id -> expires_ns, schema.py `copies`) is judged, and
+        `own_expiry` (id -> expires_ns, store/schema.py `copies`) is judged, and
         taken, with that expiry rather than its body's. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
         taken = self.take_tail(t, s, limit, expired_at_ns, max_bytes)

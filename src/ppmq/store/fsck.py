@@ -1,11 +1,11 @@
 """`ppmq fsck`: do the store's indexes, messages and counters agree?
 
-The store (schema in schema.py) keeps every fact twice: a message's place in a
+The store (schema in store/schema.py) keeps every fact twice: a message's place in a
 subscriber's queue is in `ready` or `inflight` and in its `holders`, its expiry
 and dedupe key in their indexes (a copy's own expiry in `copies` and its
 index), and the counters STATUS shows in `meta`. A bug
 or a damaged file shows up as two copies that disagree, which is what this
-checks. Rows of a publish being staged (staging.py) are uncounted by design:
+checks. Rows of a publish being staged (core/staging.py) are uncounted by design:
 while the meta `staging` record names their range they are left out of the
 counters (its rows must still agree with each other); without the record they
 would show up as counters that disagree. It reads one snapshot through
@@ -64,7 +64,7 @@ class Snapshot:
     holder_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # t, row key id -> its ids, in row order
     body_rows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # the same, of the bodies rows
     ready: dict[tuple[int, int, int, int], tuple[int, int]] = field(default_factory=dict)  # -> m, attempts
-    last_ready: ReadyRecord | None = None  # the entry read before, which the next must follow (schema.py: runs)
+    last_ready: ReadyRecord | None = None  # the entry read before, which the next must follow (store/schema.py: runs)
     inflight: dict[tuple[int, int, int], Flight] = field(default_factory=dict)  # t, s, m
     batches: dict[tuple[int, int, int], int] = field(default_factory=dict)  # t, s, f of an inflight row -> deadline_ns
     deadlines: set[tuple[int, int, int, int]] = field(default_factory=set)  # deadline_ns, t, s, f
@@ -149,7 +149,7 @@ def _holders(snap: Snapshot, record: HoldersRecord, fragments: bool) -> None:
 
 
 def _ready(snap: Snapshot, record: ReadyRecord, fragments: bool) -> None:
-    """An entry of a run. The runs' invariant (schema.py) is checked on the way,
+    """An entry of a run. The runs' invariant (store/schema.py) is checked on the way,
     since entries are read in the order the runs hold them: a run out of order
     hides entries from the cursor that looks for them, or repeats one."""
     t, s, prio, pos, m, attempts, run = record
@@ -304,7 +304,7 @@ def _bodies_referenced(snap: Snapshot, config: Config) -> list[str]:
 
 def _rows_tile_ids(snap: Snapshot, config: Config) -> list[str]:
     """The holders rows and the bodies rows of a topic each tile its ids
-    (schema.py): ascending in a row, none below the row's key or at or above
+    (store/schema.py): ascending in a row, none below the row's key or at or above
     the next row's, so the writer, which looks for a message in the row with
     the largest key at or below its id, finds it there and nowhere else. A
     message whose holders are gone has left its holders row."""

@@ -1,5 +1,5 @@
 """Which subscribers still hold a message, and at which place in their queue:
-the holders database, a row per group of messages (schema.py).
+the holders database, a row per group of messages (store/schema.py).
 
 A publish's messages are held by the same subscribers, and an ack lets go of a
 run of them; with a row per message, both cost a row operation per message and

@@ -61,7 +61,7 @@ _CONVERT_ROWS = 1 << 16  # old holders or bodies rows converted in one transacti
 # writes are new, and those of the rows it replaces are free for the slice
 # after the next one (LMDB keeps the last commit's pages), so a conversion
 # needs room for some three slices beside the store, well inside the headroom
-# the map keeps beyond MaxStoreBytes (store.py).
+# the map keeps beyond MaxStoreBytes (store/store.py).
 CONVERT_BYTES = 4 << 20
 # meta CONVERTING_KEY: the schema version of the step in progress and its part,
 # followed by the key that part goes on from.
@@ -114,7 +114,7 @@ def _inflight_by_batch(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], st
 
 def _ready_as_runs(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
     """3 -> 4, first part: the ready rows of each (T, S, prio) become runs of
-    READY_RUN entries, keyed by their first place (schema.py), _READY_CHUNK
+    READY_RUN entries, keyed by their first place (store/schema.py), _READY_CHUNK
     rows a slice: the runs written replace rows the slice read, and the next
     slice starts past them."""
     db = dbs["ready"]
@@ -195,7 +195,7 @@ def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], sta
 
 
 def _copies(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
-    """5 -> 6: the databases `copies` and `copy_expiry` (schema.py) are new,
+    """5 -> 6: the databases `copies` and `copy_expiry` (store/schema.py) are new,
     and empty in a converted store: schema 5 gave no copy an expiry of its
     own (a PHPMQ re-queue changed the message's). Opening the store made them,
     so nothing is rewritten."""

@@ -1,6 +1,6 @@
 """Reading a store from another process: one snapshot, every record decoded.
 
-The one decoder of the schema (schema.py) for whoever reads a whole store:
+The one decoder of the schema (store/schema.py) for whoever reads a whole store:
 fsck, reports and the Spark data source. LMDB readers never block the writer.
 """
 
@@ -121,7 +121,7 @@ class BodyRecord(NamedTuple):
     t: int
     m: int
     body: Body
-    row: int  # the key id of the row it is in (schema.py: rows tile a topic's ids)
+    row: int  # the key id of the row it is in (store/schema.py: rows tile a topic's ids)
 
 
 class HoldersRecord(NamedTuple):
@@ -131,7 +131,7 @@ class HoldersRecord(NamedTuple):
     t: int
     m: int
     holders: dict[int, tuple[int, int]]  # S -> (prio, pos)
-    row: int  # the key id of the row it is in (schema.py: rows tile a topic's ids)
+    row: int  # the key id of the row it is in (store/schema.py: rows tile a topic's ids)
 
 
 class ReadyRecord(NamedTuple):
@@ -144,7 +144,7 @@ class ReadyRecord(NamedTuple):
     pos: int
     m: int
     attempts: int
-    run: int  # the first place the run's key names (schema.py: at most pos)
+    run: int  # the first place the run's key names (store/schema.py: at most pos)
 
 
 class FlightRecord(NamedTuple):

@@ -1,4 +1,4 @@
-"""A subscription's ready queue, stored as runs of entries (schema.py `ready`).
+"""A subscription's ready queue, stored as runs of entries (store/schema.py `ready`).
 
 A row per entry cost a put per message and subscriber when a publish found
 its subscriber behind, and a delete per message when a batch took it: the
@@ -16,7 +16,7 @@ them apart); a run of 64 (1.3 KiB) still shares a leaf page of LMDB's with
 others, where one of 128 and up takes an overflow page of its own. A backlog's ready queue takes 31
 bytes an entry at 64, 33 at 128, and took 70 as a row per entry.
 
-The invariant that lets a cursor find the run of a place (schema.py): a run's
+The invariant that lets a cursor find the run of a place (store/schema.py): a run's
 entries ascend from its key on, and stay below the next run's key.
 """
 
@@ -54,9 +54,9 @@ class ReadyRows(DelayedRows):
         self._put_all_in_order(items, self._ready)
 
     def push_fresh(self, t: int, s: int, fresh: list[Taken], keep_tail: bool, start: bool) -> None:
-        """Messages just published (their first deliveries, queues.py) into s's
+        """Messages just published (their first deliveries, core/queues.py) into s's
         queue, after all it holds: with `keep_tail`, they start its tail
-        (`start`: it holds nothing else) or join the one it has (ready_tails.py).
+        (`start`: it holds nothing else) or join the one it has (store/ready_tails.py).
         No tail is kept while a publish is being staged, whose hidden entries
         the runs hold below the tail's, and which shows them all at once when
         it is whole."""
@@ -182,7 +182,7 @@ class ReadyRows(DelayedRows):
     def take_tail(self, t: int, s: int, limit: int, expired_at_ns: int, max_bytes: int = 0) -> list[Taken] | None:
         """Up to `limit` entries from the head of s's queue on t, as far as a
         batch of `max_bytes` holds them (0: no bound), taken from its
-        tail (ready_tails.py) and their rows deleted; None, and no tail any more,
+        tail (store/ready_tails.py) and their rows deleted; None, and no tail any more,
         if it has none, one of them may have expired at `expired_at_ns`, a staged
         publish may hide entries among its rows, or the rows do not hold exactly
         what the tail says (which would be a bug: logged)."""

@@ -6,7 +6,7 @@ messages with ready rows, and the ack that makes room takes them back out. A
 batch taken from the rows reads each entry's body and builds its message again,
 entry by entry: the writer's step cost half as much again per message at
 Window = BatchSize as at ten batches in flight (tools/instructions.py: 114,457
-instructions against 75,800; 103,827 with tails). So when fresh messages (queues.py) settle
+instructions against 75,800; 103,827 with tails). So when fresh messages (core/queues.py) settle
 into a ready queue that was empty, the queue's entries, bodies included, are
 kept here as well; a publish that joins the queue adds to them, and the next
 batch takes them from memory, checks them against the runs, and deletes their

@@ -1,9 +1,9 @@
 """What every transaction on the store stands on: the databases, the way rows
 are put in key order, and the meta records (the staging record among them).
 
-Txn (store.py) is built on it in layers: BodyRows (body_rows.py) for the
-messages, QueueRows (queue_rows.py) for a subscription's ready and in-flight
-rows, HolderRows (holder_rows.py) for who holds each message, then the
+Txn (store/store.py) is built on it in layers: BodyRows (store/bodies.py) for the
+messages, QueueRows (store/flights.py) for a subscription's ready and in-flight
+rows, HolderRows (store/holders.py) for who holds each message, then the
 messages' indexes.
 """
 
@@ -77,7 +77,7 @@ class Rows:
         self._copies, self._copy_expiry = d["copies"], d["copy_expiry"]
         self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
-        self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
+        self._tails = store.ready_tails  # ready queues kept in memory too (store/ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
 
     def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:

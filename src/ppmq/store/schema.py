@@ -1,6 +1,6 @@
 """The store's schema: its databases, the layout of their keys and values, and
-the values they decode to, shared by the writer (store.py) and the readers
-(reader.py), so that one layout has one definition.
+the values they decode to, shared by the writer (store/store.py) and the readers
+(store/reader.py), so that one layout has one definition.
 
 One environment under DataPath holds named databases. Keys are fixed-width
 big-endian integers, so a cursor walks them in the order the broker needs:
@@ -20,7 +20,7 @@ big-endian integers, so a cursor walks them in the order the broker needs:
     copies    T M S           -> expires_ns                        (a copy's own expiry, 0: never)
     copy_expiry expires_ns T M S -> ""                             (those that expire, by time)
     meta      name            -> schema version, name ids, broker state, staging record,
-                                 conversion record (migrate.py: while an older store is converted)
+                                 conversion record (store/migrate.py: while an older store is converted)
 
 T is a topic id (u32), S a subscriber id (u16), M a message id and pos a queue
 position (u64, both taken from the topic's one sequence, so never reused), prio a
@@ -33,7 +33,7 @@ it back there (PROTOCOL §3), and dedupe may move it.
 A subscriber's ready queue is stored as runs, for the same reason: a row holds
 the entries of up to READY_RUN places of one priority (2 x READY_RUN after
 entries came back into it), so that a publish writes, and a batch takes, a row
-per run rather than per message (ready_rows.py). The runs of one (T, S, prio)
+per run rather than per message (store/ready.py). The runs of one (T, S, prio)
 obey, and fsck checks, one invariant: a run's entries are unique and in
 ascending pos, none below its key pos0, and all below the key of the next run.
 So the run that holds, or would hold, a place is the one with the largest key
@@ -42,7 +42,7 @@ at or below it, and a run that loses its first entries keeps its key.
 A holders row is a group: the messages of one publish (up to GROUP_MESSAGES of
 them a row) share it, so that a publish writes a row per group and an ack reads
 and writes the row of its run of messages once, not a row per message
-(holder_rows.py). The ids, then the counts (n and each count a u16), come first
+(store/holders.py). The ids, then the counts (n and each count a u16), come first
 as fixed-width columns, so that finding one message is a search of the ids, not
 a walk of the entries.
 The rows of a topic tile its ids: a row's key M0 is at most each of its ids, and
@@ -54,7 +54,7 @@ deleted.
 A bodies row is a group too, of the messages of one publish (up to
 GROUP_MESSAGES a row, fewer once their records pass BODY_ROW_BYTES), so that a
 publish writes a row per group and the last ack of a group deletes one, rather
-than a row per message each (body_rows.py). Its ids, then the end of each
+than a row per message each (store/bodies.py). Its ids, then the end of each
 record (n a u16, each end a u32, counted from the first record), come first as
 columns, so that a message's record is found by a search of the ids and sliced
 out. Its rows tile a topic's ids as the holders rows do, and hold only stored
@@ -68,7 +68,7 @@ takes a batch, and swept by `copy_expiry`. The row goes with the copy (an ack,
 a removal) and with the message (its deletion, or a new version, whose expiry
 is every copy's again).
 
-A publish too large for one transaction is stored over several (staging.py):
+A publish too large for one transaction is stored over several (core/staging.py):
 while meta `staging` names its topic and id range, the rows in that range are
 hidden from every walk a delivery, an expiry or a drop makes, so nobody sees the
 publish before it is whole.
@@ -84,7 +84,7 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import NamedTuple
 
-# Bump when a key or value layout changes, and add the conversion to migrate.py.
+# Bump when a key or value layout changes, and add the conversion to store/migrate.py.
 SCHEMA_VERSION = 6
 DBS = (
     b"bodies",
@@ -113,7 +113,7 @@ DUE = struct.Struct(">QIHBQ")  # due_ns, T, S, prio, pos
 DELAYED_VAL = struct.Struct(">QIQ")  # M, attempts, due_ns
 U64 = struct.Struct(">Q")
 READY_ENTRY = struct.Struct(">QQI")  # pos, M, attempts: one entry of a ready run
-READY_RUN = 64  # entries a run is built with (see ready_rows.py for why this many)
+READY_RUN = 64  # entries a run is built with (see store/ready.py for why this many)
 FLIGHT_ENTRY = struct.Struct(">QBQIQ")  # M, prio, pos, attempts, publish_ns: one message of an inflight row
 HOLDER = struct.Struct(">HBQ")  # S, prio, pos: one holder of a message, in a holders row
 ONE_HOLDERS_HEAD = struct.Struct(">HQH")  # 1, M, holders: the columns of a holders row of one message
@@ -135,7 +135,7 @@ _COLUMNS = {code: [struct.Struct(f">{n}{code}") for n in range(_KEPT_COLUMNS + 1
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
 STAGING_KEY = b"staging"
-CONVERTING_KEY = b"converting"  # meta: where the conversion of an older store stands (migrate.py)
+CONVERTING_KEY = b"converting"  # meta: where the conversion of an older store stands (store/migrate.py)
 
 
 class Body(NamedTuple):
@@ -194,8 +194,8 @@ class Delayed(NamedTuple):
 #                        that no open subscriber may take in its step
 #   expires_ns    int    0: never
 # A publish makes one per message (its first delivery), shared by every
-# subscriber's queue: fresh in the step (queues.py) and kept in memory after it
-# (ready_tails.py). A batch from the ready rows makes its own. A plain tuple,
+# subscriber's queue: fresh in the step (core/queues.py) and kept in memory after it
+# (store/ready_tails.py). A batch from the ready rows makes its own. A plain tuple,
 # read by position (the getters below, or unpacking), since a path makes one a
 # message: a NamedTuple cost some 170 ns to make against 12 for a tuple display.
 Taken = tuple[int, int, int, int, int, bytes, bytes, int]
@@ -281,8 +281,8 @@ def body_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
 def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """How records of these sizes, in id order, are cut into bodies rows, as
     (first, end) indexes: a row ends after GROUP_MESSAGES records, or once its
-    records reach BODY_ROW_BYTES. The one rule of a publish (body_rows.py) and
-    of a store converted from schema 4 (migrate.py)."""
+    records reach BODY_ROW_BYTES. The one rule of a publish (store/bodies.py) and
+    of a store converted from schema 4 (store/migrate.py)."""
     starts, count, size = [0], 0, 0
     for i, n in enumerate(sizes):
         if count == GROUP_MESSAGES or size >= BODY_ROW_BYTES:

@@ -2,7 +2,7 @@
 
 `State` is small (topics x subscribers, never proportional to the backlog) and
 is written into the same transaction as the changes it counts, so it is exactly
-as durable as they are; ledger.py writes it, a record per topic, and puts back
+as durable as they are; store/counters.py writes it, a record per topic, and puts back
 what a failed request or step counted.
 """
 

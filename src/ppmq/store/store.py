@@ -1,12 +1,12 @@
 """The operations the broker composes into LMDB write transactions.
 
-The layout of every key and value is in schema.py; this module and the layers
-Txn is built on (rows.py, queue_rows.py) are the only writers, and own the
+The layout of every key and value is in store/schema.py; this module and the layers
+Txn is built on (store/rows.py, store/flights.py) are the only writers, and own the
 rules that tie the databases together: a message put, replaced or deleted
 takes its expiry and dedupe entries with it, and a copy's own expiry goes
 with the copy, and with its message. Only the writer thread touches the
 environment: one Txn is one LMDB write transaction. Readers in other processes
-(fsck, reports) use reader.py.
+(fsck, reports) use store/reader.py.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def missing_store(path: str) -> str | None:
 
 class Store:
     """An LMDB environment with ppmq's schema; `DataPath: mem` uses a temp dir.
-    It holds DataPath's lock (datapath_lock.py) from before it opens anything
+    It holds DataPath's lock (store/lock.py) from before it opens anything
     there until it closes, so the journal beside it is this process's too."""
 
     def __init__(self, data_path: str, *, sync: bool, max_bytes: int) -> None:
@@ -93,8 +93,8 @@ class Store:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
-        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (queue_rows.py)
-        self.ready_tails = ReadyTails()  # in memory, beside the ready rows (ready_tails.py)
+        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flights.py)
+        self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
         self._check_schema()
         # Whether `copies` may have rows (Txn._has_copy_expiries): asked of LMDB
         # once, true from a put on. A removal, or a put rolled back, leaves it
@@ -104,7 +104,7 @@ class Store:
 
     def _check_schema(self) -> None:
         """A new store gets this ppmq's schema; one an older ppmq wrote is
-        converted (migrate.py) before anything else reads it."""
+        converted (store/migrate.py) before anything else reads it."""
         try:
             self.migrated = upgrade(self.env, self.dbs, self.path)
         except StoreError:
@@ -232,7 +232,7 @@ class Txn(HolderRows):
         return pages * main["psize"]
 
     def full(self) -> bool:
-        """Whether the store has reached MaxStoreBytes: publishes are refused (room.py)."""
+        """Whether the store has reached MaxStoreBytes: publishes are refused (store/room.py)."""
         return self.store.room.full(self.used_bytes)
 
     def refuse_when_full(self) -> None:

@@ -13,7 +13,7 @@ letter's Origin) and every STATUS counter must agree, Delayed, Paused and
 DeadLettered included. Only the clock is fake.
 
 CHUNK_MESSAGES is made small, so that publishes larger than it are staged over
-several steps (staging.py) on the topic `bulk`, interleaved with everything
+several steps (core/staging.py) on the topic `bulk`, interleaved with everything
 else, crashed by restarts and cut short by a bad message; on the other topics
 they are refused. READY_RUN is made small too, so that queues of a few messages
 are stored over several ready runs, which split and empty as entries come and go.

@@ -1,9 +1,9 @@
-"""What each lane of a subscriber with Connections > 1 carries (lanes.py), and
+"""What each lane of a subscriber with Connections > 1 carries (core/lanes.py), and
 the broker's watch of what leaves flight (queue_rows.FlightWatch)."""
 
 from __future__ import annotations
 
-from ppmq.core.lanes import Ledger, carry, room
+from ppmq.core.lanes import LaneLoads, carry, room
 from ppmq.store.flight_index import FlightWatch
 
 
@@ -17,20 +17,20 @@ def test_the_least_loaded_open_lane_has_the_room_and_ties_go_to_the_lowest():
 
 
 def test_an_ack_frees_the_lane_that_carried_the_message_and_unknown_ones_are_ignored():
-    ledger = Ledger(3)
-    ledger.carry(0, "t", [1, 2])
-    ledger.carry(2, "t", [3])
-    ledger.left("t", [2, 3, 99])
-    assert [c["t"] for c in ledger.carried] == [1, 0, 0]
-    assert ledger.lanes([True, False, True]) == [{"t": 1}, None, {"t": 0}]
+    loads = LaneLoads(3)
+    loads.carry(0, "t", [1, 2])
+    loads.carry(2, "t", [3])
+    loads.left("t", [2, 3, 99])
+    assert [c["t"] for c in loads.carried] == [1, 0, 0]
+    assert loads.lanes([True, False, True]) == [{"t": 1}, None, {"t": 0}]
 
 
 def test_a_message_sent_again_on_another_lane_moves_there():
-    ledger = Ledger(2)
-    ledger.carry(0, "t", [1])
-    ledger.carry(1, "t", [1])
-    assert [c["t"] for c in ledger.carried] == [0, 1]
-    assert ledger.full(1, "t", 1) and not ledger.full(0, "t", 1)
+    loads = LaneLoads(2)
+    loads.carry(0, "t", [1])
+    loads.carry(1, "t", [1])
+    assert [c["t"] for c in loads.carried] == [0, 1]
+    assert loads.full(1, "t", 1) and not loads.full(0, "t", 1)
 
 
 def test_the_watch_reports_what_left_flight_net_of_what_came_back_and_of_what_was_undone():

@@ -1,4 +1,4 @@
-"""Publishes larger than a chunk, staged over several steps (staging.py), in-process
+"""Publishes larger than a chunk, staged over several steps (core/staging.py), in-process
 with a small CHUNK_MESSAGES: invisible until whole, answered once, cleaned up
 after a failure, a reload, a failed commit or a crash."""
 
@@ -17,7 +17,7 @@ from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
 from ppmq.protocol import messages as p
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.schema import TM, StoreFullError, holders_columns
 from ppmq.store.state import NS
@@ -234,7 +234,7 @@ def test_the_writer_backs_off_failing_commits_also_while_a_publish_is_staged(h, 
     monkeypatch.setattr(h.store, "write", failing)
 
     async def run() -> None:
-        task = asyncio.create_task(Writer(h.broker).run())
+        task = asyncio.create_task(GroupCommit(h.broker).run())
         await asyncio.sleep(0.5)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -258,7 +258,7 @@ def test_the_writer_holds_back_a_connections_later_requests_until_its_staged_pub
     got: list[tuple[str, int]] = []
 
     async def run() -> None:
-        writer = Writer(h.broker)
+        writer = GroupCommit(h.broker)
         task = asyncio.create_task(writer.run())
         conn_a = lambda reply: got.append(("a", int(reply.id)))  # noqa: E731
         conn_b = lambda reply: got.append(("b", int(reply.id)))  # noqa: E731

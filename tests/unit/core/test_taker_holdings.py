@@ -1,12 +1,12 @@
-"""Who holds which taken message (owners.py): takes, acks, a taker gone, and undo."""
+"""Who holds which taken message (core/taker_holdings.py): takes, acks, a taker gone, and undo."""
 
-from ppmq.core.taker_holdings import Owners
+from ppmq.core.taker_holdings import TakerHoldings
 
 A, B = ("t", "w"), ("t", "v")
 
 
 def test_takes_and_acks_say_who_holds_what_and_a_gone_taker_gives_back_only_its_own():
-    owners = Owners()
+    owners = TakerHoldings()
     owners.took(A, 1, [1, 2, 3])
     owners.took(A, 2, [4])
     owners.took(B, 1, [9])
@@ -17,7 +17,7 @@ def test_takes_and_acks_say_who_holds_what_and_a_gone_taker_gives_back_only_its_
 
 
 def test_undo_puts_back_each_change_since_the_mark_newest_first():
-    owners = Owners()
+    owners = TakerHoldings()
     owners.took(A, 1, [1, 2])
     owners.commit()
     mark = owners.mark()
@@ -31,7 +31,7 @@ def test_undo_puts_back_each_change_since_the_mark_newest_first():
 
 
 def test_what_a_caller_does_with_its_list_afterwards_changes_nothing_undo_puts_back():
-    owners = Owners()
+    owners = TakerHoldings()
     ms = [1, 2]
     owners.took(A, 1, ms)
     ms.append(3)

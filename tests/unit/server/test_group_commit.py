@@ -12,7 +12,7 @@ from ppmq.core.broker import Broker
 from ppmq.core.ops import Delivery
 from ppmq.protocol import messages as p
 from ppmq.server import group_commit as writer_module
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.store.store import Store
 from tests.unit.core.test_broker import STATUS, open_broker, publish, two_subscribers
 from tests.unit.core.test_pull import open_pull_broker, take
@@ -24,7 +24,7 @@ def test_a_caller_cancelled_before_its_reply_does_not_stop_the_writer(tmp_path):
     broker, store = open_broker(tmp_path)
 
     async def run() -> int:
-        writer = Writer(broker)
+        writer = GroupCommit(broker)
         task = asyncio.create_task(writer.run())
         caller = asyncio.create_task(writer.call(publish(b"1")))
         await asyncio.sleep(0)  # submitted
@@ -51,7 +51,7 @@ def test_acks_that_free_room_for_waiting_messages_are_applied_without_waiting_fo
     keys = [m["Key"] for m in msgspec.json.decode(batch.frame)["Messages"]]
 
     async def run() -> Delivery:
-        writer = Writer(broker)
+        writer = GroupCommit(broker)
         task = asyncio.create_task(writer.run())
         pushed: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         writer.open("s", _Outlet(pushed))
@@ -75,7 +75,7 @@ def test_one_way_acks_wait_for_company_without_waking_the_idle_writer_and_share_
     steps: list[float] = []
 
     async def run() -> tuple[float, float, int]:
-        writer = Writer(broker, on_step=steps.append)
+        writer = GroupCommit(broker, on_step=steps.append)
         task = asyncio.create_task(writer.run())
         await asyncio.sleep(0.05)  # idle
         went_round = writer._heartbeat
@@ -103,7 +103,7 @@ def test_one_way_acks_that_find_no_company_go_alone_when_the_gathering_ends(tmp_
     steps: list[float] = []
 
     async def run() -> float:
-        writer = Writer(broker, on_step=lambda _: steps.append(time.monotonic()))
+        writer = GroupCommit(broker, on_step=lambda _: steps.append(time.monotonic()))
         task = asyncio.create_task(writer.run())
         await asyncio.sleep(0.05)
         # When s acks its batch one-way and nothing else comes
@@ -148,7 +148,7 @@ def test_a_steps_journal_events_are_written_while_the_next_step_commits_and_the_
     written: list[tuple[list[str], bool]] = []
 
     async def run() -> None:
-        writer = Writer(broker, lambda events: written.append(([e.event for e in events], writer.busy)))
+        writer = GroupCommit(broker, lambda events: written.append(([e.event for e in events], writer.busy)))
         writer.open("s", _Reopening(writer, "s"))
         task = asyncio.create_task(writer.run())
         # When two publishes are answered, one step each
@@ -171,7 +171,7 @@ def test_a_steps_journal_events_are_written_while_the_next_step_commits_and_the_
 class _Reopening:
     """A subscriber that is ready again as soon as it is given a batch."""
 
-    def __init__(self, writer: Writer, name: str) -> None:
+    def __init__(self, writer: GroupCommit, name: str) -> None:
         self.writer, self.name = writer, name
 
     def push(self, delivery: Delivery) -> None:
@@ -185,7 +185,7 @@ def test_without_sync_a_steps_batch_leaves_before_its_commit_and_the_reply_after
     seen: list[tuple[bool, bool]] = []
 
     async def run() -> None:
-        writer = Writer(broker, durable=False)
+        writer = GroupCommit(broker, durable=False)
         task = asyncio.create_task(writer.run())
         replied = asyncio.get_running_loop().create_future()
 
@@ -219,7 +219,7 @@ def test_a_publish_to_a_subscriber_with_its_window_full_and_at_most_a_batch_read
     pushed: list[Delivery] = []
 
     async def run() -> tuple[bool, dict]:
-        writer = Writer(broker, durable=False, on_step=steps.append)
+        writer = GroupCommit(broker, durable=False, on_step=steps.append)
         task = asyncio.create_task(writer.run())
         writer.open("s", _Recording(pushed))
         await asyncio.sleep(0.05)
@@ -252,7 +252,7 @@ def test_a_publish_waiting_for_acks_that_do_not_come_goes_alone_when_the_gatheri
     broker, store, _ = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=0.2)
 
     async def run() -> tuple[float, int]:
-        writer = Writer(broker, durable=False)
+        writer = GroupCommit(broker, durable=False)
         task = asyncio.create_task(writer.run())
         await asyncio.sleep(0.05)
         # When a message is published and s does not ack
@@ -309,7 +309,7 @@ def test_a_publish_waits_for_no_acks_of_a_pull_subscriber(tmp_path, monkeypatch)
 async def _published_through_a_writer(broker: Broker) -> int:
     """The status of a publish through an idle writer without Sync (a test's
     timeout, not ACK_GATHER_S, if it waits for company)."""
-    writer = Writer(broker, durable=False)
+    writer = GroupCommit(broker, durable=False)
     task = asyncio.create_task(writer.run())
     await asyncio.sleep(0.05)
     reply = await asyncio.wait_for(writer.call(publish(b"x")), timeout=10)
@@ -357,7 +357,7 @@ def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path,
     steps: list[float] = []
 
     async def run() -> list[bool]:
-        writer = Writer(broker, durable=False, on_step=steps.append)
+        writer = GroupCommit(broker, durable=False, on_step=steps.append)
         task = asyncio.create_task(writer.run())
         await asyncio.sleep(0.05)
         replied = asyncio.get_running_loop().create_future()

@@ -8,7 +8,7 @@ import socket
 import msgspec
 
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.group_commit import Writer
+from ppmq.server.group_commit import GroupCommit
 from ppmq.server.requests import Requests
 from tests.unit.core.test_broker import open_broker
 
@@ -21,7 +21,7 @@ def test_what_arrives_before_the_requests_listen_is_kept_and_answered_in_order(t
 
     async def run() -> list[dict]:
         loop = asyncio.get_running_loop()
-        writer = Writer(broker, durable=False)
+        writer = GroupCommit(broker, durable=False)
         stepping = asyncio.create_task(writer.run())
         _, conn = await loop.connect_accepted_socket(Connection, ours)
         await asyncio.sleep(0.05)  # read, and kept: nothing listens yet

@@ -1,6 +1,6 @@
-"""The bodies rows (body_rows.py): the messages of a publish share a row, up to
+"""The bodies rows (store/bodies.py): the messages of a publish share a row, up to
 GROUP_MESSAGES of them or until BODY_ROW_BYTES, and the rows of a topic tile
-its ids (schema.py)."""
+its ids (store/schema.py)."""
 
 from __future__ import annotations
 

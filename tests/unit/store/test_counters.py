@@ -1,4 +1,4 @@
-"""The counters' records (ledger.py): one per topic, written when a step touched
+"""The counters' records (store/counters.py): one per topic, written when a step touched
 the topic, read back from a store an older ppmq wrote as one record."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Batches in flight (queue_rows.py): an ack takes messages out of their batch
+"""Batches in flight (store/flights.py): an ack takes messages out of their batch
 rows, and a batch acked whole goes without its entries being read."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The holders rows (holder_rows.py): the messages of a publish share a row, up to
-GROUP_MESSAGES of them, and the rows of a topic tile its ids (schema.py)."""
+"""The holders rows (store/holders.py): the messages of a publish share a row, up to
+GROUP_MESSAGES of them, and the rows of a topic tile its ids (store/schema.py)."""
 
 from __future__ import annotations
 

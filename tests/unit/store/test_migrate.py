@@ -1,4 +1,4 @@
-"""A store an older ppmq wrote is converted when it is opened (migrate.py), with
+"""A store an older ppmq wrote is converted when it is opened (store/migrate.py), with
 nothing lost: tested on stores that ppmq itself wrote with schemas 1 to 5, one
 of them filled to its MaxStoreBytes (tests/data/make_old_store.py says how they
 were made)."""

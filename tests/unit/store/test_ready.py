@@ -1,5 +1,5 @@
-"""A subscription's ready queue as runs (ready_rows.py): entries go in and out
-at their places, and the runs keep schema.py's invariant whatever the order."""
+"""A subscription's ready queue as runs (store/ready.py): entries go in and out
+at their places, and the runs keep store/schema.py's invariant whatever the order."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def runs(txn: Txn) -> list[tuple[int, int, list[int]]]:
 
 
 def assert_invariant(txn: Txn) -> None:
-    """schema.py: entries ascend from their run's key on and stay below the next run's key."""
+    """store/schema.py: entries ascend from their run's key on and stay below the next run's key."""
     found = runs(txn)
     for i, (prio, first, places) in enumerate(found):
         assert places and first <= places[0] and places == sorted(set(places))

@@ -1,4 +1,4 @@
-"""Ready queues kept in memory (ready_tails.py) change nothing anyone can see.
+"""Ready queues kept in memory (store/ready_tails.py) change nothing anyone can see.
 
 Two brokers on two real stores take the same steps at the same times: one keeps
 tails, the other none (a budget of 0 bytes), so it reads every batch from its

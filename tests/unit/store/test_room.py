@@ -1,4 +1,4 @@
-"""Whether the store has room for a publish (room.py): the pages in use are
+"""Whether the store has room for a publish (store/room.py): the pages in use are
 counted now and then, not at every publish, yet a publish is refused exactly
 when a count says the store has reached MaxStoreBytes."""
 

@@ -1,8 +1,8 @@
-"""Which queued ops may wait for company (company.py), asked of a real broker."""
+"""Which queued ops may wait for company (server/gathering.py), asked of a real broker."""
 
 from __future__ import annotations
 
-from ppmq.server.company import Company
+from ppmq.server.gathering import Gathering
 from tests.unit.core.test_broker import publish
 from tests.unit.server.test_group_commit import _a_full_window_in_flight
 
@@ -10,7 +10,7 @@ from tests.unit.server.test_group_commit import _a_full_window_in_flight
 def test_a_late_subscriber_is_waited_for_again_once_its_next_acks_come(tmp_path, monkeypatch):
     # Given s with a whole Window in flight and nothing ready
     broker, store, acks = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=0.2)
-    company = Company(broker)
+    company = Gathering(broker)
     # A publish waits for s's acks
     assert company.add(publish(b"1"))
     # When they do not come in time
@@ -31,7 +31,7 @@ def test_a_late_subscriber_is_waited_for_again_once_its_next_acks_come(tmp_path,
 def test_a_publish_waits_until_the_acks_of_every_subscriber_it_waits_for_are_queued(tmp_path, monkeypatch):
     # Given s with a whole Window in flight, and a publish waiting for its acks
     broker, store, acks = _a_full_window_in_flight(tmp_path, monkeypatch, gather_s=0.2)
-    company = Company(broker)
+    company = Gathering(broker)
     assert company.add(publish(b"1"))
     # When s's acks are queued, then the wait is over
     assert not company.add(acks)

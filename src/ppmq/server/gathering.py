@@ -1,7 +1,7 @@
-"""Which ops queued for the writer's next step may wait for company.
+"""Gathering: which ops queued for the next step may wait for company.
 
 With Sync each commit costs an fsync, and at any rate each step its fixed
-cost, so the writer lets some ops wait up to ACK_GATHER_S (writer.py) for what
+cost, so the writer lets some ops wait up to ACK_GATHER_S (server/group_commit.py) for what
 usually comes right behind them, to share one step. It asks for every op it is
 handed, so the answer is kept as the ops are queued, not worked out again from
 all of them each time.
@@ -19,14 +19,14 @@ from ppmq.protocol import messages as p
 
 
 class Counters(Protocol):
-    """What Company reads of the broker's state, as the last step left it."""
+    """What Gathering reads of the broker's state, as the last step left it."""
 
     def has_backlog(self, sub: str) -> bool: ...
 
     def awaiting_acks(self, topic: str) -> list[str]: ...
 
 
-class Company:
+class Gathering:
     """Whether every op queued for the next step may still wait for company."""
 
     def __init__(self, broker: Counters) -> None:

@@ -1,0 +1,84 @@
+"""The config in force, as the broker's parts look it up (PROTOCOL §6).
+
+One `Topology` object lives as long as the broker, and every part holds it: a
+reload installs a new config into it, and a request, step or reload that is
+undone restores what it held before (`snapshot`, `restore`). Its fields are
+plain attributes, read without a call on every message.
+"""
+
+from __future__ import annotations
+
+from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core.access import Rules
+from ppmq.protocol import messages as p
+from ppmq.store.state import State
+
+Snapshot = tuple[object, ...]
+
+
+class Topology:
+    """Topics and subscribers of the config in force, by name and by store id."""
+
+    __slots__ = ("config", "topics", "sub_configs", "sub_topics", "topic_by_id", "sub_by_id", "rules", "topic_order")
+
+    def __init__(self) -> None:
+        self.config: Config | None = None  # None until the broker opens
+        self.topics: dict[str, TopicConfig] = {}
+        self.sub_configs: dict[str, SubscriberConfig] = {}
+        self.sub_topics: dict[str, list[TopicConfig]] = {}  # subscriber -> the topics it takes
+        self.topic_by_id: dict[int, str] = {}
+        self.sub_by_id: dict[int, str] = {}
+        self.rules: Rules | None = None  # the access rules of config
+        self.topic_order: dict[str, int] = {}  # topic -> its place in the config: the order subscribers are filled in
+
+    def install(self, config: Config, state: State) -> None:
+        """Make `config` the one in force; `state` has registered its topics and subscribers."""
+        self.config = config
+        self.topics = {t.name: t for t in config.topics}
+        self.sub_configs = {s.name: s for s in config.subscribers}
+        self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
+        self.topic_by_id = {i: n for n, i in state.topic_ids.items()}
+        self.sub_by_id = {i: n for n, i in state.sub_ids.items()}
+        self.rules = Rules(config)
+        self.topic_order = {t.name: i for i, t in enumerate(config.topics)}
+
+    def snapshot(self) -> Snapshot:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Back to what `snapshot` held: an undone reload never happened."""
+        for name, value in zip(self.__slots__, snapshot):
+            setattr(self, name, value)
+
+    # --- names in requests, looked up in the config in force ------------------------------
+
+    def topic_for(self, req: p.Request, field: str) -> TopicConfig:
+        """The request's Topic, which `field` needs; 400 without one, 404 for an unknown one."""
+        if req.topic is None:
+            raise p.BadRequest(f"Topic: required with {field}")
+        topic = self.topics.get(req.topic)
+        if topic is None:
+            raise p.NotFound(f"Topic: unknown topic {req.topic!r}")
+        return topic
+
+    def subscriber_of(self, name: str | None, topic: TopicConfig, field: str) -> str:
+        """`name`, a subscriber of topic, which `field` needs; 400 without one, 404 otherwise."""
+        if name is None:
+            raise p.BadRequest(f"Subscriber: required with {field}")
+        if name not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {name!r}")
+        if name not in topic.subscribers:
+            raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
+        return name
+
+    def topics_of_subscriber(self, req: p.Request, command: str) -> list[TopicConfig]:
+        """The topics a RECONNECT, PAUSE or RESUME names: its Topic, or all of its subscriber's."""
+        if req.subscriber is None:
+            raise p.BadRequest(f"Subscriber: required with {command}")
+        if req.subscriber not in self.sub_topics:
+            raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
+        if req.topic is None:
+            return self.sub_topics[req.subscriber]
+        topic = self.topic_for(req, command)
+        self.subscriber_of(req.subscriber, topic, command)
+        return [topic]
