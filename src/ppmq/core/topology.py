@@ -8,12 +8,14 @@ plain attributes, read without a call on every message.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.access import Rules
 from ppmq.protocol import messages as p
 from ppmq.store.state import State
 
-Snapshot = tuple[object, ...]
+Snapshot = tuple[Any, ...]
 
 
 class Topology:
@@ -43,12 +45,21 @@ class Topology:
         self.topic_order = {t.name: i for i, t in enumerate(config.topics)}
 
     def snapshot(self) -> Snapshot:
-        return tuple(getattr(self, name) for name in self.__slots__)
+        """What `restore` puts back: taken at every step and every undoable request, so one tuple."""
+        return (self.config, self.topics, self.sub_configs, self.sub_topics, self.topic_by_id, self.sub_by_id, self.rules, self.topic_order)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Back to what `snapshot` held: an undone reload never happened."""
-        for name, value in zip(self.__slots__, snapshot):
-            setattr(self, name, value)
+        (
+            self.config,
+            self.topics,
+            self.sub_configs,
+            self.sub_topics,
+            self.topic_by_id,
+            self.sub_by_id,
+            self.rules,
+            self.topic_order,
+        ) = snapshot
 
     # --- names in requests, looked up in the config in force ------------------------------
 
