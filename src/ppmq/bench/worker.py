@@ -81,8 +81,8 @@ def _read_stop(total: list[int]) -> None:
 def _handshake() -> float:
     """Ready, then wait for `go`; the process's CPU seconds at `go`, from which
     its share of the run is counted, as the broker's is: what the messages
-    cost it, without its interpreter's start-up and imports (some 0.12 s a
-    process, most of what a 50,000-message run's clients used in all)."""
+    cost it, without its interpreter's start-up and imports, which would be
+    most of what a short run's clients use in all."""
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         sys.exit(1)

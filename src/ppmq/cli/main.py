@@ -172,8 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
         config.server_socket = args.socket
     inherited = listening_unix_socket("server")  # before any thread starts
     try:
-        # uvloop: asyncio's loop in C. At 1,000 msg/s the loop is most of what a
-        # message costs beyond the broker's own work (tools/paced.py, docs/performance.md).
+        # uvloop: asyncio's loop in C. At a paced rate the loop's reads, writes and
+        # wake-ups are a message's largest cost beyond the broker's own work.
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(daemon.run(config, config_path=path, inherited=inherited))
     except (StoreError, ListenError) as exc:

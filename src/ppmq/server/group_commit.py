@@ -336,7 +336,7 @@ class GroupCommit:
         """A step's batches, handed over just before its commit: they go out while
         the disk syncs, and so do the step before's journal events, encoded while
         the step thread waits for the disk without the interpreter lock. Encoded
-        between two steps instead, they held the next step back (docs/performance.md)."""
+        between two steps, they would hold the next step back."""
         self._dispatch(deliveries)
         self._write_journal()
 

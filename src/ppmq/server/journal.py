@@ -32,10 +32,9 @@ log = logging.getLogger("ppmq.journal")
 
 QUEUE_STEPS = 4096  # steps waiting for the journal thread; past it their events are dropped
 GATHER_S = 0.05  # after waking, the thread lets steps pile up this long: fewer wake-ups, bigger writes
-# gzip level of closed segments: on a fan-out journal (145 bytes a message sent to
-# two subscribers) level 1 runs at some 510 MB/s against 125 for level 6, 0.3 us
-# of CPU a message against 1.1, for files 30% larger (20:1 against 26:1); the
-# thread gzips while the broker runs, on the cores the broker needs.
+# gzip level of closed segments: the thread gzips while the broker runs, on the
+# cores the broker needs, and level 1 takes a fraction of level 6's CPU for files
+# somewhat larger (docs/performance.md, "Design choices measured").
 GZIP_LEVEL = 1
 ACTIVE_SUFFIX = ".jsonl"  # the segment being written
 CLOSED_SUFFIX = ".jsonl.gz"

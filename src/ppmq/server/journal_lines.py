@@ -2,11 +2,10 @@
 
 The journal encodes each step's events where they are put, on the thread that
 ran the step, with msgspec into one buffer for the whole step, and hands the
-journal thread bytes only. Measured (docs/performance.md), encoding on the journal
-thread cost the fan-out 8 to 12% of its throughput for some 0.3 us of CPU a
-message: every few milliseconds it took the interpreter lock from the event loop
-for a burst, and the loop waited, whereas the same encoding inline costs its
-CPU and no more.
+journal thread bytes only. Encoding on the journal thread would take the
+interpreter lock from the event loop in a burst every few milliseconds, and the
+loop would wait; inline, the encoding costs its CPU and no more
+(docs/performance.md, "Design choices measured").
 
 Version 2 writes less than version 1 for the same events: an `ack` record has
 its ids only (the report finds each one's publish), and a column whose entries

@@ -32,8 +32,8 @@ class CommitTimes:
     persisted: a histogram's reset is what rate() expects after a restart).
 
     A count per bucket and a sum, observed by the event loop after every step.
-    prometheus_client's Histogram took two locks and some 70 bytecodes an
-    observation, a fixed cost of every step that shows at a paced rate. body()
+    prometheus_client's Histogram takes two locks an observation, a fixed cost
+    of every step that would show at a paced rate. body()
     may run on the writer's thread: it copies the counts in one C call, and
     at worst sees the sum of one observation more or less than the counts.
     """

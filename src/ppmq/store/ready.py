@@ -1,20 +1,18 @@
 """A subscription's ready queue, stored as runs of entries (store/schema.py `ready`).
 
-A row per entry cost a put per message and subscriber when a publish found
-its subscriber behind, and a delete per message when a batch took it: the
-path of every backlog. A run holds up to READY_RUN consecutive entries of one
-priority, so a publish appends to the last run and writes a row per READY_RUN
-entries beyond it, and a batch reads each run once and rewrites or deletes it
-once. Entries that come back to their place (AckRetry, RECONNECT, a nack, a
+A row per entry would cost a put per message and subscriber when a publish
+finds its subscriber behind, and a delete per message when a batch takes it:
+the path of every backlog. A run holds up to READY_RUN consecutive entries of
+one priority, so a publish appends to the last run and writes a row per
+READY_RUN entries beyond it, and a batch reads each run once and rewrites or
+deletes it once. Entries that come back to their place (AckRetry, RECONNECT, a nack, a
 delayed entry come due, a dedupe move) join the run that holds the place,
 which splits once it grows past 2 x READY_RUN.
 
-READY_RUN is 64, measured against 32, 100, 128 and 256 entries: pushes and
-takes of 100 entries cost the same from 64 up and some 3% more at 32 (the
-broker's step in `tools/writer_cost.py --window 100 --lag 1` does not tell
-them apart); a run of 64 (1.3 KiB) still shares a leaf page of LMDB's with
-others, where one of 128 and up takes an overflow page of its own. A backlog's ready queue takes 31
-bytes an entry at 64, 33 at 128, and took 70 as a row per entry.
+READY_RUN is 64: pushes and takes cost no less with longer runs, and a run of
+64 (1.3 KiB) still shares a leaf page of LMDB's with others, where one of 128
+and up takes an overflow page of its own (docs/performance.md, "Design choices
+measured").
 
 The invariant that lets a cursor find the run of a place (store/schema.py): a run's
 entries ascend from its key on, and stay below the next run's key.

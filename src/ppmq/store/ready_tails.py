@@ -4,13 +4,10 @@ At a Window of one batch, a subscriber that keeps up still finds every batch
 in its ready queue: the publish that comes while its batch is out stores the
 messages with ready rows, and the ack that makes room takes them back out. A
 batch taken from the rows reads each entry's body and builds its message again,
-entry by entry: the writer's step cost half as much again per message at
-Window = BatchSize as at ten batches in flight (tools/instructions.py: 114,457
-instructions against 75,800; 103,827 with tails). So when fresh messages (core/queues.py) settle
-into a ready queue that was empty, the queue's entries, bodies included, are
-kept here as well; a publish that joins the queue adds to them, and the next
-batch takes them from memory, checks them against the runs, and deletes their
-rows.
+entry by entry. So when fresh messages (core/queues.py) settle into a ready queue
+that was empty, the queue's entries, bodies included, are kept here as well; a
+publish that joins the queue adds to them, and the next batch takes them from
+memory, checks them against the runs, and deletes their rows.
 
 A tail is only ever the whole of its queue. ReadyRows, which owns the rows,
 drops a subscription's tail whenever its rows change any other way (a
@@ -22,10 +19,9 @@ subscriber is about to take is worth the memory.
 A tail keeps each priority's entries apart, as the chunks of the publishes
 that brought them, so that a batch takes from the front of the highest
 priorities and touches nothing else: a batch costs what it takes, not what
-waits behind it. Merged into one list at every batch, a queue that fell
-behind made each batch dearer, and so fell further behind: with 8,000
-messages waiting, tools/writer_cost.py counted 175,000 instructions a message
-against 100,000 with none (123,000 now).
+waits behind it. A queue whose batches grew dearer with its length would fall
+further behind the longer it got. docs/performance.md ("Design choices
+measured") has what both choices save.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Whether the store has room for another publish (PROTOCOL §4: MaxStoreBytes, status 507).
 
-The pages in use are counted with a stat of every database, some 90,000
-instructions: as much as the rest of a one-message publish. So the count is
+The pages in use are counted with a stat of every database, too dear to do at
+every publish (docs/performance.md, "Design choices measured"). So the count is
 kept, and what was written since is added to it as an upper bound, and the
 store is counted again only when that sum reaches the limit, after
 RECOUNT_BYTES of it, or after RECOUNT_S. A store far from full is counted once
-a second at low rates and every few thousand small messages at high ones (at
-100,000 messages a second of 200 bytes, some 70 times a second, against 1,000
-before); one near its limit at every publish, as before.
+a second at low rates and every few thousand small messages at high ones; one
+near its limit at every publish.
 
 A publish is refused only on a count, never on the estimate, so nothing is
 refused that the exact check would take; and since what a body may take is
