@@ -238,8 +238,8 @@ class Broker:
         does fail (rare: most are refused before they change anything) rolls the
         whole step back, and it runs again with a savepoint around each request,
         so that the failed one alone is undone and answered with its error. A
-        savepoint and the undo levels of the counters cost a request some 15 us,
-        the fixed cost that dominates a step of one message."""
+        savepoint and the undo levels of the counters would otherwise be the
+        fixed cost of every request."""
         try:
             return self._transact(ops, open_subs, now_ns, early, guarded=False)
         except _Replay:

@@ -6,10 +6,8 @@ batch at a time (comprehensions, or zip to transpose rows) and extend the
 event's lists in one call each: the state machine's share of the journal's
 cost is a few C-level passes per batch, not Python calls per message. The
 first batch of an event, which in most steps is its only one, builds the event
-whole, its columns given to the constructor: made with empty lists and then
-extended, a delivery's event took some 16,000 instructions (callgrind), and
-10,000 this way; a step has a few events per hundred messages. The
-journal writes them as JSON lines; docs/journal.md is the format, field by field.
+whole, its columns given to the constructor rather than extended from empty
+lists. The journal writes them as JSON lines; docs/journal.md is the format, field by field.
 """
 
 from __future__ import annotations

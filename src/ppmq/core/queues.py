@@ -39,7 +39,7 @@ class Queue:
     """One subscription's entries and counters, inside one transaction.
 
     Made a few times a step: its arguments are given by position, since a
-    keyword call to a class builds a dict (about 1% of a one-message publish)."""
+    keyword call to a class builds a dict."""
 
     __slots__ = ("_txn", "t", "s", "stats", "fresh", "keep_tail")
 

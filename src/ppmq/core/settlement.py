@@ -386,9 +386,8 @@ class Settlement:
 def generated_ids(keys: list[str]) -> list[int | None]:
     """generated_id of each key, checked for a whole ack wrapper at once: when
     every key is ASCII digits, none starts with 0 and none is too long, each
-    names the id it spells. A few C-level passes over the keys instead of five
-    calls a key: some 0.06 us less a key acked, and 0.05 us less again for
-    the ints read by msgspec at once rather than by int() a key."""
+    names the id it spells: a few C-level passes over the keys, and the ints
+    read by msgspec at once, instead of calls for every key."""
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
         return _int_list(f"[{joined}]")  # canonical decimals: a JSON array of them, read in one call

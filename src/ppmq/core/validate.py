@@ -22,9 +22,8 @@ MAX_KEY_BYTES = 400  # LMDB keys are at most 511 bytes, and the dedupe index add
 #   payload     bytes | Raw   raw JSON, exactly as received (a Raw: a view of the request's frame)
 #   due_ns      int           not delivered before (PROTOCOL §8 Delay, NotBefore); 0: at once
 #   origin      bytes | None  a dead-letter copy's Origin object (PROTOCOL §8), delivered with it
-# Read by unpacking. prepare() makes one a message: a NamedTuple cost some 170 ns
-# to make (tuple.__new__ of a subclass) against 12 for a tuple display, 3.6% of
-# a fan-out message's instructions (tools/instructions.py).
+# Read by unpacking. prepare() makes one a message, so a plain tuple: a tuple
+# display is built inline, a NamedTuple through tuple.__new__ of a subclass.
 Prepared = tuple[bytes | None, int, int, bytes | Raw, int, bytes | None]
 
 
