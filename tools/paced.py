@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/paced.py [--messages 10000] [--rate 1000] [--runs 3] [--brokers ppmq,streams,protocol]
     .venv/bin/python tools/paced.py --instructions [--brokers ppmq]    # needs valgrind
+    .venv/bin/python tools/paced.py --calls                            # ppmq's calls a message
 
 ppmq's paced workload (`ppmq bench -w latency-fast`) with the smallest clients that
 can drive it: a publisher sends a message a request on the server socket and waits
@@ -24,7 +25,10 @@ instructions divided by the difference in messages: what one more message costs,
 start-up cancelled out. CPU time on a shared machine varies by 10% from run to
 run; this does not, so it tells apart changes of a few percent. At 20 messages a
 second the broker's once-a-second work weighs 50 times more on a message than at
-1,000, the same for every variant compared.
+1,000, the same for every variant compared. `--calls` runs ppmq under
+tools/callcount.py instead, at 500 messages a second, twice, and prints the
+function calls one more message costs (Python functions and builtins, as
+cProfile counts them), by module and by function.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ PAYLOAD = b'"' + b"x" * 198 + b'"'
 REPLY = b'{"Id":1,"Status":200}\n'
 VALGRIND_RATE = 20  # messages a second a broker under callgrind keeps up with
 INSTRUCTION_RUNS = (200, 600)  # messages in the two runs whose difference is taken
+CALLS_RATE, CALL_RUNS = 500, (2_000, 6_000)  # for --calls: the broker keeps up while profiled
+CALLCOUNT = Path(__file__).with_name("callcount.py")
 START_TIMEOUT_S = 120.0  # valgrind starts slowly
 _KEY = re.compile(rb'"Key":("\d+")')  # a batch's generated keys, quoted
 
@@ -187,14 +193,17 @@ def _wait_listening(path: Path, broker: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def run(broker: str, messages: int, rate: int, valgrind: bool = False) -> tuple[float, float, int | None]:
+def run(broker: str, messages: int, rate: int, valgrind: bool = False, calls_to: Path | None = None) -> tuple[float, float, int | None]:
     """One run: the broker's and the clients' CPU seconds per 10,000 messages, and
-    under valgrind the broker's instructions in all."""
+    under valgrind the broker's instructions in all; with `calls_to`, the
+    broker's calls are counted into that file."""
     with tempfile.TemporaryDirectory(prefix="ppmq-paced-") as d:
         directory = Path(d)
         argv = _broker_argv(broker, directory)
         if valgrind:
             argv = [*CALLGRIND, *argv]
+        if calls_to is not None:
+            argv = [argv[0], str(CALLCOUNT), str(calls_to), *argv[1:]]
         served = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
         )
@@ -241,6 +250,33 @@ def instructions(brokers: list[str]) -> None:
         )
 
 
+def calls() -> None:
+    """ppmq's function calls a message: the difference of two profiled runs."""
+    small, large = CALL_RUNS
+    counted = []
+    with tempfile.TemporaryDirectory(prefix="ppmq-calls-") as d:
+        for n in (small, large):
+            out = Path(d) / f"{n}.json"
+            run("ppmq", n, CALLS_RATE, calls_to=out)
+            counted.append({(where, name): count for where, name, count in json.loads(out.read_text())})
+    per_message = {key: (count - counted[0].get(key, 0)) / (large - small) for key, count in counted[1].items()}
+    python = sum(n for (where, _), n in per_message.items() if where != "<C>")
+    builtin = sum(n for (where, _), n in per_message.items() if where == "<C>")
+    print(f"ppmq: {python + builtin:,.0f} calls a message: {python:,.0f} to Python functions, {builtin:,.0f} to builtins")
+    print(f"({small} and {large} messages at {CALLS_RATE}/s)\n\nby module (Python functions):")
+    modules: dict[str, float] = {}
+    for (where, _), n in per_message.items():
+        if where != "<C>":
+            module = where.split("/ppmq/", 1)[-1] if "/ppmq/" in where else Path(where).name
+            modules[module] = modules.get(module, 0.0) + n
+    for module, n in sorted(modules.items(), key=lambda kv: -kv[1]):
+        if n >= 0.5:
+            print(f"{n:8.1f}  {module}")
+    print("\nby function:")
+    for (where, name), n in sorted(per_message.items(), key=lambda kv: -kv[1])[:40]:
+        print(f"{n:8.1f}  {Path(where).name if where != '<C>' else '<C>'}:{name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=10_000)
@@ -248,6 +284,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--brokers", default="ppmq,streams,protocol", help="comma-separated: ppmq, streams, protocol")
     ap.add_argument("--instructions", action="store_true", help="count the broker's instructions a message under callgrind")
+    ap.add_argument("--calls", action="store_true", help="count ppmq's function calls a message (Python and builtins)")
     ap.add_argument("--role", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -259,6 +296,8 @@ def main() -> None:
             subscribe(args.dir, arg, args.messages)
         else:
             publish(args.dir, args.messages, int(arg))
+    elif args.calls:
+        calls()
     elif args.instructions:
         instructions(args.brokers.split(","))
     else:
