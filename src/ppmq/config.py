@@ -125,12 +125,6 @@ class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     def window(self, sub: SubscriberConfig) -> int:
         return sub.window if sub.window is not None else sub.batch_size
 
-    def room(self, sub: SubscriberConfig, inflight: int) -> int:
-        """How many more messages of a topic sub may have in flight beside
-        `inflight` (PROTOCOL §3 Window): all its connections' Windows; a Pull
-        subscriber has one. Pushing (core/dispatch.py) and TAKE (core/pull.py) both ask."""
-        return max(0, self.window(sub) * sub.connections - inflight)
-
     @property
     def in_memory(self) -> bool:
         return self.data_path == "mem"

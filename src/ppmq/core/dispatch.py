@@ -82,9 +82,11 @@ class Dispatcher:
         stats = self._state.subs.peek(topic.name)[sub]
         if stats.paused or not any(stats.ready):
             return 0
-        sc = self._topology.sub_configs[sub]
-        limit = min(sc.batch_size, self._topology.config.room(sc, stats.inflight))
-        return limit if lanes is None else min(limit, room(lanes, topic.name, self._topology.config.window(sc))[1])
+        topology = self._topology
+        limit = min(topology.sub_configs[sub].batch_size, topology.in_flight_max[sub] - stats.inflight)
+        if lanes is None or limit <= 0:
+            return max(0, limit)
+        return min(limit, room(lanes, topic.name, topology.windows[sub])[1])
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
@@ -98,11 +100,11 @@ class Dispatcher:
         tc = self._topology.topics.get(topic)
         if tc is None:
             return []
-        subs, configs, room_of = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.config.room
+        subs, configs, in_flight_max = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.in_flight_max
         return [
             sub for sub in tc.subscribers
             if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
-            and sum(stats.ready) <= configs[sub].batch_size and not room_of(configs[sub], stats.inflight)
+            and sum(stats.ready) <= configs[sub].batch_size and stats.inflight >= in_flight_max[sub]
         ]  # fmt: skip
 
     def fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
@@ -111,8 +113,9 @@ class Dispatcher:
         connecting after the first publish) behind for good, taking every new
         message through the ready queue instead of straight into flight."""
         out = []
+        router = self._router
         for sub in sorted(open_subs):
-            lanes = self._router.lanes_of(sub, self._router.lanes)
+            lanes = router.lanes_of(sub, router.lanes) if router.lanes else None
             for topic in self.pending_topics(sub):
                 while (limit := self.space(sub, topic, lanes)) > 0:
                     delivery = self._delivery(txn, sub, topic, limit, now_ns)

@@ -47,19 +47,14 @@ class LaneRouter:
 
     def to_lane(self, sub: str, delivery: Delivery, lanes: Lanes) -> Delivery:
         """The batch goes to the least loaded lane, which has that much less room."""
-        lane, _ = room(lanes, delivery.topic, self._topology.config.window(self._topology.sub_configs[sub]))
+        lane, _ = room(lanes, delivery.topic, self._topology.windows[sub])
         carry(lanes, lane, delivery.topic, len(delivery.msgs))
         return delivery._replace(lane=lane)
 
     def watch_flights(self, txn: Txn) -> None:
         """Note, in this step's transaction, what leaves flight to subscribers with lanes."""
-        watched = {
-            (self._state.topic_ids[t.name], self._state.sub_ids[sc.name])
-            for sc in self._topology.config.subscribers
-            if sc.connections > 1
-            for t in self._topology.sub_topics[sc.name]
-        }
-        self.watch = FlightWatch(watched) if watched else None
+        laned = self._topology.laned
+        self.watch = FlightWatch(laned) if laned else None
         if self.watch is not None:
             txn.watch_flights(self.watch)
 

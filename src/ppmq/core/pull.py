@@ -61,8 +61,8 @@ class Pull:
         return 0 if stats is None else self._room(stats, sub)
 
     def _room(self, stats: SubStats, sub: str) -> int:
-        sc = self._topology.sub_configs.get(sub)
-        return 0 if sc is None or stats.paused else self._topology.config.room(sc, stats.inflight)
+        in_flight_max = self._topology.in_flight_max.get(sub)
+        return 0 if in_flight_max is None or stats.paused else max(0, in_flight_max - stats.inflight)
 
     def holders(self, topic: str, sub: str) -> set[int]:
         """The takers holding messages of sub on topic (as of the last STATUS's pruning)."""

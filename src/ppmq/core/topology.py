@@ -21,7 +21,19 @@ Snapshot = tuple[Any, ...]
 class Topology:
     """Topics and subscribers of the config in force, by name and by store id."""
 
-    __slots__ = ("config", "topics", "sub_configs", "sub_topics", "topic_by_id", "sub_by_id", "rules", "topic_order")
+    __slots__ = (
+        "config",
+        "topics",
+        "sub_configs",
+        "sub_topics",
+        "topic_by_id",
+        "sub_by_id",
+        "rules",
+        "topic_order",
+        "windows",
+        "in_flight_max",
+        "laned",
+    )
 
     def __init__(self) -> None:
         self.config: Config | None = None  # None until the broker opens
@@ -32,6 +44,10 @@ class Topology:
         self.sub_by_id: dict[int, str] = {}
         self.rules: Rules | None = None  # the access rules of config
         self.topic_order: dict[str, int] = {}  # topic -> its place in the config: the order subscribers are filled in
+        self.windows: dict[str, int] = {}  # subscriber -> its Window a connection (PROTOCOL §3)
+        self.in_flight_max: dict[str, int] = {}  # subscriber -> what all its connections' Windows hold, a topic
+        # (topic id, subscriber id) of the subscribers with Connections > 1, whose lanes a step fills
+        self.laned: frozenset[tuple[int, int]] = frozenset()
 
     def install(self, config: Config, state: State) -> None:
         """Make `config` the one in force; `state` has registered its topics and subscribers."""
@@ -43,10 +59,30 @@ class Topology:
         self.sub_by_id = {i: n for n, i in state.sub_ids.items()}
         self.rules = Rules(config)
         self.topic_order = {t.name: i for i, t in enumerate(config.topics)}
+        self.windows = {s.name: config.window(s) for s in config.subscribers}
+        self.in_flight_max = {s.name: config.window(s) * s.connections for s in config.subscribers}
+        self.laned = frozenset(
+            (state.topic_ids[t.name], state.sub_ids[s.name])
+            for s in config.subscribers
+            if s.connections > 1
+            for t in self.sub_topics[s.name]
+        )
 
     def snapshot(self) -> Snapshot:
         """What `restore` puts back: taken at every step and every undoable request, so one tuple."""
-        return (self.config, self.topics, self.sub_configs, self.sub_topics, self.topic_by_id, self.sub_by_id, self.rules, self.topic_order)
+        return (
+            self.config,
+            self.topics,
+            self.sub_configs,
+            self.sub_topics,
+            self.topic_by_id,
+            self.sub_by_id,
+            self.rules,
+            self.topic_order,
+            self.windows,
+            self.in_flight_max,
+            self.laned,
+        )
 
     def restore(self, snapshot: Snapshot) -> None:
         """Back to what `snapshot` held: an undone reload never happened."""
@@ -59,6 +95,9 @@ class Topology:
             self.sub_by_id,
             self.rules,
             self.topic_order,
+            self.windows,
+            self.in_flight_max,
+            self.laned,
         ) = snapshot
 
     # --- names in requests, looked up in the config in force ------------------------------
