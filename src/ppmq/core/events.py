@@ -90,11 +90,6 @@ def new(kind: str, ts: int, topic: str | None, sub: str | None = None, reason: s
 Column = Sequence[int] | int  # a column's entries for some messages, or one value for all of them
 
 
-def column(values: Column) -> list[int]:
-    """A new column of these entries, or of one entry where `values` is one value for all."""
-    return [values] if isinstance(values, int) else list(values)
-
-
 def entries(values: Column, n: int) -> Sequence[int]:
     """A column's part for n messages as n entries."""
     return [values] * n if isinstance(values, int) else values
@@ -160,11 +155,13 @@ class StepEvents:
     ) -> None:
         """A request's stored messages, column by column: a few C-level list
         copies or extensions per request instead of five appends per message."""
-        event = self._batches.get((PUBLISH, topic, None, None))
+        key = (PUBLISH, topic, None, None)  # the key of _collect, spelled out: this runs for every request
+        event = self._batches.get(key)
         if event is None:  # the usual case: built whole, with no empty lists to extend
-            self._collect(Event(
-                event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns), replaced=column(replaced)
-            ))  # fmt: skip
+            self._batches[key] = Event(
+                event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns),
+                replaced=[replaced] if isinstance(replaced, bool) else list(replaced),
+            )  # fmt: skip
             return
         before = len(event.ids)
         event.ids += ids
@@ -176,11 +173,14 @@ class StepEvents:
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Iterable[int]) -> None:
         """A batch pushed to sub, column by column; a batch fresh from this step's
         publish gives its publish time and first attempt as one value each."""
-        event = self._batches.get((DELIVER, topic, sub, None))
+        key = (DELIVER, topic, sub, None)
+        event = self._batches.get(key)
         if event is None:
-            self._collect(Event(
-                event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), pub_ns=column(pub_ns), attempts=column(attempts), bytes=list(size)
-            ))  # fmt: skip
+            self._batches[key] = Event(
+                event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), bytes=list(size),
+                pub_ns=[pub_ns] if isinstance(pub_ns, int) else list(pub_ns),
+                attempts=[attempts] if isinstance(attempts, int) else list(attempts),
+            )  # fmt: skip
             return
         before, n = len(event.ids), len(ids)
         event.ids += ids
@@ -192,9 +192,10 @@ class StepEvents:
         """Messages sub is done with (acked, or written with Reason AutoAck): their ids
         only, which is all an ack costs nothing to tell; the version acked is the
         one last published before it (docs/journal.md)."""
-        event = self._batches.get((ACK, topic, sub, reason))
+        key = (ACK, topic, sub, reason)
+        event = self._batches.get(key)
         if event is None:
-            self._collect(Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids)))
+            self._batches[key] = Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids))
         else:
             event.ids += ids
 
