@@ -53,10 +53,6 @@ class Queue:
 
     # --- reading ---------------------------------------------------------------------
 
-    @property
-    def ready(self) -> int:
-        return sum(self.stats.ready)
-
     def first_ready(self, prio: int) -> ReadyEntry | None:
         return self._txn.first_ready(self.t, self.s, prio)
 
@@ -71,7 +67,7 @@ class Queue:
         None: all), else they get ready rows; those with a due time (`due`, 0:
         none) wait in the delayed rows instead."""
         fresh = self.fresh
-        caught_up = open_ and fresh is not None and self.ready == len(fresh)
+        caught_up = open_ and fresh is not None and sum(self.stats.ready) == len(fresh)
         ready = self.stats.ready
         if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
             _count(ready, msgs, 1)
@@ -106,7 +102,7 @@ class Queue:
         left as it was (the broker drops it): a request undone keeps a prefix of
         it, so lists only ever grow."""
         if self.fresh:
-            self._txn.push_fresh(self.t, self.s, self.fresh, self.keep_tail, start=self.ready == len(self.fresh))
+            self._txn.push_fresh(self.t, self.s, self.fresh, self.keep_tail, start=sum(self.stats.ready) == len(self.fresh))
         self.fresh = None
 
     # --- delivery ------------------------------------------------------------------------
@@ -117,7 +113,7 @@ class Queue:
         `max_bytes` holds them (0: no bound), now in flight; the rest settle.
         None otherwise."""
         fresh = self.fresh
-        if not fresh or self.ready != len(fresh):
+        if not fresh or sum(self.stats.ready) != len(fresh):
             return None
         # Queue order is priority, then position: the list is in position order
         # already, so a stable sort by priority alone (integer keys, compared in C) gives it.

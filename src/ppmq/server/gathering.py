@@ -15,7 +15,6 @@ from typing import Protocol
 from msgspec import UNSET
 
 from ppmq.core.ops import Op, Written, request_of
-from ppmq.protocol import messages as p
 
 
 class Counters(Protocol):
@@ -56,13 +55,9 @@ class Gathering:
 
     def add(self, op: Op) -> bool:
         """op is queued too: whether every op queued may still wait. Read between
-        steps only, when the broker's state is the event loop's to read."""
-        if self.may_wait:
-            self.may_wait = self._may_wait(op)
-        return self.may_wait
+        steps only, when the broker's state is the event loop's to read.
 
-    def _may_wait(self, op: Op) -> bool:
-        """Acks that nobody waits for: applying them a moment later changes
+        Acks that nobody waits for: applying them a moment later changes
         nothing anyone can see but the counters (they are at least once anyway).
         Unless their subscriber has messages ready: then the Window room they
         free is what the next batch waits for (a Window of one batch makes every
@@ -82,32 +77,35 @@ class Gathering:
         acks did not come in time is not waited for again until its next acks
         come: a slow one would hold every publish up for the whole wait, where
         so it holds up at most one publish a batch it takes."""
-        sub = one_way_acks_of(op)
+        if not self.may_wait:
+            return False
+        req = None
+        if type(op) is Written:  # a written batch of an AckRequired: false topic: one-way acks
+            sub: str | None = op.subscriber
+        else:
+            req = request_of(op)
+            if req is None:
+                self.may_wait = False
+                return False
+            # Acks that owe no reply ("" when they name no subscriber)
+            one_way = req.id is UNSET and req.messages is None and req.command is None and req.acks is not None
+            sub = (req.subscriber or "") if one_way else None
         if sub is not None:
             self._late.discard(sub)
             self._acking.add(sub)
             if sub in self._awaited:
                 self._awaited.discard(sub)
-                return bool(self._awaited)
-            return not self._broker.has_backlog(sub)
-        req = request_of(op)
-        if req is None:
-            return False
+                self.may_wait = bool(self._awaited)
+            else:
+                self.may_wait = not self._broker.has_backlog(sub)
+            return self.may_wait
+        assert req is not None
         if req.acks is not None and req.subscriber:  # acks that owe a reply
             self._late.discard(req.subscriber)
         if not req.messages:
+            self.may_wait = False
             return False
         awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking and s not in self._late]
         self._awaited.update(awaited)
-        return bool(awaited)
-
-
-def one_way_acks_of(op: Op) -> str | None:
-    """The subscriber whose acks op only carries, owing no reply ("" when they
-    name none); None for any other op."""
-    if isinstance(op, Written):
-        return op.subscriber
-    op = request_of(op)
-    if isinstance(op, p.Request) and op.id is UNSET and op.messages is None and op.command is None and op.acks is not None:
-        return op.subscriber or ""
-    return None
+        self.may_wait = bool(awaited)
+        return self.may_wait

@@ -189,6 +189,8 @@ class GroupCommit:
             self._laned[subscriber] = outlet
 
     def _lanes(self) -> dict[str, Lanes]:
+        if not self._laned:
+            return {}
         return {name: outlet.lanes() for name, outlet in self._laned.items() if name in self._open}
 
     def stop(self) -> None:
@@ -320,10 +322,9 @@ class GroupCommit:
         for (op, sink), reply in zip(batch, replies):
             if sink is None:
                 continue
-            req = request_of(op)
             if reply is not None:
                 sink(reply)
-            elif req is not None:  # staged: answered in a later step
+            elif (req := request_of(op)) is not None:  # staged: answered in a later step
                 self._later[id(req)] = (req, sink)
 
     def _answer_later(self, finished: list[Answer]) -> None:
