@@ -64,10 +64,19 @@ class Connection(asyncio.Protocol):
         self._lost = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # Bound to the transport's own methods once it is made (connection_made)
+        self.write: Callable[[bytes], None]
+        self.is_closing: Callable[[], bool]
+        self.unsent: Callable[[], int]
 
     # --- asyncio's callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # The transport's own methods, bound: called for every request, reply and
+        # batch, they cost no call of ours on the way.
+        self.write = transport.write  # type: ignore[attr-defined]
+        self.is_closing = transport.is_closing
+        self.unsent = transport.get_write_buffer_size  # type: ignore[attr-defined]  # bytes not yet taken by the kernel
         if self._on_connect is not None:  # kept: the loop holds its tasks only weakly
             self._task = asyncio.get_running_loop().create_task(self._on_connect(self))
 
@@ -113,17 +122,6 @@ class Connection(asyncio.Protocol):
             self._early_end = (exc,)
         else:
             self._requests.end(exc)
-
-    def write(self, data: bytes) -> None:
-        self.transport.write(data)
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
-
-    @property
-    def unsent(self) -> int:
-        """Bytes written but not yet taken by the kernel."""
-        return self.transport.get_write_buffer_size()
 
     def get_extra_info(self, name: str) -> object:
         return self.transport.get_extra_info(name)
@@ -190,7 +188,7 @@ class ReplyChannel:
     def fits(self, frame_bytes: int, alone: bool) -> bool:
         """A request of `frame_bytes` may be handed over now; one that must go
         `alone` (see `_answers_with_state`) only once every earlier one is answered."""
-        return self._fits(frame_bytes, alone) and self.out.unsent <= MAX_UNSENT_BYTES
+        return self._fits(frame_bytes, alone) and self.out.unsent() <= MAX_UNSENT_BYTES
 
     async def admit(self, frame_bytes: int, alone: bool) -> None:
         """Wait until a request of `frame_bytes` fits."""
@@ -198,7 +196,7 @@ class ReplyChannel:
             await self._replied.wait()
         # Not drain() alone: a delivery connection drains only when its buffer is
         # empty (see delivery), and its acks must not wait for a batch in transit.
-        while self.out.unsent > MAX_UNSENT_BYTES:
+        while self.out.unsent() > MAX_UNSENT_BYTES:
             await self.out.drain()
 
     def _fits(self, frame_bytes: int, alone: bool) -> bool:

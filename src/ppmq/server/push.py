@@ -88,7 +88,7 @@ class SubscriberLink:
             self._batches.append(delivery)
         else:
             out.write(delivery.frame)
-            if not out.unsent and not out.is_closing():
+            if not out.unsent() and not out.is_closing():
                 self._written(delivery)
                 self.writer.open(self.name, self)
                 return
@@ -98,7 +98,7 @@ class SubscriberLink:
     def _idle(self, out: Connection) -> bool:
         """The delivery task waits for a batch, and none is queued or in the buffer."""
         waiting = self._waiter is not None and not self._waiter.done()
-        unsent = self._batches or self._sending is not None or out.unsent
+        unsent = self._batches or self._sending is not None or out.unsent()
         return waiting and not unsent and not out.is_closing()
 
     def _wake(self, *_: object) -> None:
