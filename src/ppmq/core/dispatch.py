@@ -51,12 +51,14 @@ class Dispatcher:
     def pending_topics(self, sub: str) -> list[TopicConfig]:
         """sub's topics that may have a batch for it: those with messages ready
         as the last step left them, and those touched since; in config order."""
-        names = self.backlog.get(sub, set()) | self._ledger.touched
-        subs, order = self._state.subs, self._topology.topic_order
-        found = [name for name in names if sub in subs.peek(name, ()) and name in order]
+        backlog, touched = self.backlog.get(sub), self._ledger.touched
+        names = touched if not backlog else backlog | touched
+        subs, topics = self._state.subs, self._topology.topics
+        found = [topics[name] for name in names if sub in subs.peek(name, ()) and name in topics]
         if len(found) > 1:
-            found.sort(key=order.__getitem__)
-        return [self._topology.topics[name] for name in found]
+            order = self._topology.topic_order
+            found.sort(key=lambda topic: order[topic.name])
+        return found
 
     def note_backlog(self, topics: set[str]) -> None:
         """After a step: whether each subscription of `topics` has messages ready."""
