@@ -27,6 +27,7 @@ import logging
 import os
 import pwd
 from collections.abc import Callable
+from functools import partial
 
 from ppmq.config import Config, SubscriberConfig
 from ppmq.protocol import messages as p
@@ -137,7 +138,12 @@ class Policy:
         self._logged: set[tuple[int, int]] = set()
         self.rules: Rules | None = None  # None: no config yet, nothing is refused
 
-    def check(self, peer: Peer, req: p.Request, own: str | None = None) -> None:
+    def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
+        """The check for every request of one connection (`check`, its peer and
+        place given): a refusal raises Forbidden, and is logged once per peer."""
+        return partial(self.check, peer, where, own)
+
+    def check(self, peer: Peer, where: str, own: str | None, req: p.Request) -> None:
         """Raise Forbidden naming the first part of `req` that `peer` may not do.
 
         `own` is the subscriber whose delivery connection carried the request:
@@ -146,28 +152,25 @@ class Policy:
         and the connection may carry only that subscriber's acks (Acks, Nacks,
         Rejects, Touch) and RECONNECT.
         Unknown topics and subscribers pass: the broker answers them with 404.
+        Each rule is looked at only where the request does what it governs: a
+        config without such rules costs a request no call.
         """
-        if own is not None:
-            _check_delivery(req, own)
-            return
-        rules = self.rules  # one value for the whole request, whatever a reload does
-        if rules is not None:
-            _check_publish(rules, peer, req)
-            _check_subscriber(rules, peer, req)
-            _check_command(rules, peer, req)
-
-    def guard(self, peer: Peer, where: str, own: str | None = None) -> Callable[[p.Request], None]:
-        """The check for every request of one connection: a refusal raises
-        Forbidden, and is logged once per peer."""
-
-        def authorize(req: p.Request) -> None:
-            try:
-                self.check(peer, req, own)
-            except p.Forbidden as exc:
-                self._refused(peer, where, exc)
-                raise
-
-        return authorize
+        try:
+            if own is not None:
+                _check_delivery(req, own)
+                return
+            rules = self.rules  # one value for the whole request, whatever a reload does
+            if rules is None:
+                return
+            if req.messages is not None and rules.publishers:
+                _check_publish(rules, peer, req)
+            if req.subscriber in rules.users:
+                _check_subscriber(rules, peer, req)
+            if req.command is not None:
+                _check_command(rules, peer, req)
+        except p.Forbidden as exc:
+            self._refused(peer, where, exc)
+            raise
 
     def _refused(self, peer: Peer, where: str, exc: p.Forbidden) -> None:
         """Log a refusal, once per peer process."""
