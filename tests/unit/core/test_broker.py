@@ -17,9 +17,9 @@ from ppmq.config import Config, SubscriberConfig, TopicConfig, load_config
 from ppmq.core import broker as broker_module
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure, Returned
+from ppmq.errors import StoreError
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import check, read_snapshot
-from ppmq.store.schema import StoreError
 from ppmq.store.state import NS
 from ppmq.store.store import Store, Txn
 from tests.conftest import make_config

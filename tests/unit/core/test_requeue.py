@@ -8,6 +8,7 @@ import pytest
 
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Requeue
+from ppmq.errors import Forbidden
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.peek import parts_of, peek
@@ -22,7 +23,7 @@ def allowed() -> None:
 
 
 def refused() -> None:
-    raise p.Forbidden("Nacks: uid 1 may not act as subscriber 's' (Users)")
+    raise Forbidden("Nacks: uid 1 may not act as subscriber 's' (Users)")
 
 
 def delivered_keys(step) -> list[str]:
