@@ -23,9 +23,9 @@ class PpmqError(Exception):
 
 
 class RequestError(PpmqError):
-    """A request failed; `status` and the message become its reply. Raised as
-    itself when the failure has no status of its own: a store that could not
-    commit for another reason than room, a reload that failed unexpectedly."""
+    """A request failed; `status` and the message become its reply. The base of
+    one class per status, which is what code raises and catches: catching
+    RequestError catches every error that has a reply."""
 
     status = 500
 
@@ -66,8 +66,10 @@ class TooLarge(RequestError):
 
 
 class Internal(RequestError):
-    """A bug met while applying a request (an exception no handler expects): the
-    request alone is undone and answered with it, and the traceback is logged."""
+    """The broker failed on a request, not the request: a bug met while applying
+    it (an exception no handler expects, whose traceback is logged; the request
+    alone is undone), a commit that failed for another reason than room, a
+    reload that failed unexpectedly."""
 
     status = 500
 

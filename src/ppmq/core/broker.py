@@ -40,7 +40,7 @@ from ppmq.core.staging import Answer, Staging, is_large
 from ppmq.core.taker_holdings import TakerHoldings
 from ppmq.core.topology import Snapshot, Topology
 from ppmq.core.validate import delay_ns, prepare
-from ppmq.errors import BadRequest, ConfigError, Forbidden, RequestError, StoreError, StoreFull, StoreFullError
+from ppmq.errors import BadRequest, ConfigError, Forbidden, Internal, RequestError, StoreError, StoreFull, StoreFullError
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger, load_state
 from ppmq.store.state import NS, refused_changes, status_body
@@ -55,8 +55,9 @@ MAX_RETRY_NS = 5 * NS
 
 
 class _Replay(Exception):
-    """A request failed in a step applied without savepoints: the step is rolled
-    back, to run again with them."""
+    """Control flow of the step, not an error: a request failed in a step applied
+    without savepoints, so the step is rolled back, to run again with them
+    (Broker._commit). Private to this module, and kept out of ppmq.errors."""
 
 
 class Broker:
@@ -348,13 +349,8 @@ class Broker:
                 raise _Replay from exc
         try:
             return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
-        except RequestError as exc:
-            error = exc
-        except StoreFullError as exc:
-            error = StoreFull(f"store full: {exc}")
         except Exception as exc:  # a bug must cost one request, not the broker
-            log.exception("internal error on a request")
-            error = RequestError(f"internal error: {type(exc).__name__}: {exc}")
+            error = _error_of(exc)
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
 
@@ -383,7 +379,7 @@ class Broker:
             except RequestError as exc:  # counted and journaled as any refused request
                 return self._apply(txn, Invalid(exc, UNSET), now_ns)
         log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
-        return p.error_reply(RequestError(f"internal error: not an op: {type(op).__name__}"))
+        return p.error_reply(Internal(f"internal error: not an op: {type(op).__name__}"))
 
     def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
         """apply(), whose writes, counters, config and fresh messages all vanish if
@@ -503,7 +499,7 @@ class Broker:
             return p.error_reply(StoreFull(f"store full: {exc}"))
         except Exception as exc:
             log.exception("reload failed")
-            return p.error_reply(RequestError(f"reload failed: {type(exc).__name__}: {exc}"))
+            return p.error_reply(Internal(f"reload failed: {type(exc).__name__}: {exc}"))
         return p.Reply(status=200)
 
     def _switch(self, txn: Txn, config: Config) -> None:
@@ -554,6 +550,17 @@ class Broker:
                     self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
 
+def _error_of(exc: Exception) -> RequestError:
+    """What a request that raised exc is answered: its own error, 507 for a full
+    store, and 500 for anything else, a bug, whose traceback is logged."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, StoreFullError):
+        return StoreFull(f"store full: {exc}")
+    log.error("internal error on a request", exc_info=exc)
+    return Internal(f"internal error: {type(exc).__name__}: {exc}")
+
+
 def _reply_error(exc: StoreError) -> RequestError:
     """What a request in a step that could not commit is answered."""
-    return StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else RequestError(str(exc))
+    return StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else Internal(str(exc))

@@ -34,7 +34,7 @@ from ppmq import sockets
 from ppmq.config import Config, TopicConfig
 from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Guarded, Invalid, Op, Requeue
-from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Refused, RequestError, TooLarge, UnknownQueue
+from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Internal, Refused, TooLarge, UnknownQueue
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
 from ppmq.server.connection_limit import ConnectionLimit
@@ -212,7 +212,7 @@ class PhpmqServer:
             log.debug("%s: connection error: %s", where, exc)
         except Exception as exc:
             log.exception("%s: internal error; closing the connection", where)
-            self.writer.submit(Invalid(RequestError(f"PHPMQ: internal error: {exc}"), UNSET))
+            self.writer.submit(Invalid(Internal(f"PHPMQ: internal error: {exc}"), UNSET))
         finally:
             self._tasks.discard(task)
             self.connections.leave(LISTENER)
