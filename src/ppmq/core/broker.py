@@ -334,13 +334,17 @@ class Broker:
         taker = None
         if type(op) is not p.Request:  # the usual op is a bare request
             if not isinstance(op, (Guarded, Take)):
-                return self._apply_internal(txn, op, now_ns)
+                return self._apply_internal(txn, op, now_ns, guarded)
             taker = op.taker if isinstance(op, Take) else None
             try:
                 if op.check is not None:
                     op.check(op.request)
             except Forbidden as exc:
                 return self._apply(txn, Invalid(exc, op.request.id), now_ns)
+            except Exception as exc:  # a bug in the check; it writes nothing, so nothing to undo
+                if not guarded:
+                    raise _Replay from exc  # answered (and logged) once, in the guarded run
+                return self._apply(txn, Invalid(_error_of(exc), op.request.id), now_ns)
             op = op.request
         if not guarded:
             try:
@@ -354,8 +358,8 @@ class Broker:
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
 
-    def _apply_internal(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
-        """An op the broker made itself, not a client's request."""
+    def _apply_internal(self, txn: Txn, op: Op, now_ns: int, guarded: bool) -> p.Reply | None:
+        """An op that is not a ppmq request: one the broker or its server made, or PHPMQ's re-queue."""
         if isinstance(op, Abandoned):
             self._pull.abandon(txn, op.taker, now_ns)
             return None
@@ -374,12 +378,22 @@ class Broker:
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
         if isinstance(op, Requeue):
-            try:
-                return self._settlement.requeue_at_end(txn, op, now_ns)
-            except RequestError as exc:  # counted and journaled as any refused request
-                return self._apply(txn, Invalid(exc, UNSET), now_ns)
+            return self._apply_requeue(txn, op, now_ns, guarded)
         log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
         return p.error_reply(Internal(f"internal error: not an op: {type(op).__name__}"))
+
+    def _apply_requeue(self, txn: Txn, op: Requeue, now_ns: int, guarded: bool) -> p.Reply | None:
+        """PHPMQ's re-queue, all or nothing as a request is (see _apply); refused,
+        it is counted and journaled as any refused request."""
+        if not guarded:
+            try:
+                return self._events.of_request(lambda: self._settlement.requeue_at_end(txn, op, now_ns))
+            except Exception as exc:
+                raise _Replay from exc
+        try:
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.requeue_at_end(txn, op, now_ns)))
+        except Exception as exc:  # a bug must cost one request, not the broker
+            return self._apply(txn, Invalid(_error_of(exc), UNSET), now_ns)
 
     def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
         """apply(), whose writes, counters, config and fresh messages all vanish if
