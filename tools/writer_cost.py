@@ -65,10 +65,11 @@ from typing import Any
 import msgspec
 import yaml
 
-from ppmq.config import ConfigError, parse_config
+from ppmq.config import parse_config
 from ppmq.core.broker import Broker
 from ppmq.core.events import Event
 from ppmq.core.ops import Delivery, Op, Step, Take
+from ppmq.errors import ConfigError
 from ppmq.protocol import messages as p
 from ppmq.server.journal_lines import Lines
 from ppmq.store.store import Store

@@ -18,6 +18,7 @@ import msgspec
 import yaml
 
 from ppmq import sockets
+from ppmq.errors import ConfigError
 
 MiB = 1 << 20
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
@@ -33,14 +34,6 @@ class Size(int):
 
 class FileMode(int):
     """Permission bits, written in octal: 0660 (YAML reads it as octal) or "0660"."""
-
-
-class ConfigError(Exception):
-    """The config cannot be used; `errors` holds one line per problem."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
 
 class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):

@@ -23,11 +23,9 @@ import stat
 import struct
 from dataclasses import dataclass
 
+from ppmq.errors import ListenError
+
 log = logging.getLogger("ppmq.sockets")
-
-
-class ListenError(Exception):
-    """A socket cannot be listened on (the path is taken, or the OS says no)."""
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from ppmq.errors import ClientError
+
 # Before any JVM starts: workers must run this interpreter (it has ppmq), on loopback.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession
 
-from ppmq.client.library import ClientError
 from ppmq.pipeline.datasource import PpmqDataSource
 from ppmq.pipeline.session import local_session
 

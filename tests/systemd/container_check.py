@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
+from ppmq.errors import ClientError
 
 SERVER_SOCKET = "/run/ppmq/ppmq.sock"
 ARCHIVE = Path("/var/lib/ppmq-archive/messages.jsonl")

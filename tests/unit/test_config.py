@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ppmq.config import (
-    ConfigError,
-    load_config,
-    parse_config,
-    parse_duration,
-    parse_size,
-)
+from ppmq.config import load_config, parse_config, parse_duration, parse_size
+from ppmq.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "ppmq.example.yaml"
 FILE = Path("/etc/ppmq/ppmq.yaml")

@@ -1,5 +1,6 @@
 """The layout of src/ppmq stays what docs/design.md draws: a handful of modules
-at the top, subpackages by layer, imports flowing one way, no import cycle.
+at the top, subpackages by layer, imports flowing one way, no import cycle, and
+every exception in one module, errors.py, below every layer.
 
 Every import is read from the source with `ast`, those under TYPE_CHECKING and
 inside functions included: a cycle hidden from the interpreter is still a cycle
@@ -142,6 +143,33 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
 @pytest.mark.parametrize("path", sorted((SRC / "core").glob("*.py")), ids=lambda p: p.name)
 def test_the_state_machine_touches_no_io_threads_or_clock(path: Path) -> None:
     assert {m.split(".")[0] for m in imports_of(path)} & CORE_MAY_NOT_IMPORT == set()
+
+
+def test_the_errors_module_imports_nothing_of_ppmq() -> None:
+    # Every layer raises what errors.py defines, so it stands below all of them
+    assert graph()["ppmq.errors"] == set()
+
+
+def exception_classes_outside_errors() -> list[str]:
+    """Public classes defined outside errors.py that derive from an exception:
+    Exception or BaseException, or a class of errors.py."""
+    errors = ast.parse((SRC / "errors.py").read_text())
+    exceptions = {"Exception", "BaseException"} | {node.name for node in errors.body if isinstance(node, ast.ClassDef)}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == SRC / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))}
+                if bases & exceptions:
+                    found.append(f"{module_name(path)}.{node.name}")
+    return found
+
+
+def test_every_exception_class_is_in_the_errors_module() -> None:
+    # A private control-flow exception (broker.py's _Replay) may stay where it is used
+    assert exception_classes_outside_errors() == []
 
 
 def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one() -> None:

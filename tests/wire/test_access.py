@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from ppmq.client.library import ClientError
+from ppmq.errors import ClientError
 from tests.conftest import Subscriber, wait_for
 
 pytestmark = [

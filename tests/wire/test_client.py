@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from ppmq.client.library import AsyncClient, Client, ClientError
+from ppmq.client.library import AsyncClient, Client
+from ppmq.errors import ClientError
 
 
 def test_the_asyncio_client_publishes_acks_reconnects_and_reads_status(broker_factory):

@@ -41,8 +41,9 @@ import msgspec
 import pytest
 import yaml
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
 from ppmq.config import Config, load_config
+from ppmq.errors import ClientError
 from ppmq.protocol.framing import Framer
 from ppmq.store.fsck import check, read_snapshot
 

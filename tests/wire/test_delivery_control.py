@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.client.library import ClientError
+from ppmq.errors import ClientError
 
 from ..conftest import wait_for
 

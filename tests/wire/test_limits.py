@@ -16,8 +16,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.client.library import ClientError
-from ppmq.config import ConfigError, parse_config
+from ppmq.config import parse_config
+from ppmq.errors import ClientError, ConfigError
 from tests.conftest import rss_anon, wait_for
 from tests.wire import phpmq_client as pm
 from tests.wire.test_phpmq import phpmq, phpmq_broker

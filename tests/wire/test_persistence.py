@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
+from ppmq.errors import ClientError
 
 from ..conftest import wait_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ppmq.client.library import ClientError
+from ppmq.errors import ClientError
 
 from ..conftest import WAIT_S, BrokerProcess, NotifyListener, wait_for
 

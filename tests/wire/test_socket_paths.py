@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ppmq.client import subscriber as kit
-from ppmq.config import ConfigError
+from ppmq.errors import ConfigError
 
 from ..conftest import WAIT_S, make_config, wait_for
 from .test_cli import ENV, PPMQ, ppmq

@@ -16,10 +16,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Returned
+from ppmq.errors import ClientError
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import read_snapshot
 from ppmq.store.migrate import CONVERT_BYTES

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ppmq.client import subscriber as kit
+from ppmq.errors import SubscriberError
 from tests.conftest import BrokerProcess, wait_for
 
 
@@ -183,14 +184,14 @@ def test_explicit_paths_need_no_config_file(broker_factory, short_tmp):
 
 def test_an_unknown_subscriber_name_is_an_error_naming_the_file_and_the_known_names(broker_factory):
     b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"]}], ["worker"], start=False)
-    with pytest.raises(kit.SubscriberError, match=r"ppmq\.yaml: no subscriber named 'wroker' \(Subscribers: worker\)"):
+    with pytest.raises(SubscriberError, match=r"ppmq\.yaml: no subscriber named 'wroker' \(Subscribers: worker\)"):
         kit.settings("wroker", str(b.config_path))
 
 
 def test_a_socket_another_subscriber_listens_on_is_not_taken_over(broker_factory):
     b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"]}], ["worker"], start=False)
     broker_factory.subscriber(b, "worker")
-    with pytest.raises(kit.SubscriberError, match="already listening"):
+    with pytest.raises(SubscriberError, match="already listening"):
         kit.run(recording([]), settings_for(b, "worker"))
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
+from ppmq.errors import ClientError
 
 from ..conftest import wait_for
 from .test_metrics import metrics_now, value

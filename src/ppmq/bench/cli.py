@@ -18,6 +18,7 @@ from ppmq.bench import report, runner
 from ppmq.bench.payload import STAMP
 from ppmq.bench.systems import NAMES, load
 from ppmq.bench.workloads import scaled, workloads
+from ppmq.errors import RunError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     profile = out / f"profile-{w.name}.txt" if args.profile and m.NAME == "ppmq" else None
                     version, figures = runner.run(m, w, args.max_seconds, profile)
-                except runner.RunError as exc:
+                except RunError as exc:
                     print(f"  failed: {exc}", flush=True)
                     continue
                 versions[m.NAME] = version

@@ -14,13 +14,10 @@ from ppmq.bench import payload
 from ppmq.bench.procs import Sampler, cpu_times, disk_bytes, memory, tree
 from ppmq.bench.service import Running
 from ppmq.bench.workloads import Workload
+from ppmq.errors import RunError
 
 MB = 1 << 20
 RUN_TIMEOUT_S = 1800.0  # a run that takes longer has lost messages or hung
-
-
-class RunError(Exception):
-    """A run did not finish: a client failed or messages never arrived."""
 
 
 class _Client:

@@ -11,12 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from ppmq.errors import StartError
+
 START_TIMEOUT_S = 60.0  # RabbitMQ takes several seconds on a busy machine
 STOP_TIMEOUT_S = 30.0
-
-
-class StartError(Exception):
-    """The broker did not come up; the message ends with its log."""
 
 
 class Service:

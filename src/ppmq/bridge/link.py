@@ -14,7 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from ppmq.client.library import AsyncClient, ClientError
+from ppmq.client.library import AsyncClient
+from ppmq.errors import ClientError
 
 log = logging.getLogger("ppmq.bridge")
 T = TypeVar("T")

@@ -21,23 +21,19 @@ from ppmq import sockets
 from ppmq.cli import bridge
 from ppmq.cli import control as cli_control
 from ppmq.cli.control import align, config_options, open_client, seconds
-from ppmq.client.library import Client, ClientError
-from ppmq.config import ConfigError, default_config_path, load_config
+from ppmq.client.library import Client
+from ppmq.config import default_config_path, load_config
+from ppmq.errors import ClientError, ConfigError, Failure, FsckError, ListenError, StoreError
 from ppmq.protocol.framing import Framer
 from ppmq.server import daemon
 from ppmq.server.metrics import exposition
-from ppmq.sockets import ListenError
-from ppmq.store.fsck import FsckError, fsck
-from ppmq.store.schema import SCHEMA_VERSION, StoreError
+from ppmq.store.fsck import fsck
+from ppmq.store.schema import SCHEMA_VERSION
 from ppmq.store.store import Store, missing_store
 from ppmq.systemd import configure_logging, listening_unix_socket
 
 log = logging.getLogger("ppmq")
 STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
-
-
-class Failure(Exception):
-    """The command could not do its job: message on stderr, exit 1."""
 
 
 def main(argv: list[str] | None = None) -> int:

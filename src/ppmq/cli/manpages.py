@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from ppmq.config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig
+from ppmq.errors import ManPageError
 from ppmq.version import ppmq_version
 
 # The config Structs, each with where its keys sit in the file.
@@ -36,10 +37,6 @@ SECTIONS = (
     ("TOPICS", "Topics[].", TopicConfig),
 )
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<item>- )?(?P<key>[A-Z][A-Za-z]*):(?:\s|$)")
-
-
-class ManPageError(Exception):
-    """The pages cannot be made (a key without documentation)."""
 
 
 def _roff(text: str) -> str:

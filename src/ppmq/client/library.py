@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from ppmq.errors import ClientError
 from ppmq.protocol.messages import Reply
 
 _encoder = msgspec.json.Encoder()
@@ -25,16 +26,6 @@ DEFAULT_TIMEOUT_S = 30.0
 # The longest reply line AsyncClient reads: more than any reply of a broker, whose
 # largest (a TAKE) holds at most MaxFrameBytes of messages, or one message.
 REPLY_LIMIT_BYTES = 1 << 30
-
-
-class ClientError(Exception):
-    """The broker answered with an error status, or could not be reached."""
-
-    def __init__(self, status: int, error: str) -> None:
-        """`status` is the broker's, or 0 when the broker could not be asked."""
-        super().__init__(f"{status}: {error}" if status else error)
-        self.status = status
-        self.error = error
 
 
 class _Calls:

@@ -60,8 +60,9 @@ from typing import Any
 import msgspec
 
 from ppmq import sockets
-from ppmq.client.library import AsyncClient, ClientError
-from ppmq.config import ConfigError, default_config_path, load_config
+from ppmq.client.library import AsyncClient
+from ppmq.config import default_config_path, load_config
+from ppmq.errors import ClientError, ConfigError, ListenError, SubscriberError
 from ppmq.protocol.framing import Framer
 from ppmq.systemd import configure_logging, listening_unix_socket
 
@@ -103,10 +104,6 @@ class _Frame(msgspec.Struct, rename="pascal"):
 Result = Iterable[str | Message] | None
 Handler = Callable[[Batch], Result]
 AsyncHandler = Callable[[Batch], Awaitable[Result]]
-
-
-class SubscriberError(Exception):
-    """The subscriber cannot run: unknown name, unusable socket, bad settings."""
 
 
 @dataclass
@@ -198,7 +195,7 @@ class _Listener:
 def _bind(path: str) -> tuple[socket.socket, sockets.SocketFile]:
     try:
         return sockets.listen(path, 8)
-    except sockets.ListenError as exc:
+    except ListenError as exc:
         raise SubscriberError(str(exc)) from None
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from functools import partial
 
 from ppmq.config import Config, SubscriberConfig
+from ppmq.errors import Forbidden
 from ppmq.protocol import messages as p
 
 log = logging.getLogger("ppmq.access")
@@ -168,11 +169,11 @@ class Policy:
                 _check_subscriber(rules, peer, req)
             if req.command is not None:
                 _check_command(rules, peer, req)
-        except p.Forbidden as exc:
+        except Forbidden as exc:
             self._refused(peer, where, exc)
             raise
 
-    def _refused(self, peer: Peer, where: str, exc: p.Forbidden) -> None:
+    def _refused(self, peer: Peer, where: str, exc: Forbidden) -> None:
         """Log a refusal, once per peer process."""
         key = (peer.uid, peer.pid)
         if key in self._logged:
@@ -218,7 +219,7 @@ def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
     """A topic's `Publishers` decide who may publish to it."""
     rule = rules.publishers.get(req.topic) if req.messages is not None and req.topic is not None else None
     if rule is not None and not rule.allows(peer):
-        raise p.Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
+        raise Forbidden(f"Messages: {_who(peer)} may not publish to topic {req.topic!r} (Publishers)")
 
 
 def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
@@ -228,7 +229,7 @@ def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
         return
     field = _acting_field(req)
     if field is not None:
-        raise p.Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
+        raise Forbidden(f"{field}: {_who(peer)} may not act as subscriber {req.subscriber!r} (Users)")
 
 
 def _check_command(rules: Rules, peer: Peer, req: p.Request) -> None:
@@ -236,9 +237,9 @@ def _check_command(rules: Rules, peer: Peer, req: p.Request) -> None:
     StatusUsers does not stand in for: PEEK shows payloads. PING is anyone's."""
     command = _command(req)
     if command == "STATUS" and rules.status is not None and not rules.status.allows(peer):
-        raise p.Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
+        raise Forbidden(f"Command: {_who(peer)} may not ask STATUS (StatusUsers)")
     if command in ADMIN_COMMANDS and not rules.admin.allows(peer):
-        raise p.Forbidden(f"Command: {_who(peer)} may not send {command} (AdminUsers)")
+        raise Forbidden(f"Command: {_who(peer)} may not send {command} (AdminUsers)")
 
 
 def _check_delivery(req: p.Request, own: str) -> None:
@@ -253,7 +254,7 @@ def _check_delivery(req: p.Request, own: str) -> None:
     else:
         return
     carried = "Acks, Nacks, Rejects, Touch and RECONNECT"
-    raise p.Forbidden(f"{field}: the delivery connection of subscriber {own!r} carries only its {carried}")
+    raise Forbidden(f"{field}: the delivery connection of subscriber {own!r} carries only its {carried}")
 
 
 def _who(peer: Peer) -> str:

@@ -18,6 +18,7 @@ from ppmq.core.queues import Queues
 from ppmq.core.settlement import Settlement
 from ppmq.core.topology import Topology
 from ppmq.core.validate import prepared
+from ppmq.errors import BadRequest
 from ppmq.protocol import messages as p
 from ppmq.store.peek import Cursor, limit_of, parts_of, peek
 from ppmq.store.state import NS, State
@@ -116,7 +117,7 @@ class Admin:
         for its origin subscriber only, as a new message at the end of its
         priority; its copy here goes. One whose origin is gone stays, skipped."""
         if not any(tc.dead_letter == dead.name for tc in self._topology.config.topics):
-            raise p.BadRequest(f"Topic: {dead.name!r} is no topic's DeadLetter")
+            raise BadRequest(f"Topic: {dead.name!r} is no topic's DeadLetter")
         t = self._state.topic_ids[dead.name]
         if keys is not None:
             ms = self._visible(txn, dead, keys)

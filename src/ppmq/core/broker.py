@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from msgspec import UNSET
 
-from ppmq.config import Config, ConfigError, SubscriberConfig, TopicConfig
+from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.access import Policy
 from ppmq.core.admin import Admin
 from ppmq.core.dispatch import Dispatcher
@@ -40,9 +40,9 @@ from ppmq.core.staging import Answer, Staging, is_large
 from ppmq.core.taker_holdings import TakerHoldings
 from ppmq.core.topology import Snapshot, Topology
 from ppmq.core.validate import delay_ns, prepare
+from ppmq.errors import BadRequest, ConfigError, Forbidden, Internal, RequestError, StoreError, StoreFull, StoreFullError
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger, load_state
-from ppmq.store.schema import StoreError, StoreFullError
 from ppmq.store.state import NS, refused_changes, status_body
 from ppmq.store.store import Store, Txn
 
@@ -55,8 +55,9 @@ MAX_RETRY_NS = 5 * NS
 
 
 class _Replay(Exception):
-    """A request failed in a step applied without savepoints: the step is rolled
-    back, to run again with them."""
+    """Control flow of the step, not an error: a request failed in a step applied
+    without savepoints, so the step is rolled back, to run again with them
+    (Broker._commit). Private to this module, and kept out of ppmq.errors."""
 
 
 class Broker:
@@ -333,13 +334,17 @@ class Broker:
         taker = None
         if type(op) is not p.Request:  # the usual op is a bare request
             if not isinstance(op, (Guarded, Take)):
-                return self._apply_internal(txn, op, now_ns)
+                return self._apply_internal(txn, op, now_ns, guarded)
             taker = op.taker if isinstance(op, Take) else None
             try:
                 if op.check is not None:
                     op.check(op.request)
-            except p.Forbidden as exc:
+            except Forbidden as exc:
                 return self._apply(txn, Invalid(exc, op.request.id), now_ns)
+            except Exception as exc:  # a bug in the check; it writes nothing, so nothing to undo
+                if not guarded:
+                    raise _Replay from exc  # answered (and logged) once, in the guarded run
+                return self._apply(txn, Invalid(_error_of(exc), op.request.id), now_ns)
             op = op.request
         if not guarded:
             try:
@@ -348,18 +353,13 @@ class Broker:
                 raise _Replay from exc
         try:
             return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
-        except p.RequestError as exc:
-            error = exc
-        except StoreFullError as exc:
-            error = p.StoreFull(f"store full: {exc}")
         except Exception as exc:  # a bug must cost one request, not the broker
-            log.exception("internal error on a request")
-            error = p.RequestError(f"internal error: {type(exc).__name__}: {exc}")
+            error = _error_of(exc)
         self.state.rejected += 1
         return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
 
-    def _apply_internal(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
-        """An op the broker made itself, not a client's request."""
+    def _apply_internal(self, txn: Txn, op: Op, now_ns: int, guarded: bool) -> p.Reply | None:
+        """An op that is not a ppmq request: one the broker or its server made, or PHPMQ's re-queue."""
         if isinstance(op, Abandoned):
             self._pull.abandon(txn, op.taker, now_ns)
             return None
@@ -373,17 +373,27 @@ class Broker:
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
-            self.state.forbidden += op.error.status == p.Forbidden.status
+            self.state.forbidden += op.error.status == Forbidden.status
             return self._rejected(p.error_reply(op.error, op.id), None, 0)
         if isinstance(op, Reconfigure):
             return self._reconfigure(txn, op.config)
         if isinstance(op, Requeue):
-            try:
-                return self._settlement.requeue_at_end(txn, op, now_ns)
-            except p.RequestError as exc:  # counted and journaled as any refused request
-                return self._apply(txn, Invalid(exc, UNSET), now_ns)
+            return self._apply_requeue(txn, op, now_ns, guarded)
         log.error("internal error: not an op: %r", op)  # a bug must cost one request, not the broker
-        return p.error_reply(p.RequestError(f"internal error: not an op: {type(op).__name__}"))
+        return p.error_reply(Internal(f"internal error: not an op: {type(op).__name__}"))
+
+    def _apply_requeue(self, txn: Txn, op: Requeue, now_ns: int, guarded: bool) -> p.Reply | None:
+        """PHPMQ's re-queue, all or nothing as a request is (see _apply); refused,
+        it is counted and journaled as any refused request."""
+        if not guarded:
+            try:
+                return self._events.of_request(lambda: self._settlement.requeue_at_end(txn, op, now_ns))
+            except Exception as exc:
+                raise _Replay from exc
+        try:
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.requeue_at_end(txn, op, now_ns)))
+        except Exception as exc:  # a bug must cost one request, not the broker
+            return self._apply(txn, Invalid(_error_of(exc), UNSET), now_ns)
 
     def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
         """apply(), whose writes, counters, config and fresh messages all vanish if
@@ -435,7 +445,7 @@ class Broker:
     def _control(self, txn: Txn, req: p.Request) -> int:
         """PROTOCOL §8: Nacks, Rejects and Touch, in this order; how many keys applied."""
         if req.delay is not None and req.nacks is None:
-            raise p.BadRequest("Delay: only with Nacks (a message waits with its own Delay or NotBefore)")
+            raise BadRequest("Delay: only with Nacks (a message waits with its own Delay or NotBefore)")
         if req.nacks is None and req.rejects is None and req.touch is None:  # a publish or an ack: the usual
             return 0
         applied = 0
@@ -477,7 +487,7 @@ class Broker:
             case "REDRIVE":
                 return self._admin.redrive(txn, req, now_ns)
             case _:
-                raise p.BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})")
+                raise BadRequest(f"Command: unknown command {req.command!r} (expected {', '.join(COMMANDS)})")
 
     def _status(self, txn: Txn, req: p.Request, now_ns: int) -> dict:
         """PROTOCOL §2 STATUS: the counters of every topic, or of the request's Topic."""
@@ -498,12 +508,12 @@ class Broker:
         try:
             self._undoable(txn, lambda: self._switch(txn, config))
         except ConfigError as exc:
-            return p.error_reply(p.BadRequest(str(exc)))
+            return p.error_reply(BadRequest(str(exc)))
         except StoreFullError as exc:
-            return p.error_reply(p.StoreFull(f"store full: {exc}"))
+            return p.error_reply(StoreFull(f"store full: {exc}"))
         except Exception as exc:
             log.exception("reload failed")
-            return p.error_reply(p.RequestError(f"reload failed: {type(exc).__name__}: {exc}"))
+            return p.error_reply(Internal(f"reload failed: {type(exc).__name__}: {exc}"))
         return p.Reply(status=200)
 
     def _switch(self, txn: Txn, config: Config) -> None:
@@ -554,6 +564,17 @@ class Broker:
                     self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
 
-def _reply_error(exc: StoreError) -> p.RequestError:
+def _error_of(exc: Exception) -> RequestError:
+    """What a request that raised exc is answered: its own error, 507 for a full
+    store, and 500 for anything else, a bug, whose traceback is logged."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, StoreFullError):
+        return StoreFull(f"store full: {exc}")
+    log.error("internal error on a request", exc_info=exc)
+    return Internal(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _reply_error(exc: StoreError) -> RequestError:
     """What a request in a step that could not commit is answered."""
-    return p.StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else p.RequestError(str(exc))
+    return StoreFull(f"store full: {exc}") if isinstance(exc, StoreFullError) else Internal(str(exc))

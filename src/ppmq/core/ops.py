@@ -15,6 +15,7 @@ import msgspec
 from ppmq.config import Config
 from ppmq.core.events import Event
 from ppmq.core.staging import Answer
+from ppmq.errors import RequestError
 from ppmq.protocol import messages as p
 
 
@@ -37,7 +38,7 @@ class Written(NamedTuple):
 class Invalid(NamedTuple):
     """A frame the server could not decode: counted, and answered in order."""
 
-    error: p.RequestError
+    error: RequestError
     id: msgspec.Raw | msgspec.UnsetType
 
 

@@ -24,6 +24,7 @@ from ppmq.core.queues import Queues
 from ppmq.core.staging import Staging
 from ppmq.core.topology import Topology
 from ppmq.core.validate import Prepared, prepared
+from ppmq.errors import StoreFull
 from ppmq.protocol import messages as p
 from ppmq.store.schema import FLIGHT_ENTRY, Body
 from ppmq.store.state import State, SubStats
@@ -82,8 +83,8 @@ class Publisher:
                     continue
                 try:
                     journaled.extend(zip(*self._store_new(txn, topic, t, [msg], now_ns, subs, make_room=True), repeat(False)))
-                except p.StoreFull as exc:
-                    raise p.StoreFull(f"Messages[{i}]: {exc}") from None
+                except StoreFull as exc:
+                    raise StoreFull(f"Messages[{i}]: {exc}") from None
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
         self._state.topics[topic.name].published += len(prepared)
@@ -213,7 +214,7 @@ class Publisher:
         if not topic.limited:
             return
         if topic.max_bytes and size > topic.max_bytes:
-            raise p.StoreFull(f"{size} bytes exceeds MaxBytes ({topic.max_bytes}) of topic {topic.name!r}")
+            raise StoreFull(f"{size} bytes exceeds MaxBytes ({topic.max_bytes}) of topic {topic.name!r}")
         while True:
             limit = self._passes_limit(topic, 1, size)
             if limit is None:
@@ -223,7 +224,7 @@ class Publisher:
                 self._queues.settle_topic(txn, topic.name)  # the oldest may be fresh
                 victim = self._oldest_lowest(txn, topic, t)
             if victim is None:
-                raise p.StoreFull(f"topic {topic.name!r} is full: {limit} reached")
+                raise StoreFull(f"topic {topic.name!r} is full: {limit} reached")
             self.discard(txn, topic.name, t, victim, ev.OVERFLOW)
             self._state.topics[topic.name].dropped += 1
 

@@ -21,6 +21,7 @@ from ppmq.core.dispatch import Dispatcher
 from ppmq.core.settlement import Settlement
 from ppmq.core.taker_holdings import Key, TakerHoldings
 from ppmq.core.topology import Topology
+from ppmq.errors import BadRequest
 from ppmq.protocol import messages as p
 from ppmq.store.state import State, SubStats
 from ppmq.store.store import Txn
@@ -74,15 +75,15 @@ class Pull:
         The reply is one frame, which a client reads as any other: no more
         messages than MaxFrameBytes holds, but always one."""
         if taker is None:
-            raise p.BadRequest("Command: TAKE is answered on ServerSocket only")
+            raise BadRequest("Command: TAKE is answered on ServerSocket only")
         if req.id is UNSET:
-            raise p.BadRequest("Id: required with TAKE, whose reply carries the messages")
+            raise BadRequest("Id: required with TAKE, whose reply carries the messages")
         count = _within(req.count, "Count", 1, MAX_COUNT)
         _within(req.wait, "Wait", 0, MAX_WAIT_S)
         topic = self._topology.topic_for(req, "TAKE")
         sub = self._topology.subscriber_of(req.subscriber, topic, "TAKE")
         if not self._topology.sub_configs[sub].pull:
-            raise p.BadRequest(f"Subscriber: {sub!r} is pushed to; TAKE is for subscribers with Pull: true")
+            raise BadRequest(f"Subscriber: {sub!r} is pushed to; TAKE is for subscribers with Pull: true")
         limit = min(count, self.takeable(topic.name, sub))
         max_bytes = max(1, self._topology.config.max_frame_bytes - REPLY_BYTES - len(req.id))
         batch = self._dispatcher.batch(txn, sub, topic, limit, now_ns, max_bytes) if limit > 0 else None
@@ -129,5 +130,5 @@ def _within(value: float | None, field: str, low: int, high: int) -> int | float
     if value is None:
         return low
     if not low <= value <= high:
-        raise p.BadRequest(f"{field}: {value:g} is out of range {low}..{high}")
+        raise BadRequest(f"{field}: {value:g} is out of range {low}..{high}")
     return value

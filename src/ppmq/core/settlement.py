@@ -22,6 +22,7 @@ from ppmq.core.queues import Queue, Queues
 from ppmq.core.taker_holdings import TakerHoldings
 from ppmq.core.topology import Topology
 from ppmq.core.validate import MAX_KEY_BYTES, prepared
+from ppmq.errors import NotFound, StoreFull
 from ppmq.protocol import messages as p
 from ppmq.store.schema import Body, Flight
 from ppmq.store.state import NS, State, SubStats
@@ -210,7 +211,7 @@ class Settlement:
         op.check()
         topic = self._topology.topics.get(op.topic)
         if topic is None:
-            raise p.NotFound(f"Topic: unknown topic {op.topic!r}")
+            raise NotFound(f"Topic: unknown topic {op.topic!r}")
         sub = self._topology.subscriber_of(op.subscriber, topic, "Requeue")
         [m] = self.msgs_of(txn, topic, [op.key])
         t, s = self._state.topic_ids[topic.name], self._state.sub_ids[sub]
@@ -256,7 +257,7 @@ class Settlement:
         )
         try:
             self._publisher.publish(txn, target, [copy], now_ns)
-        except p.StoreFull as exc:
+        except StoreFull as exc:
             log.warning(
                 "topic %s: message %s of subscriber %s dropped, DeadLetter refused it: %s",
                 topic.name,

@@ -36,6 +36,7 @@ from ppmq.config import TopicConfig
 from ppmq.core import events as ev
 from ppmq.core.events import Event
 from ppmq.core.validate import Prepared, delayed, prepare
+from ppmq.errors import RequestError, TooLarge, Unavailable
 from ppmq.protocol import messages as p
 from ppmq.store.schema import Staged
 from ppmq.store.state import TopicStats
@@ -50,7 +51,7 @@ def is_large(topic: TopicConfig, messages: list[p.Message]) -> bool:
         return False
     why = _unstageable(topic, messages)
     if why:
-        raise p.TooLarge(
+        raise TooLarge(
             f"Messages: {len(messages)} messages in one publish {why}, which takes at most {CHUNK_MESSAGES} in one request: split it"
         )
     return True
@@ -150,7 +151,7 @@ class Staging:
         self._waiting = deque(j for j in self._waiting if j not in new)
         self._new = []
 
-    def rolled_back(self, error: p.RequestError) -> list[Answer]:
+    def rolled_back(self, error: RequestError) -> list[Answer]:
         """The step's transaction failed: what it did to staging did not happen. The
         job it worked on ends with `error` (its progress in memory is no longer the
         store's); jobs that arrived in it are answered by the step itself."""
@@ -168,7 +169,7 @@ class Staging:
         """Validate and store the job's next chunk, unseen; True once it is whole
         (the record is then cleared and the caller makes it visible)."""
         if topic != job.topic:
-            raise p.Unavailable(f"Topic: topic {topic.name!r} was reconfigured while this publish was being stored; send it again")
+            raise Unavailable(f"Topic: topic {topic.name!r} was reconfigured while this publish was being stored; send it again")
         txn.refuse_when_full()
         if job.staged is None and subs:
             job.staged = Staged(t, stats.seq + 1, stats.seq + len(job.req.messages))

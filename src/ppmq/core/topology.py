@@ -12,6 +12,7 @@ from typing import Any
 
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.access import Rules
+from ppmq.errors import BadRequest, NotFound
 from ppmq.protocol import messages as p
 from ppmq.store.state import State
 
@@ -105,28 +106,28 @@ class Topology:
     def topic_for(self, req: p.Request, field: str) -> TopicConfig:
         """The request's Topic, which `field` needs; 400 without one, 404 for an unknown one."""
         if req.topic is None:
-            raise p.BadRequest(f"Topic: required with {field}")
+            raise BadRequest(f"Topic: required with {field}")
         topic = self.topics.get(req.topic)
         if topic is None:
-            raise p.NotFound(f"Topic: unknown topic {req.topic!r}")
+            raise NotFound(f"Topic: unknown topic {req.topic!r}")
         return topic
 
     def subscriber_of(self, name: str | None, topic: TopicConfig, field: str) -> str:
         """`name`, a subscriber of topic, which `field` needs; 400 without one, 404 otherwise."""
         if name is None:
-            raise p.BadRequest(f"Subscriber: required with {field}")
+            raise BadRequest(f"Subscriber: required with {field}")
         if name not in self.sub_topics:
-            raise p.NotFound(f"Subscriber: unknown subscriber {name!r}")
+            raise NotFound(f"Subscriber: unknown subscriber {name!r}")
         if name not in topic.subscribers:
-            raise p.NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
+            raise NotFound(f"Subscriber: {name!r} is not subscribed to topic {topic.name!r}")
         return name
 
     def topics_of_subscriber(self, req: p.Request, command: str) -> list[TopicConfig]:
         """The topics a RECONNECT, PAUSE or RESUME names: its Topic, or all of its subscriber's."""
         if req.subscriber is None:
-            raise p.BadRequest(f"Subscriber: required with {command}")
+            raise BadRequest(f"Subscriber: required with {command}")
         if req.subscriber not in self.sub_topics:
-            raise p.NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
+            raise NotFound(f"Subscriber: unknown subscriber {req.subscriber!r}")
         if req.topic is None:
             return self.sub_topics[req.subscriber]
         topic = self.topic_for(req, command)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from msgspec import Raw
 
 from ppmq.config import TopicConfig
+from ppmq.errors import BadRequest, TooLarge
 from ppmq.protocol import messages as p
 from ppmq.store.state import NS
 
@@ -41,10 +42,10 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
     for i, m in enumerate(messages, first_index):
         # The common message is checked without naming it: only an error does (_where).
         if not 0 <= m.priority < topic.priorities:
-            raise p.BadRequest(f"{_where(i)}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
+            raise BadRequest(f"{_where(i)}.Priority: {m.priority} is out of range 0..{topic.priorities - 1} for topic {topic.name!r}")
         payload = m.payload  # not copied: a view of the request's frame, which is bytes (never changed) and which the view keeps alive
         if len(payload) > max_message_bytes:
-            raise p.TooLarge(f"{_where(i)}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
+            raise TooLarge(f"{_where(i)}.Payload: {len(payload)} bytes exceeds MaxMessageBytes ({max_message_bytes})")
         expires = _expires(m, i, now_ns) if m.expires is not None or m.ttl_s is not None else 0
         if not expires and max_age_ns:
             expires = now_ns + max_age_ns
@@ -67,7 +68,7 @@ def delayed(messages: list[p.Message]) -> bool:
 def _due(m: p.Message, i: int, now_ns: int) -> int:
     """When message i may first be delivered; 0: at once (also for a time already past)."""
     if m.delay is not None and m.not_before is not None:
-        raise p.BadRequest(f"{_where(i)}.NotBefore: give either Delay or NotBefore, not both")
+        raise BadRequest(f"{_where(i)}.NotBefore: give either Delay or NotBefore, not both")
     if m.delay is not None:
         return now_ns + delay_ns(m.delay, f"{_where(i)}.Delay") if m.delay else 0
     if m.not_before is None:
@@ -75,24 +76,24 @@ def _due(m: p.Message, i: int, now_ns: int) -> int:
     try:
         due = p.expires_ns(m.not_before)
     except ValueError as exc:
-        raise p.BadRequest(f"{_where(i)}.NotBefore: {exc}") from None
+        raise BadRequest(f"{_where(i)}.NotBefore: {exc}") from None
     return due if due > now_ns else 0
 
 
 def delay_ns(seconds: float, field: str) -> int:
     """A Delay in seconds as nanoseconds: a number from 0 up to about 30 years."""
     if not 0 <= seconds < 10**9:
-        raise p.BadRequest(f"{field}: {seconds:g} must be a number of seconds from 0 to 1e9")
+        raise BadRequest(f"{field}: {seconds:g} must be a number of seconds from 0 to 1e9")
     return int(seconds * NS)
 
 
 def _key(topic: TopicConfig, m: p.Message, i: int) -> bytes:
     """Message i's Key on a Dedupe topic."""
     if not m.key:
-        raise p.BadRequest(f"{_where(i)}.Key: required on topic {topic.name!r}, which has Dedupe")
+        raise BadRequest(f"{_where(i)}.Key: required on topic {topic.name!r}, which has Dedupe")
     key = m.key.encode()
     if len(key) > MAX_KEY_BYTES:
-        raise p.BadRequest(f"{_where(i)}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
+        raise BadRequest(f"{_where(i)}.Key: {len(key)} bytes is longer than {MAX_KEY_BYTES}")
     return key
 
 
@@ -101,11 +102,11 @@ def _expires(m: p.Message, i: int, now_ns: int) -> int:
     try:
         expires = p.expires_ns(m.expires)
     except ValueError as exc:
-        raise p.BadRequest(f"{_where(i)}.Expires: {exc}") from None
+        raise BadRequest(f"{_where(i)}.Expires: {exc}") from None
     if m.ttl_s is None:
         return expires
     if expires:
-        raise p.BadRequest(f"{_where(i)}.TTL: give either Expires or TTL, not both")
+        raise BadRequest(f"{_where(i)}.TTL: give either Expires or TTL, not both")
     if not 0 < m.ttl_s < 10**9:
-        raise p.BadRequest(f"{_where(i)}.TTL: {m.ttl_s} must be a positive number of seconds")
+        raise BadRequest(f"{_where(i)}.TTL: {m.ttl_s} must be a positive number of seconds")
     return now_ns + int(m.ttl_s * NS)

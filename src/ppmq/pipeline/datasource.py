@@ -35,13 +35,13 @@ import msgspec
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, InputPartition, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from ppmq.client.library import Client, ClientError
+from ppmq.client.library import Client
 from ppmq.config import load_config
+from ppmq.errors import ClientError, PublishError, StoreError
 from ppmq.pipeline import snapshot
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store.counters import HEAD_KEY, load_state
 from ppmq.store.reader import BodyRecord, Damaged, ReadTxn, StoreReader
-from ppmq.store.schema import StoreError
 
 SNAPSHOT_SCHEMA = (
     "topic string, key string, priority int, payload string, payload_json string, "
@@ -186,10 +186,6 @@ def _time(ns: int) -> datetime:
 @dataclass
 class Published(WriterCommitMessage):
     rows: int
-
-
-class PublishError(Exception):
-    """The broker refused a batch; the message is the broker's."""
 
 
 class PublishWriter(DataSourceWriter):

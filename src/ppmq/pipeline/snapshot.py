@@ -34,15 +34,13 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from ppmq.errors import SnapshotGone
+
 if TYPE_CHECKING:
     from ppmq.store.reader import StoreReader
 
 KEEPER_POLL_S = 1.0  # how often the keeper looks whether the driver still runs
 PREFIX = "ppmq-snapshot-"
-
-
-class SnapshotGone(Exception):
-    """A partition's copy is gone or is not the snapshot planned."""
 
 
 def copy(store: StoreReader, root: str | None) -> str:

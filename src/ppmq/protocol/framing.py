@@ -20,7 +20,7 @@ import re
 
 import msgspec
 
-from ppmq.protocol.messages import TooLarge
+from ppmq.errors import TooLarge
 
 _SEAM = re.compile(rb"}\s*{")
 _STRUCTURE = re.compile(rb'["{}\[\]]')

@@ -1,4 +1,4 @@
-"""Wire types of PROTOCOL.md sections 2, 4 and 5, and the errors that become replies.
+"""Wire types of PROTOCOL.md sections 2, 4 and 5; a request's error (ppmq.errors) becomes its reply here.
 
 Frames are decoded straight into msgspec Structs spelt the way ppmq writes them
 (`Topic`, `Messages`, ...). ppMQ's Go producers write lower-case keys and Go's
@@ -23,52 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-# --- errors: one class per reply status (PROTOCOL §4) -------------------------
-
-
-class RequestError(Exception):
-    """A request failed; `status` and the message become its reply."""
-
-    status = 500
-
-
-class BadRequest(RequestError):
-    status = 400
-
-
-class Forbidden(RequestError):
-    """The peer's credentials (SO_PEERCRED) do not allow the request."""
-
-    status = 403
-
-
-class NotFound(RequestError):
-    status = 404
-
-
-class ReadTimeout(RequestError):
-    """A frame did not arrive whole within ReadTimeout of its first byte."""
-
-    status = 408
-
-
-class TooLarge(RequestError):
-    status = 413
-
-
-class Unavailable(RequestError):
-    """The broker cannot take the request now (too many connections)."""
-
-    status = 503
-
-
-class ShuttingDown(Unavailable):
-    pass
-
-
-class StoreFull(RequestError):
-    status = 507
-
+from ppmq.errors import BadRequest, RequestError
 
 # --- client -> broker -----------------------------------------------------------
 
@@ -335,6 +290,7 @@ def encode_reply(reply: Reply) -> bytes:
 
 
 def error_reply(exc: RequestError, request_id: Raw | UnsetType = UNSET) -> Reply:
+    """The reply to a request that failed with exc: the status its class carries, its text."""
     return Reply(status=exc.status, id=request_id, error=str(exc))
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ppmq.errors import BadFrame, FrameTooLarge
+
 MESSAGE_HEADER_BYTES = 8
 PACKET_HEADER_BYTES = 32
 VERSION = 1
@@ -45,14 +47,6 @@ PACKETS: dict[int, tuple[frozenset[int], frozenset[int]]] = {
     REQUEUE: (frozenset({QUEUE, MESSAGE_ID, TTL}), frozenset()),
     DEAD_LETTER: (frozenset({QUEUE, MESSAGE_ID}), frozenset()),
 }
-
-
-class BadFrame(Exception):
-    """Bytes that are not a PHPMQ frame a client may send; the text says why."""
-
-
-class TooLarge(BadFrame):
-    """A frame longer than MaxFrameBytes."""
 
 
 class Frame(NamedTuple):
@@ -100,7 +94,7 @@ class Decoder:
             ptype, length = _packet_header(bytes(buf[at : at + PACKET_HEADER_BYTES]), kind, spans)
             at += PACKET_HEADER_BYTES
             if at + length > self.max_frame_bytes:
-                raise TooLarge(f"frame of at least {at + length} bytes exceeds MaxFrameBytes ({self.max_frame_bytes})")
+                raise FrameTooLarge(f"frame of at least {at + length} bytes exceeds MaxFrameBytes ({self.max_frame_bytes})")
             if len(buf) < at + length:
                 return None
             spans[ptype] = (at, at + length)

@@ -16,7 +16,7 @@ import logging
 import resource
 import time
 
-from ppmq.protocol import messages as p
+from ppmq.errors import Unavailable
 
 log = logging.getLogger("ppmq.server")
 
@@ -40,13 +40,13 @@ class ConnectionLimit:
     def limit(self) -> int:
         return self.max_connections or max(1, _open_file_limit() - FD_RESERVE)
 
-    def admit(self, listener: str, where: str) -> p.Unavailable | None:
+    def admit(self, listener: str, where: str) -> Unavailable | None:
         """Count a new connection of `listener`; or, with MaxConnections open on
         all listeners together, the error that refuses it (logged at most once
         a second, naming `where`), and it is not counted."""
         limit = self.limit
         if sum(self.open.values()) >= limit:
-            error = p.Unavailable(f"too many connections: MaxConnections ({limit}) reached")
+            error = Unavailable(f"too many connections: MaxConnections ({limit}) reached")
             now_s = time.monotonic()
             if now_s - self._last_refusal_log_s >= REFUSAL_LOG_EVERY_S:
                 log.warning("%s: refused: %s", where, error)

@@ -18,9 +18,10 @@ import socket
 import time
 from pathlib import Path
 
-from ppmq.config import Config, ConfigError, SubscriberConfig, load_config
+from ppmq.config import Config, SubscriberConfig, load_config
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
+from ppmq.errors import ConfigError
 from ppmq.protocol import messages as p
 from ppmq.server.connection_limit import ConnectionLimit
 from ppmq.server.group_commit import GroupCommit

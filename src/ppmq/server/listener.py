@@ -11,6 +11,7 @@ import socket
 
 from ppmq import sockets
 from ppmq.core.access import Peer, Policy
+from ppmq.errors import ListenError, Unavailable
 from ppmq.protocol import messages as p
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.connection_limit import ConnectionLimit
@@ -68,7 +69,7 @@ class Server:
             self._backlog = sock.dup()
             self._server = await self._listen(sock)
         except OSError as exc:
-            raise sockets.ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
+            raise ListenError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
 
     async def _listen(self, sock: socket.socket) -> asyncio.AbstractServer:
         return await asyncio.get_running_loop().create_unix_server(self._connection, sock=sock, backlog=LISTEN_BACKLOG)
@@ -100,7 +101,7 @@ class Server:
             self._channels.pop(task, None)
             self.connections.leave(LISTENER)
 
-    async def _refuse(self, out: Connection, error: p.Unavailable) -> None:
+    async def _refuse(self, out: Connection, error: Unavailable) -> None:
         """Over MaxConnections: one 503 line, then close."""
         try:
             out.write(p.encode_reply(p.error_reply(error)))

@@ -34,6 +34,7 @@ from ppmq import sockets
 from ppmq.config import Config, TopicConfig
 from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Guarded, Invalid, Op, Requeue
+from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Internal, Refused, TooLarge, UnknownQueue
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
 from ppmq.server.connection_limit import ConnectionLimit
@@ -47,14 +48,6 @@ log = logging.getLogger("ppmq.phpmq")
 
 READ_CHUNK = 1 << 16
 LISTENER = "PhpmqSocket"  # its name in the connection counts (STATUS Listeners)
-
-
-class Refused(Exception):
-    """The broker answered a PHPMQ request with an error; the text says which."""
-
-
-class UnknownQueue(wire.BadFrame):
-    """A frame names a queue that is no topic of the config in force."""
 
 
 class PhpmqConnection:
@@ -86,26 +79,26 @@ class PhpmqConnection:
                     started = time.monotonic()
                 data = await _read(reader, timeout_s and started and started + timeout_s)
                 if data is None:
-                    raise wire.BadFrame(f"frame not complete within ReadTimeout ({timeout_s:g}s)")
+                    raise BadFrame(f"frame not complete within ReadTimeout ({timeout_s:g}s)")
                 if not data:
                     if decoder.pending:
                         log.info("%s: closed in the middle of a PHPMQ frame; the partial frame is dropped", self.where)
                     return
                 decoder.feed(data)
-        except wire.BadFrame as exc:
+        except BadFrame as exc:
             self._reject(exc)
         except Refused as exc:
             log.warning("%s: %s; closing the connection", self.where, exc)
         finally:
             await self.consumer.close()
 
-    def _reject(self, exc: wire.BadFrame) -> None:
+    def _reject(self, exc: BadFrame) -> None:
         """Count a bad frame in Rejected, as the writer counts every bad request,
         and one naming an unknown queue in the listener's UnknownQueue."""
         log.warning("%s: bad PHPMQ frame: %s; closing the connection", self.where, exc)
         if isinstance(exc, UnknownQueue):
             self.server.unknown_queue += 1
-        error = p.TooLarge(str(exc)) if isinstance(exc, wire.TooLarge) else p.BadRequest(f"PHPMQ: {exc}")
+        error = TooLarge(str(exc)) if isinstance(exc, FrameTooLarge) else BadRequest(f"PHPMQ: {exc}")
         self.server.writer.submit(Invalid(error, UNSET))
 
     async def apply(self, frame: wire.Frame) -> None:
@@ -135,7 +128,7 @@ class PhpmqConnection:
         if topic is None:
             raise UnknownQueue(f"queue {frame.queue[:200]!r} does not exist (no such topic)")
         if frame.type != wire.SEND and topic.phpmq_subscriber is None:
-            raise wire.BadFrame(f"queue {topic.name!r} cannot be consumed: its topic has no PhpmqSubscriber")
+            raise BadFrame(f"queue {topic.name!r} cannot be consumed: its topic has no PhpmqSubscriber")
         return topic
 
     def _guarded(self, request: p.Request) -> Op:
@@ -219,7 +212,7 @@ class PhpmqServer:
             log.debug("%s: connection error: %s", where, exc)
         except Exception as exc:
             log.exception("%s: internal error; closing the connection", where)
-            self.writer.submit(Invalid(p.RequestError(f"PHPMQ: internal error: {exc}"), UNSET))
+            self.writer.submit(Invalid(Internal(f"PHPMQ: internal error: {exc}"), UNSET))
         finally:
             self._tasks.discard(task)
             self.connections.leave(LISTENER)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from msgspec import UNSET
 
 from ppmq.core.ops import Guarded, Invalid
+from ppmq.errors import BadRequest, ReadTimeout, ShuttingDown
 from ppmq.protocol import messages as p
 from ppmq.protocol.framing import Framer
 from ppmq.server.connection import Connection, ReplyChannel
@@ -172,7 +173,7 @@ class Requests:
                     return
                 elif self._timed_out:
                     await channel.settled()
-                    channel.send(p.error_reply(p.ReadTimeout(f"frame not complete within ReadTimeout ({self.read_timeout_s:g}s)")))
+                    channel.send(p.error_reply(ReadTimeout(f"frame not complete within ReadTimeout ({self.read_timeout_s:g}s)")))
                     log.warning("%s: stalled in the middle of a frame for %gs; closing the connection", peer, self.read_timeout_s)
                     return
                 elif self._ended is not None:
@@ -275,14 +276,14 @@ async def _turn_away(frames: list[bytes], channel: ReplyChannel) -> None:
     for frame in frames:
         request_id = p.find_request_id(frame)
         if request_id is not UNSET:
-            channel.send(p.error_reply(p.ShuttingDown("shutting down"), request_id))
+            channel.send(p.error_reply(ShuttingDown("shutting down"), request_id))
 
 
 def _decode(frame: bytes, authorize: Callable[[p.Request], None] | None) -> Decoded:
     """The op for a frame; its access check goes with it, to run when it is applied."""
     try:
         request = p.decode_request(frame)
-    except p.BadRequest as exc:
+    except BadRequest as exc:
         return Invalid(exc, getattr(exc, "request_id", UNSET))
     return Guarded(request, authorize) if authorize is not None else request
 

@@ -26,6 +26,7 @@ from functools import cached_property
 import msgspec
 
 from ppmq.config import Config
+from ppmq.errors import FsckError, StoreError
 from ppmq.store.counters import load_state
 from ppmq.store.reader import (
     BodyRecord,
@@ -44,12 +45,8 @@ from ppmq.store.reader import (
     Record,
     StoreReader,
 )
-from ppmq.store.schema import Body, Flight, Staged, StoreError
+from ppmq.store.schema import Body, Flight, Staged
 from ppmq.store.state import State
-
-
-class FsckError(Exception):
-    """The store cannot be checked at all (exit status 2)."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ import fcntl
 import os
 import time
 
-from ppmq.store.schema import StoreError
+from ppmq.errors import StoreError
 
 LOCK_FILE = "ppmq.lock"
 PID_WAIT_S = 1.0  # how long a refused process waits for the holder to write its pid

@@ -29,6 +29,7 @@ from itertools import groupby, islice
 
 import lmdb
 
+from ppmq.errors import StoreError
 from ppmq.store.schema import (
     BODY_HEAD,
     CONVERTING_KEY,
@@ -43,7 +44,6 @@ from ppmq.store.schema import (
     TSM,
     TSPQ,
     U64,
-    StoreError,
     body_row_spans,
     encode_body_row,
     encode_holders_row,

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from ppmq.errors import BadRequest
 from ppmq.protocol import messages as p
 from ppmq.store.schema import Body
 from ppmq.store.store import Txn
@@ -42,14 +43,14 @@ class Cursor(NamedTuple):
         try:
             return cls(*msgspec.msgpack.decode(base64.urlsafe_b64decode(text.encode()), type=tuple[str, int, int, int]))
         except (ValueError, TypeError, msgspec.DecodeError):
-            raise p.BadRequest("After: not a Next cursor of a PEEK reply") from None
+            raise BadRequest("After: not a Next cursor of a PEEK reply") from None
 
 
 def limit_of(limit: int | None) -> int:
     if limit is None:
         return DEFAULT_LIMIT
     if not 1 <= limit <= MAX_LIMIT:
-        raise p.BadRequest(f"Limit: {limit} is out of range 1..{MAX_LIMIT}")
+        raise BadRequest(f"Limit: {limit} is out of range 1..{MAX_LIMIT}")
     return limit
 
 
@@ -57,7 +58,7 @@ def parts_of(state: str | None) -> tuple[int, ...]:
     if state is None:
         return (_READY, _DELAYED, _INFLIGHT)
     if state not in STATES:
-        raise p.BadRequest(f"State: {state!r} is not one of {', '.join(STATES)}")
+        raise BadRequest(f"State: {state!r} is not one of {', '.join(STATES)}")
     return (_READY, _DELAYED) if state == "ready" else (_INFLIGHT,)
 
 

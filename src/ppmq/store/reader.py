@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import lmdb
 
+from ppmq.errors import StoreError
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.ready_tails import ReadyTails
@@ -37,7 +38,6 @@ from ppmq.store.schema import (
     U64,
     Body,
     Flight,
-    StoreError,
     body_columns,
     decode_body,
     holders_columns,

@@ -230,14 +230,6 @@ class Staged(NamedTuple):
         return t == self.t and self.first <= m <= self.last
 
 
-class StoreError(Exception):
-    """The store cannot be opened or used."""
-
-
-class StoreFullError(StoreError):
-    """LMDB's map is full: the transaction was rolled back."""
-
-
 def body_records(
     prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]
 ) -> list[bytes]:

@@ -20,26 +20,14 @@ from contextlib import contextmanager
 
 import lmdb
 
-from ppmq.protocol import messages as p
+from ppmq.errors import StoreError, StoreFull, StoreFullError
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.holders import HolderRows, Holders
 from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
-from ppmq.store.schema import (
-    DBS,
-    ETM,
-    ETMS,
-    SCHEMA_VERSION,
-    TMS,
-    U64,
-    Body,
-    StoreError,
-    StoreFullError,
-    body_records,
-    u32,
-)
+from ppmq.store.schema import DBS, ETM, ETMS, SCHEMA_VERSION, TMS, U64, Body, body_records, u32
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -238,7 +226,7 @@ class Txn(HolderRows):
     def refuse_when_full(self) -> None:
         """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
         if self.full():
-            raise p.StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")
+            raise StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")
 
     # --- messages and their indexes ------------------------------------------------
     def put_messages(

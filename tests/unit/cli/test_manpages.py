@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from ppmq.cli.main import _parser
-from ppmq.cli.manpages import SECTIONS, ManPageError, config_page, documented_keys, main
+from ppmq.cli.manpages import SECTIONS, config_page, documented_keys, main
+from ppmq.errors import ManPageError
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = (ROOT / "ppmq.example.yaml").read_text()

@@ -4,6 +4,7 @@ dies while a step's batches are out."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,10 +17,10 @@ import yaml
 from ppmq.config import Config, SubscriberConfig, TopicConfig, load_config
 from ppmq.core import broker as broker_module
 from ppmq.core.broker import Broker
-from ppmq.core.ops import Reconfigure, Returned
+from ppmq.core.ops import Guarded, Reconfigure, Returned
+from ppmq.errors import StoreError
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import check, read_snapshot
-from ppmq.store.schema import StoreError
 from ppmq.store.state import NS
 from ppmq.store.store import Store, Txn
 from tests.conftest import make_config
@@ -147,6 +148,24 @@ def test_a_status_that_fails_mid_step_keeps_the_publishes_answered_before_it(tmp
     assert broker.state.subs["t"]["s"].inflight == 2
     store.close()
     assert check(read_snapshot(str(tmp_path)), broker.config) == []
+
+
+def test_an_access_check_that_fails_on_a_bug_costs_its_request_alone_answered_500_and_logged(tmp_path, caplog):
+    # Given a publish whose connection's access check meets a bug, and a publish without one after it
+    broker, store = open_broker(tmp_path)
+
+    def broken_check(req: p.Request) -> None:
+        raise AttributeError("'NoneType' object has no attribute 'allows'")
+
+    # When both arrive in one step
+    with caplog.at_level(logging.ERROR, logger="ppmq.broker"):
+        step = broker.step([Guarded(publish(b"1"), broken_check), publish(b"2")], set(), NOW)
+    # Then the first is answered 500, logged once with its traceback, and stores nothing; the second is stored
+    assert [r.status for r in step.replies] == [500, 200]
+    assert step.replies[0].error.startswith("internal error: AttributeError:")
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [AttributeError]
+    assert (broker.state.rejected, broker.state.topics["t"].stored) == (1, 1)
+    store.close()
 
 
 def test_a_window_lowered_below_what_is_in_flight_wants_no_step_until_acks_make_room(tmp_path):

@@ -3,11 +3,14 @@ priority, with a new TTL, as a delivery attempt; refused by its access check."""
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 import pytest
 
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Requeue
+from ppmq.errors import Forbidden
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.peek import parts_of, peek
@@ -22,7 +25,7 @@ def allowed() -> None:
 
 
 def refused() -> None:
-    raise p.Forbidden("Nacks: uid 1 may not act as subscriber 's' (Users)")
+    raise Forbidden("Nacks: uid 1 may not act as subscriber 's' (Users)")
 
 
 def delivered_keys(step) -> list[str]:
@@ -95,6 +98,36 @@ def test_a_refused_requeue_is_answered_with_its_error_and_counted_rejected(tmp_p
     assert broker.state.rejected == 1
     assert broker.state.subs["t"]["s"].inflight == 1
     store.close()
+
+
+def test_a_requeue_that_fails_on_a_bug_after_it_wrote_is_answered_500_and_logged_and_leaves_the_message_in_flight(
+    tmp_path, monkeypatch, caplog
+):
+    # Given a message in flight to s, and a re-queue that moves it, then fails on a bug
+    broker, store = open_broker(tmp_path)
+    broker.step([publish(b"1")], set(), NOW)
+    (key,) = delivered_keys(broker.step([], {"s"}, NOW))
+    requeue = broker._settlement.requeue
+
+    def requeue_then_fail(*args, **kwargs):
+        requeue(*args, **kwargs)
+        raise RuntimeError("a bug after the writes")
+
+    monkeypatch.setattr(broker._settlement, "requeue", requeue_then_fail)
+    # When PHPMQ re-queues it
+    with caplog.at_level(logging.ERROR, logger="ppmq.broker"):
+        step = broker.step([Requeue("t", "s", key, 60, allowed)], set(), NOW)
+    # Then the re-queue is answered 500, counted rejected, its traceback logged once, and undone
+    assert (step.replies[0].status, step.replies[0].error) == (500, "internal error: RuntimeError: a bug after the writes")
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [RuntimeError]
+    assert broker.state.rejected == 1
+    assert (broker.state.subs["t"]["s"].inflight, broker.state.subs["t"]["s"].ready) == (1, [0])
+    # And once the bug is gone, the next re-queue takes it back to ready
+    monkeypatch.undo()
+    assert broker.step([Requeue("t", "s", key, 60, allowed)], set(), NOW).replies[0].accepted == 1
+    assert (broker.state.subs["t"]["s"].inflight, broker.state.subs["t"]["s"].ready) == (0, [1])
+    store.close()
+    assert check(read_snapshot(str(tmp_path)), broker.config) == []
 
 
 # --- the re-queuing subscriber's copy alone (PROTOCOL §9 PHPMQ re-queue and other subscribers) ---

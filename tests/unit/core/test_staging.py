@@ -16,10 +16,11 @@ from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
+from ppmq.errors import StoreFullError
 from ppmq.protocol import messages as p
 from ppmq.server.group_commit import GroupCommit
 from ppmq.store.fsck import check, read_snapshot
-from ppmq.store.schema import TM, StoreFullError, holders_columns
+from ppmq.store.schema import TM, holders_columns
 from ppmq.store.state import NS
 from ppmq.store.store import Store, Txn
 

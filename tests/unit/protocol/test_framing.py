@@ -9,8 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ppmq.errors import BadRequest, TooLarge
 from ppmq.protocol.framing import Framer
-from ppmq.protocol.messages import BadRequest, TooLarge, decode_request
+from ppmq.protocol.messages import decode_request
 
 LIMIT = 1 << 20
 

@@ -10,16 +10,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET, Raw
 
+from ppmq.errors import BadRequest, NotFound, RequestError, ShuttingDown, StoreFull, TooLarge
 from ppmq.protocol.messages import (
     GENERATED_EXPIRING_FRAGMENT,
     GENERATED_FRAGMENT,
-    BadRequest,
-    NotFound,
     Reply,
-    RequestError,
-    ShuttingDown,
-    StoreFull,
-    TooLarge,
     batch_frame,
     decode_request,
     encode_reply,

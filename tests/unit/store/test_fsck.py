@@ -14,9 +14,10 @@ import yaml
 
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.broker import Broker
+from ppmq.errors import FsckError
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger, load_state
-from ppmq.store.fsck import FsckError, check, read_snapshot
+from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.schema import ETMS, HOLDER, TM, TMS, U64, body_columns, encode_body_row, encode_holders_row, holders_columns, u32
 from ppmq.store.state import NS, State
 from ppmq.store.store import Store, Txn

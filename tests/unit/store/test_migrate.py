@@ -16,12 +16,13 @@ import yaml
 
 from ppmq.cli import main as cli
 from ppmq.core.broker import Broker
+from ppmq.errors import StoreError
 from ppmq.protocol import messages as p
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store import migrate
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.reader import StoreReader
-from ppmq.store.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, StoreError, body_columns, encode_body, holders_columns
+from ppmq.store.schema import GROUP_MESSAGES, HOLDER, SCHEMA_VERSION, TM, Body, body_columns, encode_body, holders_columns
 from ppmq.store.state import RESERVE_IDS
 from ppmq.store.store import Store
 from tests.conftest import make_config

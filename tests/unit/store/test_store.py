@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ppmq.store.schema import FLIGHT_ENTRY, StoreFullError, Taken
+from ppmq.errors import StoreFullError
+from ppmq.store.schema import FLIGHT_ENTRY, Taken
 from ppmq.store.store import Store
 
 T, S = 1, 1  # a topic id, a subscriber id
