@@ -332,10 +332,11 @@ class Broker:
         """One op's effect and reply. A request that fails is answered with its
         error, its writes undone (`guarded`), or raises _Replay (not guarded)."""
         taker = None
-        if type(op) is not p.Request:  # the usual op is a bare request
-            if not isinstance(op, (Guarded, Take)):
+        if type(op) is not p.Request:  # a bare request, or one with its connection's access check
+            if type(op) is Take:
+                taker = op.taker
+            elif type(op) is not Guarded:
                 return self._apply_internal(txn, op, now_ns, guarded)
-            taker = op.taker if isinstance(op, Take) else None
             try:
                 if op.check is not None:
                     op.check(op.request)
@@ -423,8 +424,9 @@ class Broker:
         command (a TAKE's on behalf of `taker`); all or nothing.
         None: a large publish, answered in a later step (core/staging.py)."""
         accepted, body = 0, None
+        topics = self._topology.topics
         if req.messages is not None:
-            topic = self._topology.topic_for(req, "Messages")
+            topic = topics.get(req.topic) or self._topology.topic_for(req, "Messages")  # which raises the error
             if is_large(topic, req.messages):
                 if not self._publisher.publish_staged(txn, topic, req, now_ns):
                     return None
@@ -434,10 +436,13 @@ class Broker:
                 self._publisher.publish(txn, topic, prepared, now_ns)
             accepted += len(req.messages)
         if req.acks is not None:
-            topic = self._topology.topic_for(req, "Acks")
-            sub = self._topology.subscriber_of(req.subscriber, topic, "Acks")
+            topic = topics.get(req.topic) or self._topology.topic_for(req, "Acks")
+            sub = req.subscriber
+            if sub not in topic.subscribers:  # None included
+                self._topology.subscriber_of(sub, topic, "Acks")  # raises the error
             accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
-        accepted += self._control(txn, req)
+        if req.nacks is not None or req.rejects is not None or req.touch is not None or req.delay is not None:
+            accepted += self._control(txn, req)
         if req.command is not None:
             body = self._command(txn, req, now_ns, taker)
         return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
