@@ -53,7 +53,8 @@ class Settlement:
     # --- acks --------------------------------------------------------------------------------
 
     def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        return self.ack_msgs(txn, topic.name, sub, self.msgs_of(txn, topic, keys))
+        msgs = self.msgs_of(txn, topic, keys) if topic.dedupe else generated_ids(keys)
+        return self.ack_msgs(txn, topic.name, sub, msgs)
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
@@ -68,7 +69,9 @@ class Settlement:
         ids = queue.ack(msgs)
         if not ids:
             return 0
-        self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
+        sc = self._topology.sub_configs.get(sub)
+        if sc is None or sc.pull:  # only a Pull subscriber's messages have takers
+            self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
         self.release(txn, topic, queue.t, queue.s, ids)
