@@ -108,20 +108,29 @@ def decode_request(frame: bytes) -> Request:
         except UnicodeDecodeError as exc:
             raise _rejected(frame, _utf8_error(frame, exc)) from None
     try:
+        request = _request_decoder.decode(frame)  # the usual frame: keys as PROTOCOL spells them
+    except (msgspec.DecodeError, RecursionError):
+        request = _decode_otherwise(frame)
+    if request.id is not UNSET and not _is_id(request.id):
+        raise _rejected(frame, "Id: must be a string or a number")
+    return request
+
+
+def _decode_otherwise(frame: bytes) -> Request:
+    """A frame the decoder did not take as it is: keys in another case, lone
+    surrogates, or the BadRequest that says what is wrong with it."""
+    try:
         try:
-            request = _decode_any_case(frame)
+            return _decode_any_case(frame)
         except msgspec.DecodeError as exc:
             if isinstance(exc, msgspec.ValidationError) or not _LONE_SURROGATE.search(frame):
                 raise
             frame = _LONE_SURROGATE.sub(rb"\\ufffd", frame)  # what Go's decoder does with them
-            request = _decode_any_case(frame)
+            return _decode_any_case(frame)
     except msgspec.DecodeError as exc:
         raise _bad(frame, exc) from None
     except RecursionError:
         raise _rejected(frame, "invalid JSON: nested too deeply") from None
-    if request.id is not UNSET and not _is_id(request.id):
-        raise _rejected(frame, "Id: must be a string or a number")
-    return request
 
 
 def _decode_any_case(frame: bytes) -> Request:

@@ -102,9 +102,14 @@ class Requests:
             self._wake_task()
 
     def _now(self, op: Decoded, frame_bytes: int) -> bool:
-        """The request may be handed over from the read callback: nothing about it waits."""
-        if self._stopping():
+        """The request may be handed over from the read callback: nothing about it waits:
+        not a TAKE, nor one that must go alone (`_answers_with_state`), while the
+        connection has room for it and the server is not stopping."""
+        if self.stopping is not None and self.stopping.is_set():
             return False
+        request = op.request if type(op) is Guarded else op
+        if type(request) is not p.Request or request.command is None:  # the usual request: no command
+            return self.channel.fits(frame_bytes, False)
         if self.takes is not None and _take_of(op) is not None:
             return False
         return self.channel.fits(frame_bytes, _answers_with_state(op))
