@@ -349,7 +349,7 @@ class Broker:
             op = op.request
         if not guarded:
             try:
-                return self._events.of_request(lambda: self._request(txn, op, now_ns, taker))
+                return self._events.of_request(self._request, txn, op, now_ns, taker)
             except Exception as exc:
                 raise _Replay from exc
         try:
@@ -388,7 +388,7 @@ class Broker:
         it is counted and journaled as any refused request."""
         if not guarded:
             try:
-                return self._events.of_request(lambda: self._settlement.requeue_at_end(txn, op, now_ns))
+                return self._events.of_request(self._settlement.requeue_at_end, txn, op, now_ns)
             except Exception as exc:
                 raise _Replay from exc
         try:

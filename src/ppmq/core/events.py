@@ -13,7 +13,7 @@ lists. The journal writes them as JSON lines; docs/journal.md is the format, fie
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -203,11 +203,11 @@ class StepEvents:
         if self.journaled:
             self._done.append(Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count))
 
-    def of_request(self, apply: Callable[[], T]) -> T:
-        """apply(), whose batches join the step's only if it returns."""
+    def of_request(self, apply: Callable[..., T], *args: Any) -> T:
+        """apply(*args), whose batches join the step's only if it returns."""
         outer, self._batches = self._batches, {}
         try:
-            result = apply()
+            result = apply(*args)
             self._done += self._batches.values()
             return result
         finally:

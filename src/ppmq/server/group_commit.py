@@ -242,12 +242,15 @@ class GroupCommit:
                     self._on_step(time.monotonic() - started)
                 self._gathering.stale = True  # counted against the state before the step
                 self._answer(batch, step.replies)
-                self._answer_later(step.finished)
-                self._free(step.left)
+                if step.finished:
+                    self._answer_later(step.finished)
+                if step.left:
+                    self._free(step.left)
                 self._stepped.wake()
                 for watcher in self._watchers:
                     watcher()
-                self._write_journal()  # the step before's, unless this one's batches took them
+                if self._unjournaled:  # the step before's, unless this one's batches took them
+                    self._write_journal()
                 self._unjournaled = step.events
         finally:
             if thread is not None:
@@ -339,12 +342,14 @@ class GroupCommit:
         the step thread waits for the disk without the interpreter lock. Encoded
         between two steps, they would hold the next step back."""
         self._dispatch(deliveries)
-        self._write_journal()
+        if self._unjournaled:
+            self._write_journal()
 
     def _write_journal(self) -> None:
-        events, self._unjournaled = self._unjournaled, []
-        if events and self._journal is not None:
-            self._journal(events)
+        if self._unjournaled:
+            events, self._unjournaled = self._unjournaled, []
+            if self._journal is not None:
+                self._journal(events)
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
         outlets: dict[str, Outlet | None] = {}
