@@ -169,12 +169,15 @@ class Broker:
         """Whether a step with no requests would do anything now; `lanes` as for step."""
         if now_ns < self._retry_at_ns:
             return False
-        if self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+        if now_ns >= self._next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        subs = ((s, self._router.lanes_of(s, lanes or {})) for s in open_subs)
-        return now_ns >= self._next_tick_ns or any(
-            self._dispatcher.space(s, t, ls) > 0 for s, ls in subs for t in self._dispatcher.pending_topics(s)
-        )
+        dispatcher, router = self._dispatcher, self._router
+        for sub in open_subs:
+            sub_lanes = router.lanes_of(sub, lanes) if lanes else None
+            for topic in dispatcher.pending_topics(sub):
+                if dispatcher.space(sub, topic, sub_lanes) > 0:
+                    return True
+        return False
 
     def step(
         self,
