@@ -45,7 +45,10 @@ class Framer:
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.too_large: TooLarge | None = None  # set once; the stream is unusable after it
-        self._buf = bytearray()
+        # What is buffered of a frame not yet complete; read-only to callers, for
+        # whom an empty one means nothing is pending (the usual case, after a
+        # lone line) without asking `pending`.
+        self.buffer = self._buf = bytearray()
         self._no_newline_before = 0  # the buffer has no newline before this index
         self._no_seam_before = 0  # ... and no `}{` seam starting before this index
         self._scan = _Scanner()
@@ -65,10 +68,17 @@ class Framer:
         """
         if self.too_large is not None:
             return []
-        if not self._buf:
-            line = _lone_line(data)
-            if line is not None and len(line) <= self.max_frame_bytes:
-                return [line]
+        if not self._buf and type(data) is bytes and data[:1] == b"{" and data.find(b"\n") == len(data) - 1:
+            # The read is one whole NDJSON object and its newline, as a client that
+            # waits for each reply sends it: the frame the buffer would give,
+            # without going through it, once it is known to be one JSON value.
+            line = data.rstrip(_SPACE)
+            if line[-1:] == b"}" and len(line) <= self.max_frame_bytes:
+                try:
+                    _read_one_value(line)
+                    return [line]
+                except (msgspec.DecodeError, RecursionError):
+                    pass  # the buffer takes it
         self._buf += data
         frames: list[bytes] = []
         while (frame := self._next_frame()) is not None:
@@ -183,16 +193,6 @@ class _Scanner:
                 self.depth -= 1
                 if self.depth == 0:
                     return self.pos
-
-
-def _lone_line(data: bytes) -> bytes | None:
-    """The read is one whole NDJSON object and its newline, as a client that
-    waits for each reply sends it: the frame the buffer would give, without
-    going through it. None for anything else, which the buffer then takes."""
-    if type(data) is not bytes or data[:1] != b"{" or data.find(b"\n") != len(data) - 1:
-        return None
-    line = data.rstrip(_SPACE)
-    return line if line[-1:] == b"}" and _is_one_value(line) else None
 
 
 def _is_one_value(line: bytes) -> bool:

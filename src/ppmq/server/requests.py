@@ -83,7 +83,7 @@ class Requests:
     # --- the read callback's side ----------------------------------------------------
     def feed(self, data: bytes) -> None:
         frames = self.framer.feed(data)
-        if self.read_timeout_s:
+        if self.read_timeout_s and (self.framer.buffer or self._frame_started is not None or self._timer is not None):
             self._note_partial(bool(frames))
         if self._next_read is not None and not self._next_read.done():
             self._next_read.set_result(data)
