@@ -218,7 +218,8 @@ class ReplyChannel:
     def _reply(self, reply: p.Reply) -> None:
         self.outstanding -= 1
         self.outstanding_bytes -= self._frame_bytes.popleft()  # replies come in the order of the requests
-        self._replied.wake()
+        if self._replied.futures:
+            self._replied.wake()
         if reply.id is not UNSET:
             self.send(reply)
         elif reply.status != 200:

@@ -246,7 +246,8 @@ class GroupCommit:
                     self._answer_later(step.finished)
                 if step.left:
                     self._free(step.left)
-                self._stepped.wake()
+                if self._stepped.futures:
+                    self._stepped.wake()
                 for watcher in self._watchers:
                     watcher()
                 if self._unjournaled:  # the step before's, unless this one's batches took them

@@ -30,7 +30,7 @@ def test_a_cancelled_wait_leaves_nothing_behind_and_the_others_still_wake():
         await asyncio.sleep(0)
         cancelled.cancel()
         await asyncio.sleep(0)
-        assert len(waiters._futures) == 1
+        assert len(waiters.futures) == 1
         waiters.wake()
         await asyncio.wait_for(kept, 1)
 
