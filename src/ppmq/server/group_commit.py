@@ -174,7 +174,7 @@ class GroupCommit:
         open subscriber once it is done anyway.
         """
         self._open[subscriber] = outlet
-        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes()):
+        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes() if self._laned else None):
             self._wake()
 
     def close(self, subscriber: str) -> None:
@@ -225,11 +225,14 @@ class GroupCommit:
                 else:
                     await self._gather_acks()
                 batch = self._take_batch()
+                ops = [op for op, _ in batch]
                 for joiner in self._joiners:
-                    batch += joiner([op for op, _ in batch])
+                    joined = joiner(ops)
+                    if joined:
+                        batch += joined
+                        ops += [op for op, _ in joined]
                 open_subs = set() if self._stopping else set(self._open)
                 lanes = self._lanes()
-                ops = [op for op, _ in batch]
                 started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:

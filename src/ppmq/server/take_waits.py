@@ -193,8 +193,10 @@ class TakeWaits:
         publish, in its step, with its commit, instead of in a step of their
         own after it. One that gets nothing (a competing TAKE, or a dedupe
         replacement, took the place) waits again, as a woken one would."""
+        if not self._waiting:
+            return []
         published: dict[str, int] = {}
-        for op in ops if self._waiting else ():
+        for op in ops:
             req = request_of(op)
             if req is not None and req.messages and req.topic is not None and len(req.messages) <= staging.CHUNK_MESSAGES:
                 published[req.topic] = published.get(req.topic, 0) + len(req.messages)
