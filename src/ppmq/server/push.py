@@ -83,23 +83,28 @@ class SubscriberLink:
         whose wake-up would cost the event loop more than the write does. The
         task waits only for what the kernel did not take, as for any batch.
         """
-        out = self._out
-        if out is None or not self._idle(out):
+        out, waiter = self._out, self._waiter
+        # Idle: the delivery task waits for a batch, and none is queued or in the buffer.
+        idle = (
+            out is not None
+            and waiter is not None
+            and not waiter.done()
+            and not self._batches
+            and self._sending is None
+            and not out.unsent()
+            and not out.is_closing()
+        )
+        if not idle:
             self._batches.append(delivery)
         else:
             out.write(delivery.frame)
             if not out.unsent() and not out.is_closing():
-                self._written(delivery)
+                if delivery.auto_ack:
+                    self._written(delivery)
                 self.writer.open(self.name, self)
                 return
             self._sending = delivery
         self._wake()
-
-    def _idle(self, out: Connection) -> bool:
-        """The delivery task waits for a batch, and none is queued or in the buffer."""
-        waiting = self._waiter is not None and not self._waiter.done()
-        unsent = self._batches or self._sending is not None or out.unsent()
-        return waiting and not unsent and not out.is_closing()
 
     def _wake(self, *_: object) -> None:
         if self._waiter is not None and not self._waiter.done():
