@@ -4,7 +4,8 @@
 
 Counts what cProfile counts (a call event for each Python function, a c_call
 event for each builtin), on every thread, and writes the counts as JSON to OUT
-when the program exits normally (ppmq serve does on SIGTERM). tools/paced.py
+when the program exits normally (ppmq serve does on SIGTERM): a Python call
+under its function's file, a builtin under the file of the function calling it. tools/paced.py
 --calls runs the broker under it twice and takes the difference.
 """
 
@@ -22,19 +23,19 @@ def main() -> None:
     out, flag, module, *args = sys.argv[1:]
     if flag != "-m":
         sys.exit(__doc__)
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
     def profile(frame, event, arg):  # type: ignore[no-untyped-def]
         if event == "call":
-            counts[frame.f_code.co_filename, frame.f_code.co_name] += 1
+            counts[frame.f_code.co_filename, frame.f_code.co_name, ""] += 1
         elif event == "c_call":
-            counts["<C>", getattr(arg, "__qualname__", repr(arg))] += 1
+            counts["<C>", getattr(arg, "__qualname__", repr(arg)), frame.f_code.co_filename] += 1
 
     def dump() -> None:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
         with open(out, "w") as f:
-            json.dump([[where, name, n] for (where, name), n in counts.items()], f)
+            json.dump([[where, name, caller, n] for (where, name, caller), n in counts.items()], f)
 
     atexit.register(dump)
     sys.argv = [module, *args]

@@ -250,6 +250,35 @@ def instructions(brokers: list[str]) -> None:
         )
 
 
+# What each of ppmq's modules is for, as docs/performance.md splits a paced
+# message's calls: a Python call counts where its function is, a builtin where
+# the function calling it is.
+CONCERNS = {
+    "store rows": ("store/",),
+    "counters": ("store/counters.py", "store/state.py"),
+    "step bookkeeping": ("core/broker.py", "core/ops.py", "core/staging.py", "core/laning.py", "server/group_commit.py",
+                         "server/gathering.py", "server/take_waits.py", "server/waiters.py", "server/metrics.py", "threading.py",
+                         "asyncio/"),
+    "publish, dispatch, ack": ("core/publish.py", "core/dispatch.py", "core/settlement.py", "core/queues.py", "core/pull.py",
+                               "core/taker_holdings.py", "core/validate.py", "server/push.py", "server/parallel_push.py"),
+    "framing, decoding, replies": ("protocol/", "server/requests.py", "server/connection.py"),
+    "journal events": ("core/events.py", "server/journal.py", "server/journal_lines.py"),
+    "config lookups": ("config.py", "core/topology.py"),
+    "access checks": ("core/access.py",),
+}  # fmt: skip
+
+
+def concern_of(path: str) -> str:
+    """The concern a source file's calls count under: its longest matching prefix."""
+    where = path.split("/ppmq/", 1)[-1] if "/ppmq/" in path else "/".join(path.rsplit("/", 2)[-2:])
+    best, length = "other", 0
+    for concern, prefixes in CONCERNS.items():
+        for prefix in prefixes:
+            if (where.startswith(prefix) or where.endswith(prefix)) and len(prefix) > length:
+                best, length = concern, len(prefix)
+    return best
+
+
 def calls() -> None:
     """ppmq's function calls a message: the difference of two profiled runs."""
     small, large = CALL_RUNS
@@ -258,23 +287,25 @@ def calls() -> None:
         for n in (small, large):
             out = Path(d) / f"{n}.json"
             run("ppmq", n, CALLS_RATE, calls_to=out)
-            counted.append({(where, name): count for where, name, count in json.loads(out.read_text())})
+            counted.append({(where, name, caller): count for where, name, caller, count in json.loads(out.read_text())})
     per_message = {key: (count - counted[0].get(key, 0)) / (large - small) for key, count in counted[1].items()}
-    python = sum(n for (where, _), n in per_message.items() if where != "<C>")
-    builtin = sum(n for (where, _), n in per_message.items() if where == "<C>")
+    python = sum(n for (where, _, _), n in per_message.items() if where != "<C>")
+    builtin = sum(n for (where, _, _), n in per_message.items() if where == "<C>")
     print(f"ppmq: {python + builtin:,.0f} calls a message: {python:,.0f} to Python functions, {builtin:,.0f} to builtins")
-    print(f"({small} and {large} messages at {CALLS_RATE}/s)\n\nby module (Python functions):")
-    modules: dict[str, float] = {}
-    for (where, _), n in per_message.items():
-        if where != "<C>":
-            module = where.split("/ppmq/", 1)[-1] if "/ppmq/" in where else Path(where).name
-            modules[module] = modules.get(module, 0.0) + n
-    for module, n in sorted(modules.items(), key=lambda kv: -kv[1]):
-        if n >= 0.5:
-            print(f"{n:8.1f}  {module}")
+    print(f"({small} and {large} messages at {CALLS_RATE}/s)\n\nby concern (Python calls + builtins they make):")
+    concerns: dict[str, list[float]] = {}
+    for (where, _, caller), n in per_message.items():
+        python_call = where != "<C>"
+        concerns.setdefault(concern_of(where if python_call else caller), [0.0, 0.0])[0 if python_call else 1] += n
+    for concern, (py, c) in sorted(concerns.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{py + c:8.1f}  {concern} ({py:.0f} + {c:.0f})")
     print("\nby function:")
-    for (where, name), n in sorted(per_message.items(), key=lambda kv: -kv[1])[:40]:
-        print(f"{n:8.1f}  {Path(where).name if where != '<C>' else '<C>'}:{name}")
+    functions: dict[tuple[str, str], float] = {}
+    for (where, name, _), n in per_message.items():
+        key = ("<C>" if where == "<C>" else where.split("/ppmq/", 1)[-1], name)
+        functions[key] = functions.get(key, 0.0) + n
+    for (where, name), n in sorted(functions.items(), key=lambda kv: -kv[1])[:50]:
+        print(f"{n:8.1f}  {where}:{name}")
 
 
 def main() -> None:
