@@ -8,7 +8,7 @@ can name them without reading (or importing) how a step applies them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import msgspec
 
@@ -88,7 +88,7 @@ class Requeue(NamedTuple):
     check: Callable[[], None]  # raises Forbidden: the connection's access check, run when applied
 
 
-Op = p.Request | Guarded | Take | Abandoned | Returned | Written | Invalid | Reconfigure | Requeue
+Op: TypeAlias = p.Request | Guarded | Take | Abandoned | Returned | Written | Invalid | Reconfigure | Requeue
 
 
 class Delivery(NamedTuple):

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TypeAlias
 
 from msgspec import UNSET
 
@@ -33,7 +34,7 @@ from ppmq.server.take_waits import TakeWaits
 
 log = logging.getLogger("ppmq.connection")
 
-Decoded = p.Request | Guarded | Invalid  # what a frame becomes
+Decoded: TypeAlias = p.Request | Guarded | Invalid  # what a frame becomes
 
 
 class Requests:
