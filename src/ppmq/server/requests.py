@@ -217,11 +217,10 @@ class Requests:
                     self._held.clear()
                     return False
                 sink = self.channel.expect(len(frame))
-                take = _take_of(op) if self.takes is not None else None
-                if take is None:
-                    self.writer.submit(op, sink)
-                else:
+                if self.takes is not None and (take := _take_of(op)) is not None:
                     sink(await self.takes.take(self.taker, *take, self._watch_peer()))
+                else:
+                    self.writer.submit(op, sink)
         finally:
             self._busy = False
             self._next_read = None
