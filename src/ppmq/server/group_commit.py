@@ -91,8 +91,9 @@ class GroupCommit:
         self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
         self._waiter: asyncio.Future[None] | None = None  # run() waits on it for work or a timer
         # run()'s loop, kept: asyncio.get_running_loop() makes a getpid() system
-        # call each time, and the writer waits a few times for every step.
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # call each time, and the writer waits a few times for every step. Set
+        # when run() starts; what uses it (waits and gathering) happens only after.
+        self._loop: asyncio.AbstractEventLoop
         self._stopping = False
         self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
         self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
@@ -268,10 +269,10 @@ class GroupCommit:
         loop, company = self._loop, self._gathering
         if company.stale:
             company.recount(op for op, _ in self._pending)
-        self._gather()
+        until = self._gather()
         try:
             while not self._stopping and self._pending and company.may_wait:
-                remaining = self._gather_until - loop.time()
+                remaining = until - loop.time()
                 if remaining <= 0:
                     company.ran_out()
                     return
@@ -279,15 +280,18 @@ class GroupCommit:
         finally:
             self._gather_until = None
 
-    def _gather(self) -> None:
-        """Acks begin to gather, unless they do already; a wait of run() ends when they are done."""
-        if self._gather_until is not None:
-            return
+    def _gather(self) -> float:
+        """Acks begin to gather, unless they do already; a wait of run() ends when
+        they are done. Returns the loop time they gather until."""
+        if (until := self._gather_until) is not None:
+            return until
         loop = self._loop
         self._gather_until = until = loop.time() + ACK_GATHER_S
-        if self._timer is not None and self._timer.when() > until:
-            self._timer.cancel()
-            self._timer = loop.call_at(until, _resolve, self._waiter, None)
+        timer, waiter = self._timer, self._waiter  # set together by _sleep, while run() waits
+        if timer is not None and waiter is not None and timer.when() > until:
+            timer.cancel()
+            self._timer = loop.call_at(until, _resolve, waiter, None)
+        return until
 
     async def _sleep(self, timeout_s: float) -> None:
         """Until something is submitted or a subscriber opens, or the next timer
@@ -307,8 +311,10 @@ class GroupCommit:
         MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
         out the ops of connections whose staged publish is not answered yet, or
         that come after a publish large enough to be staged."""
-        waiting = {sink for _, sink in self._later.values()} if self._later else set()
-        batch, kept, messages = [], [], 0
+        waiting: set[ReplySink | None] = {sink for _, sink in self._later.values()} if self._later else set()
+        batch: list[tuple[Op, ReplySink | None]] = []
+        kept: list[tuple[Op, ReplySink | None]] = []
+        messages = 0
         for i, (op, sink) in enumerate(self._pending):
             if len(batch) >= MAX_OPS_PER_STEP or (batch and messages >= MAX_MESSAGES_PER_STEP):
                 kept += self._pending[i:]
