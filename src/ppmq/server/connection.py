@@ -14,8 +14,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from msgspec import UNSET
 
@@ -52,10 +52,9 @@ class Connection(asyncio.Protocol):
     """A socket as the broker sees it: what arrives goes to its `Requests`, and
     what it writes has flow control (`drain`), as a StreamWriter's has."""
 
-    def __init__(self, on_connect: Callable[[Connection], Awaitable[None]] | None = None) -> None:
+    def __init__(self, on_connect: Callable[[Connection], Coroutine[Any, Any, None]] | None = None) -> None:
         """`on_connect` runs as the connection's task once it is made (a server's
         connections; a connection the broker makes is served by its caller)."""
-        self.transport: asyncio.Transport | None = None
         self._on_connect = on_connect
         self._task: asyncio.Task[None] | None = None
         self._requests: Requests | None = None
@@ -64,7 +63,8 @@ class Connection(asyncio.Protocol):
         self._lost = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
-        # Bound to the transport's own methods once it is made (connection_made)
+        # The transport, and its own methods bound, once it is made (connection_made)
+        self.transport: asyncio.Transport
         self.write: Callable[[bytes], None]
         self.is_closing: Callable[[], bool]
         self.unsent: Callable[[], int]
@@ -160,8 +160,7 @@ class Connection(asyncio.Protocol):
             self._drain_waiters.remove(waiter)
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
 
 class ReplyChannel:
