@@ -123,7 +123,7 @@ class Connection(asyncio.Protocol):
         else:
             self._requests.end(exc)
 
-    def get_extra_info(self, name: str) -> object:
+    def get_extra_info(self, name: str) -> Any:
         return self.transport.get_extra_info(name)
 
     def flush_before_drain(self) -> None:

@@ -90,6 +90,7 @@ class Server:
             await self._refuse(conn, refused)
             return
         task = asyncio.current_task()
+        assert task is not None, "a connection is served by a task of its own (Connection's on_connect)"
         try:
             peer = Peer(*peer_credentials(conn.get_extra_info("socket")))
             channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")

@@ -204,6 +204,7 @@ class PhpmqServer:
             out.close()
             return
         task = asyncio.current_task()
+        assert task is not None, "a connection is served by a task of its own (asyncio.start_unix_server)"
         self._tasks.add(task)
         try:
             peer = Peer(*peer_credentials(out.get_extra_info("socket")))
