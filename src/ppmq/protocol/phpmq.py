@@ -21,7 +21,7 @@ rest of the stream cannot be trusted.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import msgspec
 
 from ppmq.errors import BadFrame, FrameTooLarge
 
@@ -49,9 +49,10 @@ PACKETS: dict[int, tuple[frozenset[int], frozenset[int]]] = {
 }
 
 
-class Frame(NamedTuple):
+class Frame(msgspec.Struct, frozen=True):
     """One message from a client, its packets decoded. Fields a type does not
-    carry are None; `ttl_s` is 0 for no expiry."""
+    carry are None; `ttl_s` is 0 for no expiry. A Struct, not a NamedTuple: a
+    tuple's own `count` method would stand in the way of the field."""
 
     type: int
     queue: str

@@ -22,7 +22,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import msgspec
 
@@ -48,7 +47,7 @@ class _Taken(msgspec.Struct, rename="pascal"):
 _taken = msgspec.json.Decoder(_Taken)
 
 
-class Wanted(NamedTuple):
+class Wanted(msgspec.Struct, frozen=True):
     """What the connection's last 002 asked for: up to `count` in flight, from
     `queue`, taken as its PhpmqSubscriber `subscriber`; dispatched with a TTL
     packet if `with_ttl` (the topic's PhpmqDispatchTTL, PROTOCOL §9)."""
