@@ -113,13 +113,15 @@ class PhpmqConnection:
             assert frame.count is not None, "a 002 has a count (phpmq_codec.PACKETS)"
             self.consumer.consume(Wanted(topic.name, sub, frame.count, topic.phpmq_dispatch_ttl))
             return
+        message_id = frame.message_id
+        assert message_id is not None, "a 004, 005 and 006 have a message id (wire.PACKETS)"
         if frame.type == wire.ACK:
-            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[frame.message_id])), "ack")
+            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, acks=[message_id])), "ack")
         elif frame.type == wire.DEAD_LETTER:
-            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, rejects=[frame.message_id])), "dead letter")
+            await self._call(self._guarded(p.Request(topic=topic.name, subscriber=sub, rejects=[message_id])), "dead letter")
         else:
-            await self._call(self._requeue(topic.name, sub, frame.message_id, frame.ttl_s), "re-queue")
-        self.consumer.settled(topic.name, frame.message_id)
+            await self._call(self._requeue(topic.name, sub, message_id, frame.ttl_s), "re-queue")
+        self.consumer.settled(topic.name, message_id)
 
     def _queue(self, frame: wire.Frame) -> TopicConfig:
         """The topic a frame's queue names, in the config in force; a queue that
