@@ -129,10 +129,11 @@ class Journal:
     def _append(self, data: bytes) -> bool:
         """Write to the current segment, opening one if needed; False if the disk refused."""
         try:
-            if self._file is None:
-                self._open()
-            self._file.write(data)
-            self._file.flush()
+            file = self._file
+            if file is None:
+                file = self._open()
+            file.write(data)
+            file.flush()
         except OSError as exc:
             if not self.dropped_io:
                 log.error("journal: cannot write to %s: %s; events are dropped until it works again", self.directory, exc)
@@ -158,12 +159,14 @@ class Journal:
                 pass
             self._file = None
 
-    def _open(self) -> None:
+    def _open(self) -> BinaryIO:
+        """A new segment, current from now on."""
         # Names sort by creation time, so the oldest segment is the first name.
         now_ns = time.time_ns()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 1_000_000_000)) + f"{now_ns % 1_000_000_000:09d}Z"
-        self._file = open(self.directory / f"journal-{stamp}{ACTIVE_SUFFIX}", "ab")
+        self._file = file = open(self.directory / f"journal-{stamp}{ACTIVE_SUFFIX}", "ab")
         self._size = 0
+        return file
 
     def _rotate(self) -> None:
         """Close the current segment, gzip it, and keep the total under max_bytes."""
