@@ -90,7 +90,9 @@ class TakeWaits:
         again = Take(
             taker, p.Request(topic=request.topic, subscriber=request.subscriber, count=request.count, command="TAKE", id=request.id), check
         )
-        key = (request.topic, request.subscriber)
+        topic, sub = request.topic, request.subscriber
+        assert topic is not None and sub is not None, "a TAKE answered 200 names both (core/pull.py)"
+        key = (topic, sub)
         while (left_s := deadline - loop.time()) > 0:
             waiter = _Waiter(taker, request.count or 1, loop.create_future(), again)
             try:
@@ -200,7 +202,7 @@ class TakeWaits:
             req = request_of(op)
             if req is not None and req.messages and req.topic is not None and len(req.messages) <= staging.CHUNK_MESSAGES:
                 published[req.topic] = published.get(req.topic, 0) + len(req.messages)
-        joining = []
+        joining: list[tuple[Op, Callable[[p.Reply], None]]] = []
         for key in [key for key in self._waiting if key[0] in published]:
             room = min(published[key[0]], self._writer.broker.take_room(*key)) - self._woken.get(key, 0)
             for waiter in self._woken_oldest(key, room, joined=True):
