@@ -25,13 +25,14 @@ import os
 import random
 import time
 from collections import deque
+from typing import Protocol
 
 from ppmq.config import SubscriberConfig
 from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Delivery, Returned, Written
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.group_commit import GroupCommit
-from ppmq.server.requests import Requests
+from ppmq.server.group_commit import Outlet
+from ppmq.server.requests import Requests, Writer
 from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.delivery")
@@ -40,13 +41,30 @@ FIRST_RETRY_S = 0.1
 STABLE_S = 1.0  # a connection that lasted this long resets the backoff
 
 
+class LinkWriter(Writer, Protocol):
+    """The writer as a subscriber's link sees it: GroupCommit, or for one lane
+    of a subscriber with Connections > 1, that lane's feed (parallel_push.py)."""
+
+    async def wanted(self, subscriber: str) -> None:
+        """Return once there is something for subscriber."""
+        ...
+
+    def open(self, subscriber: str, outlet: Outlet) -> None:
+        """The link is idle: it may be given a batch."""
+        ...
+
+    def close(self, subscriber: str) -> None:
+        """The link can take no batch."""
+        ...
+
+
 class SubscriberLink:
     """The broker's side of one subscriber's socket."""
 
     def __init__(
         self,
         config: SubscriberConfig,
-        writer: GroupCommit,
+        writer: LinkWriter,
         retry_max_s: float,
         max_frame_bytes: int,
         *,

@@ -20,21 +20,29 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from msgspec import UNSET
 
-from ppmq.core.ops import Guarded, Invalid
+from ppmq.core.ops import Guarded, Invalid, Op
 from ppmq.errors import BadRequest, ReadTimeout, ShuttingDown
 from ppmq.protocol import messages as p
 from ppmq.protocol.framing import Framer
 from ppmq.server.connection import Connection, ReplyChannel
-from ppmq.server.group_commit import GroupCommit
+from ppmq.server.group_commit import ReplySink
 from ppmq.server.take_waits import TakeWaits
 
 log = logging.getLogger("ppmq.connection")
 
 Decoded: TypeAlias = p.Request | Guarded | Invalid  # what a frame becomes
+
+
+class Writer(Protocol):
+    """Where a connection's requests go, each with the sink for its reply: the
+    writer (GroupCommit), or what stands in for it on one lane of a subscriber
+    with Connections > 1 (parallel_push.py)."""
+
+    def submit(self, op: Op, sink: ReplySink | None = None) -> None: ...
 
 
 class Requests:
@@ -56,7 +64,7 @@ class Requests:
         self,
         conn: Connection,
         channel: ReplyChannel,
-        writer: GroupCommit,
+        writer: Writer,
         max_frame_bytes: int,
         stopping: asyncio.Event | None = None,
         read_timeout_s: float = 0.0,
