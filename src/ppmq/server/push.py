@@ -168,10 +168,12 @@ class SubscriberLink:
         drain() waits for an empty buffer (Connection.flush_before_drain): acks
         read on it do not wait for that, as their reply channel waits only while
         more than MAX_UNSENT_BYTES are unsent (connection.ReplyChannel)."""
+        path = self.config.socket
+        assert path is not None, "a subscriber that is pushed to has a Socket (config._check_delivery)"
         check = self.policy.check_owner if self.policy is not None and self.config.owner_checked else None
         if check is not None:
-            check(self.config, os.stat(self.config.socket).st_uid, "the socket's owner")
-        _, out = await asyncio.get_running_loop().create_unix_connection(Connection, self.config.socket)
+            check(self.config, os.stat(path).st_uid, "the socket's owner")
+        _, out = await asyncio.get_running_loop().create_unix_connection(Connection, path)
         out.flush_before_drain()
         peer = Peer(*peer_credentials(out.get_extra_info("socket")))
         if check is not None:
