@@ -102,7 +102,7 @@ class Gathering:
         assert req is not None
         if req.acks is not None and req.subscriber:  # acks that owe a reply
             self._late.discard(req.subscriber)
-        if not req.messages:
+        if not req.messages or req.topic is None:  # a publish without a Topic waits for no acks: it is refused
             self.may_wait = False
             return False
         awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking and s not in self._late]
