@@ -163,6 +163,7 @@ class StepEvents:
                 replaced=[replaced] if isinstance(replaced, bool) else list(replaced),
             )  # fmt: skip
             return
+        assert event.prio is not None and event.bytes is not None and event.expires_ns is not None, "a publish has its COLUMNS"
         before = len(event.ids)
         event.ids += ids
         event.prio += prio
@@ -182,6 +183,7 @@ class StepEvents:
                 attempts=[attempts] if isinstance(attempts, int) else list(attempts),
             )  # fmt: skip
             return
+        assert event.bytes is not None, "a delivery has its COLUMNS"
         before, n = len(event.ids), len(ids)
         event.ids += ids
         extend(event, "pub_ns", before, pub_ns, n)
