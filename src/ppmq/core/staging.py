@@ -74,6 +74,7 @@ class Job:
     """A publish being staged, and what its chunks stored so far."""
 
     req: p.Request
+    messages: list[p.Message]  # req's Messages
     topic: TopicConfig  # as it was when the publish arrived: a reload that changes it ends the job
     arrived_ns: int  # TTLs count from here, and every message is stamped published then
     event: Event | None  # its PUBLISH journal event, filled chunk by chunk; None without a journal
@@ -84,7 +85,7 @@ class Job:
 
     @property
     def whole(self) -> bool:
-        return self.done == len(self.req.messages)
+        return self.done == len(self.messages)
 
 
 Answer = tuple[p.Request, p.Reply]
@@ -113,8 +114,9 @@ class Staging:
         return self._active if self._active is not None and self._active.req is req else None
 
     def queue(self, req: p.Request, topic: TopicConfig, now_ns: int, journaled: bool) -> None:
+        assert req.messages is not None, "a publish large enough to stage (is_large)"
         event = ev.new(ev.PUBLISH, now_ns, topic.name) if journaled else None
-        job = Job(req, topic, now_ns, event, ready=[0] * topic.priorities)
+        job = Job(req, req.messages, topic, now_ns, event, ready=[0] * topic.priorities)
         self._waiting.append(job)
         self._new.append(job)
 
@@ -172,12 +174,13 @@ class Staging:
             raise Unavailable(f"Topic: topic {topic.name!r} was reconfigured while this publish was being stored; send it again")
         txn.refuse_when_full()
         if job.staged is None and subs:
-            job.staged = Staged(t, stats.seq + 1, stats.seq + len(job.req.messages))
+            job.staged = Staged(t, stats.seq + 1, stats.seq + len(job.messages))
             stats.seq = job.staged.last  # ids of a job that fails are never handed out again
             txn.put_staged(job.staged)
-        chunk = job.req.messages[job.done : job.done + CHUNK_MESSAGES]
+        chunk = job.messages[job.done : job.done + CHUNK_MESSAGES]
         prepared = prepare(topic, chunk, max_message_bytes, job.arrived_ns, job.done)
         if subs:
+            assert job.staged is not None, "reserved with its first chunk, above"
             _write(txn, job, topic, t, subs, job.staged.first + job.done, prepared)
         job.done += len(chunk)
         if job.whole and subs:
@@ -215,6 +218,9 @@ def _write(txn: Txn, job: Job, topic: TopicConfig, t: int, subs: list[int], firs
     txn.put_new_holders(t, subs, first, prios)
     if job.event is not None:
         e = job.event
+        assert e.prio is not None and e.bytes is not None and e.expires_ns is not None and e.replaced is not None, (
+            "a publish has its COLUMNS"
+        )
         e.ids += ids
         e.prio += prios
         e.bytes += sizes
