@@ -36,6 +36,7 @@ def room(lanes: Lanes, topic: str, window: int) -> tuple[int, int]:
 def carry(lanes: Lanes, lane: int, topic: str, count: int) -> None:
     """A batch of count messages given to lane: less room there for the step's next batches."""
     carried = lanes[lane]
+    assert carried is not None, "an open lane: room() chose it"
     carried[topic] = carried.get(topic, 0) + count
 
 
