@@ -37,7 +37,7 @@ def prepare(topic: TopicConfig, messages: list[p.Message], max_message_bytes: in
     """Every message of a publish, checked; raises the RequestError of the first bad one.
     A publish staged in chunks (core/staging.py) passes each chunk's place in the whole
     request as `first_index`, so an error names the message as the client counts it."""
-    out = []
+    out: list[Prepared] = []
     max_age_ns = int(topic.max_age * NS) if topic.max_age else 0
     for i, m in enumerate(messages, first_index):
         # The common message is checked without naming it: only an error does (_where).
