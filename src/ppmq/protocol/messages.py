@@ -146,7 +146,15 @@ _SURROGATE_HI = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
 _SURROGATE_LO = rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 _LONE_SURROGATE = re.compile(_SURROGATE_HI + rb"(?!" + _SURROGATE_LO + rb")|(?<!" + _SURROGATE_HI + rb")" + _SURROGATE_LO)
 _NOT_UTF8 = "\ufdd0"  # a noncharacter: marks where the bad bytes were
-codecs.register_error("ppmq-mark", lambda exc: (_NOT_UTF8, exc.end))
+
+
+def _mark_not_utf8(exc: UnicodeError) -> tuple[str, int]:
+    """The "ppmq-mark" error handler, for decoding only: bad bytes become _NOT_UTF8."""
+    assert isinstance(exc, UnicodeDecodeError), "ppmq-mark decodes"
+    return _NOT_UTF8, exc.end
+
+
+codecs.register_error("ppmq-mark", _mark_not_utf8)
 
 
 def _utf8_error(frame: bytes, exc: UnicodeDecodeError) -> str:
