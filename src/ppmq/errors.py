@@ -14,6 +14,11 @@ This module imports nothing from ppmq: every layer may raise what it defines.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from msgspec import Raw, UnsetType
+
 
 class PpmqError(Exception):
     """The root of ppmq's own exceptions: catching it catches any of them."""
@@ -37,6 +42,7 @@ class BadRequest(RequestError):
     or validated, or while the broker applies the request."""
 
     status = 400
+    request_id: Raw | UnsetType  # set on an error of decoding only
 
 
 class Forbidden(RequestError):
