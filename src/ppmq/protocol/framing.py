@@ -95,7 +95,9 @@ class Framer:
     def _next_frame(self) -> bytes | None:
         buf = self._buf
         if buf[:1] in _SPACE_BYTES:
-            self._take(_LEADING_SPACE.match(buf).end())  # blanks between frames belong to none
+            blanks = _LEADING_SPACE.match(buf)
+            assert blanks is not None, "buf starts with one"
+            self._take(blanks.end())  # blanks between frames belong to none
         if not buf:
             return None
         nl = buf.find(b"\n", self._no_newline_before)
