@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +231,11 @@ DEAD_LETTER_REASONS = ("attempts", "rejected", "expired", "overflow")  # why a c
 def _check(config: Config) -> list[tuple[str, str]]:
     """Checks across fields: (path, message) pairs, paths as msgspec writes them."""
     errors: list[tuple[str, str]] = []
-    for kind, items in (("Subscribers", config.subscribers), ("Topics", config.topics)):
+    named: tuple[tuple[str, Sequence[SubscriberConfig | TopicConfig]], ...] = (
+        ("Subscribers", config.subscribers),
+        ("Topics", config.topics),
+    )
+    for kind, items in named:
         seen: set[str] = set()
         for i, item in enumerate(items):
             if not item.name:
