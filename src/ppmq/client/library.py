@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -26,6 +26,8 @@ DEFAULT_TIMEOUT_S = 30.0
 # The longest reply line AsyncClient reads: more than any reply of a broker, whose
 # largest (a TAKE) holds at most MaxFrameBytes of messages, or one message.
 REPLY_LIMIT_BYTES = 1 << 30
+# A publish's messages: objects, or each one's JSON object already encoded
+Messages: TypeAlias = list[dict[str, Any]] | list[msgspec.Raw]
 
 
 class _Calls:
@@ -34,10 +36,10 @@ class _Calls:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
 
-    def _frame(self, wrapper: dict[str, Any]) -> tuple[bytes, bytes]:
-        rid = b"%d" % next(self._ids)
+    def _frame(self, wrapper: dict[str, Any]) -> tuple[bytes, msgspec.Raw]:
+        rid = msgspec.Raw(b"%d" % next(self._ids))
         # Id first: the broker can find it even in a frame it cannot parse
-        return _encoder.encode({"Id": msgspec.Raw(rid), **wrapper}) + b"\n", rid
+        return _encoder.encode({"Id": rid, **wrapper}) + b"\n", rid
 
     @staticmethod
     def _check(line: bytes) -> Reply:
@@ -49,7 +51,7 @@ class _Calls:
         return reply
 
     @staticmethod
-    def publish_wrapper(topic: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def publish_wrapper(topic: str, messages: Messages) -> dict[str, Any]:
         return {"Topic": topic, "Messages": messages}
 
     @staticmethod
@@ -94,12 +96,12 @@ class Client(_Calls):
             while True:
                 line = self._lines.readline()
                 reply = self._check(line)
-                if bytes(reply.id) == rid:
+                if reply.id == rid:
                     return reply
         except OSError as exc:
             raise ClientError(0, f"connection to the broker failed: {exc}") from None
 
-    def publish(self, topic: str, messages: list[dict[str, Any]]) -> int:
+    def publish(self, topic: str, messages: Messages) -> int:
         return self.request(self.publish_wrapper(topic, messages)).accepted or 0
 
     def ack(self, topic: str, subscriber: str, keys: list[str]) -> int:
@@ -152,7 +154,7 @@ class AsyncClient(_Calls):
                 while True:
                     line = await self._line()
                     reply = self._check(line)
-                    if bytes(reply.id) == rid:
+                    if reply.id == rid:
                         return reply
             except (OSError, TimeoutError) as exc:
                 raise ClientError(0, f"connection to the broker failed: {exc!r}") from None
@@ -165,7 +167,7 @@ class AsyncClient(_Calls):
         except ValueError:
             raise ClientError(0, f"a reply longer than {REPLY_LIMIT_BYTES} bytes") from None
 
-    async def publish(self, topic: str, messages: list[dict[str, Any]]) -> int:
+    async def publish(self, topic: str, messages: Messages) -> int:
         return (await self.request(self.publish_wrapper(topic, messages))).accepted or 0
 
     async def ack(self, topic: str, subscriber: str, keys: list[str]) -> int:
