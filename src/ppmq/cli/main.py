@@ -72,17 +72,20 @@ def _require_utf8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     """A usage error naming the first argument that is not UTF-8. Python hands
     such bytes over as lone surrogates (PEP 383), which a topic, a key, a payload
     or a NATS URL cannot be encoded from; file paths stay as the OS gave them."""
-    while parser is not None:
-        chosen = None
+    while True:
+        chosen: argparse.ArgumentParser | None = None  # the subcommand given, whose arguments come next
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
-                chosen = action.choices.get(getattr(args, action.dest, None))
+                command: str | None = getattr(args, action.dest, None)
+                chosen = action.choices.get(command) if command is not None else None
                 continue
             value = getattr(args, action.dest, None)
             for text in value if isinstance(value, list) else [value]:
                 if action.dest not in PATH_ARGUMENTS and isinstance(text, str) and not _is_utf8(text):
                     name = "/".join(action.option_strings) or action.metavar or action.dest
                     parser.error(f"argument {name}: not UTF-8: {os.fsencode(text)!r}")
+        if chosen is None:
+            return
         parser = chosen
 
 
