@@ -110,12 +110,20 @@ def _options(sub: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, argparse._HelpAction):
             continue
         if action.option_strings:
-            metavar = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
+            metavar = "" if action.nargs == 0 else f" {_metavar(action)}"
             label = ", ".join(f"\\fB{_roff(o)}\\fR" for o in action.option_strings) + _roff(metavar)
         else:
-            label = f"\\fI{_roff(action.metavar or action.dest.upper())}\\fR"
+            label = f"\\fI{_roff(_metavar(action))}\\fR"
         lines += [".TP", label, _roff(action.help or "")]
     return lines
+
+
+def _metavar(action: argparse.Action) -> str:
+    """What stands for an argument's value, as argparse's usage writes it: its
+    metavar (a tuple of them for several values), or its name in capitals."""
+    if isinstance(action.metavar, tuple):
+        return " ".join(action.metavar)
+    return action.metavar or action.dest.upper()
 
 
 # --- ppmq.yaml(5) -------------------------------------------------------------------
