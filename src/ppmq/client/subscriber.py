@@ -137,11 +137,12 @@ def settings(
     if match is None:
         known = ", ".join(s.name for s in loaded.subscribers) or "none"
         raise SubscriberError(f"{path}: no subscriber named {name!r} (Subscribers: {known})")
-    if socket_path is None and match.socket is None:
+    socket_path = socket_path or match.socket
+    if socket_path is None:
         raise SubscriberError(f"{path}: subscriber {name!r} is a Pull subscriber: nothing is pushed to it (its workers TAKE)")
     return Settings(
         name,
-        socket_path or match.socket,
+        socket_path,
         server_socket or loaded.server_socket,
         idle_exit_s,
         loaded.max_frame_bytes,
@@ -175,7 +176,7 @@ class _Listener:
     def __init__(self, s: Settings) -> None:
         inherited = listening_unix_socket(FD_NAME)
         self.activated = inherited is not None
-        self.accepted = self.activated and not inherited.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        self.accepted = inherited is not None and not inherited.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         self.bound: sockets.SocketFile | None = None
         if inherited is not None:
             self.sock = inherited
