@@ -55,7 +55,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -65,6 +65,9 @@ from ppmq.config import default_config_path, load_config
 from ppmq.errors import ClientError, ConfigError, ListenError, SubscriberError
 from ppmq.protocol.framing import Framer
 from ppmq.systemd import configure_logging, listening_unix_socket
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 log = logging.getLogger("ppmq.client.subscriber")
 
@@ -343,9 +346,15 @@ async def _first(awaitable: Awaitable[Any], stop: asyncio.Event, timeout_s: floa
     return STOPPED if stopping in done else IDLE
 
 
+def _is_async(handler: Handler | AsyncHandler) -> TypeIs[AsyncHandler]:
+    """A coroutine function is an AsyncHandler; any other callable is taken for a
+    Handler (and run on the executor), even one that returns an awaitable."""
+    return inspect.iscoroutinefunction(handler)
+
+
 def _caller(handler: Handler | AsyncHandler, executor: ThreadPoolExecutor) -> Callable[[Batch], Awaitable[Result]]:
     """The handler as a coroutine function: plain functions go to the executor's one thread."""
-    if inspect.iscoroutinefunction(handler):
+    if _is_async(handler):
         return handler
 
     async def call(batch: Batch) -> Result:
