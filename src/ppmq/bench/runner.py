@@ -31,9 +31,11 @@ class _Client:
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None, "both are PIPEs"
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
 
     def ready(self) -> None:
-        line = self.proc.stdout.readline().strip()
+        line = self._stdout.readline().strip()
         if line != "ready":
             self.proc.kill()
             raise RunError(f"{self.role} client failed to start (exit {self.proc.wait()})")
@@ -43,8 +45,8 @@ class _Client:
 
     def tell(self, line: str) -> None:
         try:
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
+            self._stdin.write(line + "\n")
+            self._stdin.flush()
         except BrokenPipeError:
             pass  # done already: it had everything before being told
 
