@@ -13,7 +13,9 @@ _OURS = {p.name for p in Path(__file__).parent.parent.glob("*.py")} - {"cli/main
 
 
 def summary(path: Path, top: int = 15) -> str:
-    threads, leaf, inclusive = Counter(), Counter(), Counter()
+    threads: Counter[str] = Counter()  # samples per thread, per function itself, per ppmq function with its callees
+    leaf: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
