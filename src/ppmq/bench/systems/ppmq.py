@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -29,7 +30,7 @@ def missing() -> str | None:
 def start(tmp: Path, w: Workload) -> Running:
     subs = [PULLED] if w.pull else [f"s{i}" for i in range(w.subscribers)]
     kind = {"Pull": True} if w.pull else {}
-    config = {
+    config: dict[str, Any] = {
         "ServerSocket": str(tmp / "ppmq.sock"),
         "DataPath": str(tmp / "data"),
         "Sync": w.durable,
@@ -124,11 +125,13 @@ class Subscriber:
 
     def batches(self) -> Iterator[list[bytes]]:
         decode = msgspec.json.Decoder(_Batch).decode
-        ack = (self.acks or self.conn).sendall
+        conn = self.conn
+        assert conn is not None, "start() accepted it"
+        ack = (self.acks or conn).sendall
         buf = b""
         while True:
             try:
-                data = self.conn.recv(1 << 20)
+                data = conn.recv(1 << 20)
             except TimeoutError:
                 yield []
                 continue
@@ -156,7 +159,7 @@ class Taker:
     def __init__(self, address: dict, w: Workload, index: int) -> None:
         self.path = address["server"]
         self.count = w.batch
-        self.client: Client | None = None
+        self.client: Client  # made by prepare()
         self.acks: list[str] | None = None
 
     def prepare(self) -> None:
