@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ppmq.bench.service import Running, Service, free_port
 from ppmq.bench.systems import IDLE_S, lacking
@@ -89,7 +90,7 @@ class Subscriber:
     def __init__(self, address: dict, w: Workload, index: int) -> None:
         self.url, self.name, self.w = address["url"], f"s{index}", w
         self.loop = asyncio.new_event_loop()
-        self.inbox: asyncio.Queue | None = None
+        self.inbox: asyncio.Queue[Any]  # made by start(), on the loop it consumes on
 
     def prepare(self) -> None:
         self.loop.run_until_complete(self._declare())
