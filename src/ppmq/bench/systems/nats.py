@@ -41,6 +41,7 @@ def _version(server: str) -> tuple[int, ...]:
 
 def start(tmp: Path, w: Workload) -> Running:
     server, port = _server(), free_port()
+    assert server is not None, "missing() found it"
     version = _version(server)
     can_sync = version >= (2, 10)
     sync = "  sync_interval: always\n" if w.durable and can_sync else ""
