@@ -13,6 +13,8 @@ broker assigns keys): the message's Nats-Msg-Id header when it has one, else
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -47,8 +49,11 @@ class FromBridge:
             if not batch:
                 continue
             messages = [ppmq_message(m) for m in batch]
-            await self.ppmq.attempt(lambda client, messages=messages: client.publish(self.topic, messages))
+            await self.ppmq.attempt(partial(self._publish, messages=messages))
             await _ack(batch)
+
+    def _publish(self, client: AsyncClient, messages: list[dict[str, Any]]) -> Awaitable[int]:
+        return client.publish(self.topic, messages)
 
 
 async def _fetch(conn: Nats) -> list[Any]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Awaitable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -37,12 +39,14 @@ class TopicBridge:
     async def run(self) -> None:
         acks: list[str] = []
         while True:
-            batch = await self.ppmq.attempt(
-                lambda client, acks=acks: client.take(self.topic.name, self.subscriber, TAKE_COUNT, TAKE_WAIT_S, acks)
-            )
+            batch = await self.ppmq.attempt(partial(self._take, acks=acks))
             if batch:
-                await self.nats.attempt(lambda conn, batch=batch: self._publish(conn, batch))
+                await self.nats.attempt(partial(self._publish, batch=batch))
             acks = [m["Key"] for m in batch]
+
+    def _take(self, client: AsyncClient, acks: list[str]) -> Awaitable[list[dict[str, Any]]]:
+        """The next batch, with the last one's acks."""
+        return client.take(self.topic.name, self.subscriber, TAKE_COUNT, TAKE_WAIT_S, acks)
 
     async def _publish(self, conn: Nats, batch: list[dict[str, Any]]) -> None:
         """Every message at once, then every PubAck: an exception if any is missing."""
@@ -80,5 +84,6 @@ async def run(config: Config, url: str, subscriber: str, prefix: str) -> None:
     try:
         await asyncio.gather(*(b.run() for b in bridges))
     finally:
-        for link in [nats, *(b.ppmq for b in bridges)]:
+        links: list[Link[Any]] = [nats, *(b.ppmq for b in bridges)]
+        for link in links:
             await link.close()
