@@ -26,7 +26,7 @@ options, never open handles.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -189,11 +189,11 @@ class Published(WriterCommitMessage):
 
 
 class PublishWriter(DataSourceWriter):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.config = options.get("config")
-        self.topic = options.get("topic")
-        if not self.config or not self.topic:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        config, topic = options.get("config"), options.get("topic")
+        if not config or not topic:
             raise ValueError("ppmq: writing needs .option('config', FILE) and .option('topic', TOPIC)")
+        self.config, self.topic = config, topic
         self.batch = int(options.get("batch", DEFAULT_BATCH))
         self.fields = _message_fields(schema)
 
@@ -226,10 +226,10 @@ class PublishWriter(DataSourceWriter):
             raise PublishError(f"ppmq: topic {self.topic!r}: rows {before}..{before + len(batch) - 1} of this partition: {exc}") from None
         return len(batch)
 
-    def commit(self, messages: list[Published | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Every batch was confirmed as it went: nothing is left to make durable."""
 
-    def abort(self, messages: list[Published | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Confirmed batches cannot be taken back (see the module's docstring)."""
 
 
