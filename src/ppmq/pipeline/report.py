@@ -90,6 +90,7 @@ def _write(spark: SparkSession, df: DataFrame, path: str) -> list[Row]:
 def _write_text(spark: SparkSession, uri: str, text: str) -> None:
     """Write a file through Hadoop's FileSystem, which knows every scheme Spark does."""
     jvm = spark.sparkContext._jvm
+    assert jvm is not None, "the driver's, while its session runs"
     path = jvm.org.apache.hadoop.fs.Path(uri)
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     fs.setWriteChecksum(False)
