@@ -45,13 +45,14 @@ def throughput(rows: list[Row], event: str, title: str) -> bytes:
     minutes = sorted({t for name in busiest for t in series[name]})
     for name in busiest:
         # a minute without a record of this series had none of its messages
-        ax.plot(minutes, [series[name].get(t, 0) for t in minutes], marker="o", markersize=3, label=name)
+        # matplotlib's stubs leave out what its units registry converts, datetimes among them (matplotlib#27140)
+        ax.plot(minutes, [series[name].get(t, 0) for t in minutes], marker="o", markersize=3, label=name)  # type: ignore[arg-type]
     ax.set_title(title)
     ax.set_ylabel("messages / minute")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if minutes:
-        ax.set_xlim(minutes[0] - timedelta(minutes=1), minutes[-1] + timedelta(minutes=1))
+        ax.set_xlim(minutes[0] - timedelta(minutes=1), minutes[-1] + timedelta(minutes=1))  # type: ignore[arg-type]  # as plot's
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
         ax.legend(fontsize=8, loc="upper left")
     return _png(fig)
