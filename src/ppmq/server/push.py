@@ -102,17 +102,10 @@ class SubscriberLink:
         task waits only for what the kernel did not take, as for any batch.
         """
         out, waiter = self._out, self._waiter
-        # Idle: the delivery task waits for a batch, and none is queued or in the buffer.
-        idle = (
-            out is not None
-            and waiter is not None
-            and not waiter.done()
-            and not self._batches
-            and self._sending is None
-            and not out.unsent()
-            and not out.is_closing()
-        )
-        if not idle:
+        # Queued unless idle: the delivery task waits for a batch, and none is
+        # queued or in the buffer. Tested in the `if` itself, so that the type
+        # checker knows in the `else` that there is a connection.
+        if out is None or waiter is None or waiter.done() or self._batches or self._sending is not None or out.unsent() or out.is_closing():
             self._batches.append(delivery)
         else:
             out.write(delivery.frame)
