@@ -19,7 +19,7 @@ from itertools import repeat
 
 import lmdb
 
-from ppmq.store.rows import Rows, at_row
+from ppmq.store.rows import Rows, at_row, change_rows, put_all_in_order, put_in_order
 from ppmq.store.schema import (
     BODY_HEAD,
     BODY_ROW_BYTES,
@@ -118,11 +118,11 @@ class BodyRows(Rows):
         if not n:
             return
         if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
-            self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
+            put_in_order(self.txn, TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
             return
         spans = body_row_spans(list(map(len, records)))
         rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
-        self._put_all_in_order(rows, self._bodies)
+        put_all_in_order(self.txn, rows, self._bodies)
 
     def pop_bodies(self, t: int, ms: list[int], *, keys: bool) -> Popped:
         """Cut each of ms out of its row (a row left empty is deleted). Returns
@@ -132,7 +132,7 @@ class BodyRows(Rows):
         last ack: each row is read and written once, and each header read
         where it lies, with no object made per message."""
         popped = Popped()
-        self._change_rows(self._bodies, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
+        change_rows(self.txn, self._bodies, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
         return popped
 
     def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:

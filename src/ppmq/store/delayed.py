@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ppmq.store.bodies import BodyRows
+from ppmq.store.rows import walk
 from ppmq.store.schema import DELAYED_VAL, DUE, TS, TSPQ, Delayed
 
 
@@ -34,7 +35,7 @@ class DelayedRows(BodyRows):
 
     def delayed_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[Delayed]:
         """s's delayed entries on t by place, from `start` (prio, pos) on."""
-        for key, raw in self._walk(self._delayed, TS.pack(t, s), TSPQ.pack(t, s, *start)):
+        for key, raw in walk(self.txn, self._delayed, TS.pack(t, s), TSPQ.pack(t, s, *start)):
             _, _, prio, pos = TSPQ.unpack(key)
             yield Delayed(prio, pos, *DELAYED_VAL.unpack(raw))
 

@@ -14,6 +14,7 @@ from itertools import repeat
 from ppmq.store.bodies import BodyFinder
 from ppmq.store.flight_index import FlightWatch, SubFlights
 from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyRows
+from ppmq.store.rows import put_in_order, walk
 from ppmq.store.schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
 
 log = logging.getLogger("ppmq.store")
@@ -105,7 +106,7 @@ class QueueRows(ReadyRows):
     def _flight_rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
         """(F, deadline_ns, value) of every batch in flight to s on t."""
         prefix = TS.pack(t, s)
-        for key, raw in self._walk(self._inflight, prefix, prefix):
+        for key, raw in walk(self.txn, self._inflight, prefix, prefix):
             yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
 
     def put_flight(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
@@ -115,7 +116,7 @@ class QueueRows(ReadyRows):
         flights = self._flights(t, s)
         f = flights.next_f
         flights.next_f += 1
-        self._put_in_order(TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self._inflight)
+        put_in_order(self.txn, TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self._inflight)
         flights.where.update(zip(ms, repeat(f)))
         if self._watch is not None:
             self._watch.note(False, t, s, ms)

@@ -18,7 +18,7 @@ from itertools import accumulate, chain, islice, repeat
 from struct import Struct
 
 from ppmq.store.flights import QueueRows
-from ppmq.store.rows import at_row
+from ppmq.store.rows import at_row, change_rows, put_all_in_order
 from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
@@ -86,14 +86,14 @@ class HolderRows(QueueRows):
             ids = range(first + i, first + i + len(group))
             entries = _new_entries(subs, group, ids)
             rows.append((TM.pack(t, ids[0]), encode_holders_row(ids, [len(subs)] * len(ids), entries)))
-        self._put_all_in_order(rows, self._holders)
+        put_all_in_order(self.txn, rows, self._holders)
 
     def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Remove s from the holders of each of ms; return, ascending, those nobody
         holds any more (and any no row holds). The path of every ack: each row
         is read, decoded and written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
-        return self._change_rows(self._holders, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+        return change_rows(self.txn, self._holders, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
 
     def pop_holders(self, t: int, ms: list[int]) -> dict[int, Holders]:
         """Remove ms from their rows; return the holders each had (none for one no row holds)."""
@@ -111,7 +111,7 @@ class HolderRows(QueueRows):
                     entries.append(raw[start:end])
             return _row(kept, kept_counts, b"".join(entries)), wanted
 
-        self._change_rows(self._holders, t, sorted(set(ms)), take)
+        change_rows(self.txn, self._holders, t, sorted(set(ms)), take)
         return popped
 
 

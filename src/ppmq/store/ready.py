@@ -29,7 +29,7 @@ from operator import itemgetter
 import lmdb
 
 from ppmq.store.delayed import DelayedRows
-from ppmq.store.rows import floor_row
+from ppmq.store.rows import floor_row, put_all_in_order, walk
 from ppmq.store.schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken, repeated
 
 log = logging.getLogger("ppmq.store")
@@ -49,7 +49,7 @@ class ReadyRows(DelayedRows):
         self._tails.drop(t, s)
         with self.txn.cursor(db=self._ready) as cur:
             items = _joined(cur, t, s, prio, [(pos, m, attempts)])
-        self._put_all_in_order(items, self._ready)
+        put_all_in_order(self.txn, items, self._ready)
 
     def push_fresh(self, t: int, s: int, fresh: list[Taken], keep_tail: bool, start: bool) -> None:
         """Messages just published (their first deliveries, core/queues.py) into s's
@@ -79,7 +79,7 @@ class ReadyRows(DelayedRows):
         with self.txn.cursor(db=self._ready) as cur:
             for prio, adds in by_prio:
                 items += _joined(cur, t, s, prio, adds)
-        self._put_all_in_order(items, self._ready)
+        put_all_in_order(self.txn, items, self._ready)
 
     # --- single entries out -----------------------------------------------------------------
     def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
@@ -205,7 +205,7 @@ class ReadyRows(DelayedRows):
         for prio, group in groupby(taken, key=TAKEN_PRIO):
             want = list(group)
             start = TSPQ.pack(t, s, prio, 0)
-            for key, raw in self._walk(self._ready, start[:7], start):
+            for key, raw in walk(self.txn, self._ready, start[:7], start):
                 n = min(len(raw) // ENTRY, len(want))
                 first, last = READY_ENTRY.unpack_from(raw), READY_ENTRY.unpack_from(raw, (n - 1) * ENTRY)
                 if first[:2] != _pos_m(want[0]) or last[:2] != _pos_m(want[n - 1]):

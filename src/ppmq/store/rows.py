@@ -63,6 +63,66 @@ def first_row(cur: lmdb.Cursor, t: int) -> int:
     return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
 
 
+def put_in_order(txn: lmdb.Transaction, key: bytes, value: bytes, db: lmdb._Database) -> None:
+    """Put a key that is usually the largest in its database so far.
+
+    MDB_APPEND fills pages to the brim where LMDB would otherwise split them
+    in half, which halves the disk and page cache a backlog takes; a key that
+    is not the largest is refused by it, and then put the ordinary way.
+    """
+    if not txn.put(key, value, db=db, append=True):
+        txn.put(key, value, db=db)
+
+
+def put_all_in_order(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
+    """`put_in_order` for a whole batch in two calls at most: the entries
+    above the database's last key are appended, the others (a batch of
+    several priorities, most often) put the ordinary way."""
+    items.sort()
+    with txn.cursor(db=db) as cur:
+        last = cur.key() if cur.last() else b""
+        i = bisect_right(items, last, key=itemgetter(0))
+        if i:
+            cur.putmulti(items[:i])
+        if i < len(items):
+            cur.putmulti(items[i:], append=True)
+
+
+def change_rows(txn: lmdb.Transaction, db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
+    """Apply `change` to each group row of t in db (a database whose rows tile
+    a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
+    in its range; return the ids it lets go, and those in no row's range."""
+    out: list[int] = []
+    i = 0
+    with txn.cursor(db=db) as cur:
+        while i < len(ms):
+            if at_row(cur, t, ms[i]):
+                key, raw = cur.item()
+                # the last id left is in this row: no need to find where it ends (an ack of one message)
+                j = i + 1 if i + 1 == len(ms) else bisect_left(ms, next_row(cur, t), i)
+                new, gone = change(raw, ms[i:j])
+                if new:
+                    txn.put(key, new, db=db)
+                else:
+                    txn.delete(key, db=db)
+                out += gone
+            else:  # below t's first row: no row holds these
+                j = bisect_left(ms, first_row(cur, t), i)
+                out += ms[i:j]
+            i = j
+    return out
+
+
+def walk(txn: lmdb.Transaction, db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of db from key `start` on, as long as their keys begin with `prefix`."""
+    with txn.cursor(db=db) as cur:
+        if cur.set_range(start):
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                yield key, value
+
+
 class Rows:
     """The databases of one LMDB transaction."""
 
@@ -80,62 +140,6 @@ class Rows:
         self._tails = store.ready_tails  # ready queues kept in memory too (store/ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
 
-    def _put_in_order(self, key: bytes, value: bytes, db: lmdb._Database) -> None:
-        """Put a key that is usually the largest in its database so far.
-
-        MDB_APPEND fills pages to the brim where LMDB would otherwise split them
-        in half, which halves the disk and page cache a backlog takes; a key that
-        is not the largest is refused by it, and then put the ordinary way.
-        """
-        if not self.txn.put(key, value, db=db, append=True):
-            self.txn.put(key, value, db=db)
-
-    def _put_all_in_order(self, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
-        """`_put_in_order` for a whole batch in two calls at most: the entries
-        above the database's last key are appended, the others (a batch of
-        several priorities, most often) put the ordinary way."""
-        items.sort()
-        with self.txn.cursor(db=db) as cur:
-            last = cur.key() if cur.last() else b""
-            i = bisect_right(items, last, key=itemgetter(0))
-            if i:
-                cur.putmulti(items[:i])
-            if i < len(items):
-                cur.putmulti(items[i:], append=True)
-
-    def _change_rows(self, db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
-        """Apply `change` to each group row of t in db (a database whose rows tile
-        a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
-        in its range; return the ids it lets go, and those in no row's range."""
-        out: list[int] = []
-        i = 0
-        with self.txn.cursor(db=db) as cur:
-            while i < len(ms):
-                if at_row(cur, t, ms[i]):
-                    key, raw = cur.item()
-                    # the last id left is in this row: no need to find where it ends (an ack of one message)
-                    j = i + 1 if i + 1 == len(ms) else bisect_left(ms, next_row(cur, t), i)
-                    new, gone = change(raw, ms[i:j])
-                    if new:
-                        self.txn.put(key, new, db=db)
-                    else:
-                        self.txn.delete(key, db=db)
-                    out += gone
-                else:  # below t's first row: no row holds these
-                    j = bisect_left(ms, first_row(cur, t), i)
-                    out += ms[i:j]
-                i = j
-        return out
-
-    def _walk(self, db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The rows of db from key `start` on, as long as their keys begin with `prefix`."""
-        with self.txn.cursor(db=db) as cur:
-            if cur.set_range(start):
-                for key, value in cur:
-                    if not key.startswith(prefix):
-                        break
-                    yield key, value
-
     # --- meta ---------------------------------------------------------------------
     def get_meta(self, name: bytes) -> bytes | None:
         return self.txn.get(name, db=self._meta)
@@ -148,7 +152,7 @@ class Rows:
 
     def meta_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The meta records whose names begin with prefix, by name."""
-        return self._walk(self._meta, prefix, prefix)
+        return walk(self.txn, self._meta, prefix, prefix)
 
     # --- the staging record ------------------------------------------------------
     def staged(self) -> Staged | None:

@@ -27,6 +27,7 @@ from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
+from ppmq.store.rows import walk
 from ppmq.store.schema import DBS, ETM, ETMS, SCHEMA_VERSION, TMS, U64, Body, body_records, u32
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
@@ -342,14 +343,14 @@ class Txn(HolderRows):
         if not self._has_copy_expiries():
             return {}
         prefix = TMS.pack(t, m, 0)[:-2]
-        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in self._walk(self._copies, prefix, prefix)}
+        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in walk(self.txn, self._copies, prefix, prefix)}
 
     def copy_expiries(self, t: int, s: int) -> dict[int, int]:
         """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
         if not self._has_copy_expiries():
             return {}
         prefix = u32(t)
-        found = (TMS.unpack(key) + U64.unpack(value) for key, value in self._walk(self._copies, prefix, prefix))
+        found = (TMS.unpack(key) + U64.unpack(value) for key, value in walk(self.txn, self._copies, prefix, prefix))
         return {m: expires_ns for _, m, sub, expires_ns in found if sub == s}
 
     def drop_copy_expiries(self, t: int, ms: list[int], s: int | None = None) -> None:
