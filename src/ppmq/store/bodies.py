@@ -19,7 +19,7 @@ from itertools import repeat
 
 import lmdb
 
-from ppmq.store.rows import Rows, at_row, change_rows, put_all_in_order, put_in_order
+from ppmq.store.rows import at_row, change_rows, put_all_in_order, put_in_order
 from ppmq.store.schema import (
     BODY_HEAD,
     BODY_ROW_BYTES,
@@ -36,6 +36,7 @@ from ppmq.store.schema import (
     replace_body_record,
     u32,
 )
+from ppmq.store.tables import Rows
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 

@@ -1,10 +1,8 @@
-"""What every transaction on the store stands on: the databases, the way rows
-are put in key order, and the meta records (the staging record among them).
-
-Txn (store/store.py) is built on it in layers: BodyRows (store/bodies.py) for the
-messages, QueueRows (store/flights.py) for a subscription's ready and in-flight
-rows, HolderRows (store/holders.py) for who holds each message, then the
-messages' indexes.
+"""How the tables of a transaction (tables.py) find and put rows: a cursor on
+the row whose range holds a key, where rows tile a topic's ids (bodies,
+holders) or a queue's places (ready runs); puts in key order; group rows
+changed in one pass; walks of a key prefix. Plain functions over an LMDB
+transaction or cursor, so that no table is built on another to share them.
 """
 
 from __future__ import annotations
@@ -12,26 +10,15 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from operator import itemgetter
-from typing import Protocol
 
 import lmdb
 
-from ppmq.store.flight_index import FlightIndex, FlightWatch
-from ppmq.store.ready_tails import ReadyTails
-from ppmq.store.schema import STAGED, STAGING_KEY, TM, Staged
+from ppmq.store.schema import TM
 
 END = 1 << 64  # above every message id: the bound of a topic's last group row
 # Changes a group row (raw) for the wanted ids in its range (ascending): the new
 # row, b"" when it empties, and the wanted ids that leave it or that it does not hold.
 Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
-
-
-class Opened(Protocol):
-    """What the rows of a transaction need of whatever opened it: a Store, or a StoreReader."""
-
-    dbs: dict[str, lmdb._Database]
-    flight_index: FlightIndex
-    ready_tails: ReadyTails
 
 
 def floor_row(cur: lmdb.Cursor, key: bytes, prefix: int) -> bytes | None:
@@ -121,51 +108,3 @@ def walk(txn: lmdb.Transaction, db: lmdb._Database, prefix: bytes, start: bytes)
                 if not key.startswith(prefix):
                     break
                 yield key, value
-
-
-class Rows:
-    """The databases of one LMDB transaction."""
-
-    def __init__(self, store: Opened, txn: lmdb.Transaction) -> None:
-        self.store = store
-        self.txn = txn
-        d = store.dbs
-        self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
-        self._inflight, self._deadlines = d["inflight"], d["deadlines"]
-        self._delayed, self._due = d["delayed"], d["due"]
-        self._expiry, self._dedupe, self._meta = d["expiry"], d["dedupe"], d["meta"]
-        self._copies, self._copy_expiry = d["copies"], d["copy_expiry"]
-        self._staged: Staged | None | bool = False  # False: meta `staging` not read yet
-        self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
-        self._tails = store.ready_tails  # ready queues kept in memory too (store/ready_tails.py)
-        self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
-
-    # --- meta ---------------------------------------------------------------------
-    def get_meta(self, name: bytes) -> bytes | None:
-        return self.txn.get(name, db=self._meta)
-
-    def put_meta(self, name: bytes, value: bytes) -> None:
-        self.txn.put(name, value, db=self._meta)
-
-    def delete_meta(self, name: bytes) -> None:
-        self.txn.delete(name, db=self._meta)
-
-    def meta_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The meta records whose names begin with prefix, by name."""
-        return walk(self.txn, self._meta, prefix, prefix)
-
-    # --- the staging record ------------------------------------------------------
-    def staged(self) -> Staged | None:
-        """The range a publish in progress hides, read once per transaction: the
-        walks below ask for it at every step."""
-        if self._staged is False:
-            raw = self.get_meta(STAGING_KEY)
-            self._staged = Staged._make(STAGED.unpack(raw)) if raw is not None else None
-        return self._staged
-
-    def put_staged(self, staged: Staged | None) -> None:
-        if staged is None:
-            self.txn.delete(STAGING_KEY, db=self._meta)
-        else:
-            self.put_meta(STAGING_KEY, STAGED.pack(*staged))
-        self._staged = staged

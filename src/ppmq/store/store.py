@@ -197,19 +197,20 @@ class Txn(HolderRows):
     def savepoint(self) -> Iterator[None]:
         """A nested transaction: the block's writes vanish if it raises."""
         outer, noted = self.txn, self._watch.mark() if self._watch is not None else 0
-        self.txn = self.store.env.begin(write=True, parent=outer)
+        inner = self.store.env.begin(write=True, parent=outer)
+        self.bind(inner)
         try:
             yield
         except BaseException as exc:
             if self._watch is not None:
                 self._watch.undo(noted)
-            self.store.undo(self.txn, exc)
+            self.store.undo(inner, exc)
             raise
         else:
-            self.txn.commit()
+            inner.commit()
         finally:
-            self.txn = outer
-            self._staged = False  # the block may have changed the staging record
+            self.bind(outer)
+            self.meta.forget_staged()  # the block may have changed the staging record
 
     def used_bytes(self) -> int:
         """Pages in use by every database (freed pages are reused, so not counted)."""

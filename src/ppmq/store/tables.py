@@ -1,0 +1,53 @@
+"""The tables of one store transaction, wired together.
+
+A table owns the databases it writes and is given the tables it calls (see
+Tables below for which is which); none is built on another, and none on a
+base class they share: the row helpers they have in common are the plain
+functions of rows.py. The write transaction (store.Txn) and the read one
+(reader.ReadTxn) are the same tables over an LMDB transaction of each kind.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import lmdb
+
+from ppmq.store.flight_index import FlightIndex, FlightWatch
+from ppmq.store.meta import Meta
+from ppmq.store.ready_tails import ReadyTails
+
+
+class Opened(Protocol):
+    """What the rows of a transaction need of whatever opened it: a Store, or a StoreReader."""
+
+    dbs: dict[str, lmdb._Database]
+    flight_index: FlightIndex
+    ready_tails: ReadyTails
+
+
+class Rows:
+    """The databases of one LMDB transaction, and the tables made of some of them."""
+
+    def __init__(self, store: Opened, txn: lmdb.Transaction) -> None:
+        self.store = store
+        self.txn = txn
+        d = store.dbs
+        self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
+        self._inflight, self._deadlines = d["inflight"], d["deadlines"]
+        self._delayed, self._due = d["delayed"], d["due"]
+        self._expiry, self._dedupe = d["expiry"], d["dedupe"]
+        self._copies, self._copy_expiry = d["copies"], d["copy_expiry"]
+        self.meta = meta = Meta(txn, d["meta"])
+        self.get_meta, self.put_meta, self.delete_meta, self.meta_items = meta.get, meta.put, meta.delete, meta.items
+        self.staged, self.put_staged = meta.staged, meta.put_staged
+        self._tables = [meta]
+        self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
+        self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
+        self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
+
+    def bind(self, txn: lmdb.Transaction) -> None:
+        """Every table over txn (a savepoint's nested transaction, and back)."""
+        self.txn = txn
+        for table in self._tables:
+            table.txn = txn
