@@ -52,7 +52,7 @@ class StoreReader:
     by ReadTxn (below) and nowhere else. The process needs write access to
     lock.mdb, where LMDB registers its readers."""
 
-    copies_seen = True  # a reader always looks for a copy's own expiry (store.Txn._has_copy_expiries)
+    copies_seen = True  # a reader always looks for a copy's own expiry (copies.Seen)
 
     def __init__(self, path: str) -> None:
         missing = missing_store(path)

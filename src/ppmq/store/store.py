@@ -27,8 +27,7 @@ from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
-from ppmq.store.rows import walk
-from ppmq.store.schema import DBS, ETM, ETMS, SCHEMA_VERSION, TMS, U64, Body, body_records, u32
+from ppmq.store.schema import DBS, ETM, SCHEMA_VERSION, U64, Body, body_records, u32
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -85,9 +84,8 @@ class Store:
         self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flights.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
         self._check_schema()
-        # Whether `copies` may have rows (Txn._has_copy_expiries): asked of LMDB
-        # once, true from a put on. A removal, or a put rolled back, leaves it
-        # true: looking then costs a little, never a wrong answer.
+        # Whether `copies` may have rows (copies.Seen): asked of LMDB once, true
+        # from a put on.
         with self.env.begin() as txn:
             self.copies_seen = txn.stat(self.dbs["copies"])["entries"] > 0
 
@@ -266,7 +264,7 @@ class Txn(HolderRows):
             self.remove_expiry(old.expires_ns, t, m)
         if expire and body.expires_ns:
             self.add_expiry(body.expires_ns, t, m)
-        self.drop_copy_expiries(t, [m])
+        self.copies.drop(t, [m])
         return old
 
     def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> tuple[int, int]:
@@ -279,19 +277,20 @@ class Txn(HolderRows):
         prefix, dedupe_db = u32(t), self._dedupe
         for key in popped.keys:
             delete(prefix + key, db=dedupe_db)
-        self.drop_copy_expiries(t, ms)
+        self.copies.drop(t, ms)
         return popped.count, popped.size
 
     # --- holders, whose copies take their own expiries with them ---------------------
     def put_holders(self, t: int, m: int, holders: Holders) -> None:
         super().put_holders(t, m, holders)
-        if self._has_copy_expiries():
-            for s in self.copy_expiries_of(t, m).keys() - holders.keys():
-                self.drop_copy_expiries(t, [m], s)
+        own = self.copies.of_message(t, m)
+        if own:
+            for s in own.keys() - holders.keys():
+                self.copies.drop(t, [m], s)
 
     def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
         done = super().release_holders(t, s, ms)
-        self.drop_copy_expiries(t, ms, s)
+        self.copies.drop(t, ms, s)
         return done
 
     # --- expiry index ---------------------------------------------------------------
@@ -323,66 +322,6 @@ class Txn(HolderRows):
     def next_expiry_ns(self) -> int | None:
         with self.txn.cursor(db=self._expiry) as cur:
             return ETM.unpack(cur.key())[0] if cur.first() else None
-
-    # --- a copy's own expiry (PROTOCOL §9 PHPMQ re-queue) -------------------------------
-    def _has_copy_expiries(self) -> bool:
-        """Whether any copy may have an expiry of its own: almost never, and then
-        the paths every ack and batch take look no further (Store.copies_seen)."""
-        return self.store.copies_seen
-
-    def put_copy_expiry(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
-        """Subscriber s's copy of m expires at expires_ns (0: never), whatever
-        m's own expiry; swept then on an Expire topic."""
-        self.drop_copy_expiries(t, [m], s)
-        self.store.copies_seen = True
-        self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self._copies)
-        if expire and expires_ns:
-            self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self._copy_expiry)
-
-    def copy_expiries_of(self, t: int, m: int) -> dict[int, int]:
-        """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
-        if not self._has_copy_expiries():
-            return {}
-        prefix = TMS.pack(t, m, 0)[:-2]
-        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in walk(self.txn, self._copies, prefix, prefix)}
-
-    def copy_expiries(self, t: int, s: int) -> dict[int, int]:
-        """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
-        if not self._has_copy_expiries():
-            return {}
-        prefix = u32(t)
-        found = (TMS.unpack(key) + U64.unpack(value) for key, value in walk(self.txn, self._copies, prefix, prefix))
-        return {m: expires_ns for _, m, sub, expires_ns in found if sub == s}
-
-    def drop_copy_expiries(self, t: int, ms: list[int], s: int | None = None) -> None:
-        """The copies of ms (of subscriber s only, if given) follow their message's expiry again."""
-        if not self._has_copy_expiries():
-            return  # the path of every ack, and of every message deleted
-        for m in ms:
-            for sub, expires_ns in self.copy_expiries_of(t, m).items():
-                if s is None or sub == s:
-                    self.txn.delete(TMS.pack(t, m, sub), db=self._copies)
-                    self.txn.delete(ETMS.pack(expires_ns, t, m, sub), db=self._copy_expiry)
-
-    def due_copy_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
-        """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
-        out: list[tuple[int, int, int, int]] = []
-        if not self._has_copy_expiries():
-            return out
-        with self.txn.cursor(db=self._copy_expiry) as cur:
-            if cur.first():
-                for key in cur.iternext(values=False):
-                    entry = ETMS.unpack(key)
-                    if entry[0] > now_ns or len(out) >= limit:
-                        break
-                    out.append(entry)
-        return out
-
-    def next_copy_expiry_ns(self) -> int | None:
-        if not self._has_copy_expiries():
-            return None
-        with self.txn.cursor(db=self._copy_expiry) as cur:
-            return ETMS.unpack(cur.key())[0] if cur.first() else None
 
     # --- dedupe index -----------------------------------------------------------------
     def get_dedupe(self, t: int, key: bytes) -> int | None:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import lmdb
 
+from ppmq.store.copies import Copies
 from ppmq.store.flight_index import FlightIndex, FlightWatch
 from ppmq.store.meta import Meta
 from ppmq.store.ready_tails import ReadyTails
@@ -24,6 +25,7 @@ class Opened(Protocol):
     dbs: dict[str, lmdb._Database]
     flight_index: FlightIndex
     ready_tails: ReadyTails
+    copies_seen: bool  # copies.Seen
 
 
 class Rows:
@@ -37,11 +39,13 @@ class Rows:
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self._delayed, self._due = d["delayed"], d["due"]
         self._expiry, self._dedupe = d["expiry"], d["dedupe"]
-        self._copies, self._copy_expiry = d["copies"], d["copy_expiry"]
         self.meta = meta = Meta(txn, d["meta"])
         self.get_meta, self.put_meta, self.delete_meta, self.meta_items = meta.get, meta.put, meta.delete, meta.items
         self.staged, self.put_staged = meta.staged, meta.put_staged
-        self._tables = [meta]
+        self.copies = copies = Copies(txn, d["copies"], d["copy_expiry"], store)
+        self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
+        self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
+        self._tables = [meta, copies]
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
         self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
