@@ -28,7 +28,7 @@ from operator import itemgetter
 
 import lmdb
 
-from ppmq.store.delayed import DelayedRows
+from ppmq.store.bodies import BodyRows
 from ppmq.store.rows import floor_row, put_all_in_order, walk
 from ppmq.store.schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken, repeated
 
@@ -40,7 +40,7 @@ _pos_m = itemgetter(2, 0)  # a Taken's (pos, m), as a ready entry begins
 KEEP, TAKE, DROP, STOP = 0, 1, 2, 3
 
 
-class ReadyRows(DelayedRows):
+class ReadyRows(BodyRows):
     """The ready database of one transaction."""
 
     # --- entries in ---------------------------------------------------------------------

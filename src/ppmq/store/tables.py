@@ -14,6 +14,7 @@ from typing import Protocol
 import lmdb
 
 from ppmq.store.copies import Copies
+from ppmq.store.delayed import DelayedEntries
 from ppmq.store.flight_index import FlightIndex, FlightWatch
 from ppmq.store.meta import Meta
 from ppmq.store.ready_tails import ReadyTails
@@ -37,7 +38,9 @@ class Rows:
         d = store.dbs
         self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
-        self._delayed, self._due = d["delayed"], d["due"]
+        self.delayed = delayed = DelayedEntries(txn, d["delayed"], d["due"])
+        self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
+        self.due_delayed, self.next_due_ns = delayed.due, delayed.next_due_ns
         self._expiry, self._dedupe = d["expiry"], d["dedupe"]
         self.meta = meta = Meta(txn, d["meta"])
         self.get_meta, self.put_meta, self.delete_meta, self.meta_items = meta.get, meta.put, meta.delete, meta.items
@@ -45,7 +48,7 @@ class Rows:
         self.copies = copies = Copies(txn, d["copies"], d["copy_expiry"], store)
         self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
         self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
-        self._tables = [meta, copies]
+        self._tables = [meta, copies, delayed]
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
         self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
