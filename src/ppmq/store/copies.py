@@ -34,7 +34,7 @@ class Copies:
 
     __slots__ = ("txn", "db", "expiry_db", "_seen")
 
-    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, expiry_db: lmdb._Database, seen: Seen) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, expiry_db: lmdb._Database, seen: Seen) -> None:
         self.txn = txn
         self.db = db
         self.expiry_db = expiry_db

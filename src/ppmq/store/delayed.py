@@ -23,7 +23,7 @@ class DelayedEntries:
 
     __slots__ = ("txn", "db", "due_db")
 
-    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, due_db: lmdb._Database) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, due_db: lmdb._Database) -> None:
         self.txn = txn
         self.db = db
         self.due_db = due_db

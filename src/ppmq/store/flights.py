@@ -76,7 +76,7 @@ class QueueRows(ReadyRows):
             taken.append((m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns))
             return TAKE
 
-        with self.txn.cursor(db=self._bodies) as cur:
+        with self.bodies.cursor() as cur:
             find = BodyFinder(cur, t).find
             self._take_runs(t, s, limit, choose)
         self._into_flight(t, s, taken, deadline_ns)

@@ -21,7 +21,7 @@ class Meta:
 
     __slots__ = ("txn", "db", "_staged")
 
-    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database) -> None:
         self.txn = txn
         self.db = db
         self._staged: Staged | None | bool = False  # False: the staging record not read yet

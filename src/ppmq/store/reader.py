@@ -17,6 +17,7 @@ from ppmq.errors import StoreError
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.room import Room
 from ppmq.store.rows import floor_row
 from ppmq.store.schema import (
     BODY_HEAD,
@@ -101,6 +102,11 @@ class StoreReader:
     def ready_tails(self) -> ReadyTails:
         """None kept: a reader takes nothing."""
         return ReadyTails()
+
+    @property
+    def room(self) -> Room:
+        """Never told of a write: a reader writes nothing."""
+        return Room(0)
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:

@@ -28,9 +28,9 @@ from operator import itemgetter
 
 import lmdb
 
-from ppmq.store.bodies import BodyRows
 from ppmq.store.rows import floor_row, put_all_in_order, walk
 from ppmq.store.schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken, repeated
+from ppmq.store.tables import Rows
 
 log = logging.getLogger("ppmq.store")
 ENTRY = READY_ENTRY.size
@@ -40,7 +40,7 @@ _pos_m = itemgetter(2, 0)  # a Taken's (pos, m), as a ready entry begins
 KEEP, TAKE, DROP, STOP = 0, 1, 2, 3
 
 
-class ReadyRows(BodyRows):
+class ReadyRows(Rows):
     """The ready database of one transaction."""
 
     # --- entries in ---------------------------------------------------------------------
@@ -250,14 +250,14 @@ class ReadyRows(BodyRows):
                     moved = cur.next()
 
 
-def _run_at(cur: lmdb.Cursor, t: int, s: int, prio: int, pos: int) -> bytes | None:
+def _run_at(cur: lmdb.Cursor[bytes], t: int, s: int, prio: int, pos: int) -> bytes | None:
     """Put cur on the run of (t, s, prio) that holds, or would hold, place pos:
     the one with the largest key at or below it. Its key; None when pos comes
     before the priority's first run (cur is then anywhere)."""
     return floor_row(cur, TSPQ.pack(t, s, prio, pos), 7)
 
 
-def _joined(cur: lmdb.Cursor, t: int, s: int, prio: int, adds: list[tuple[int, int, int]]) -> list[tuple[bytes, bytes]]:
+def _joined(cur: lmdb.Cursor[bytes], t: int, s: int, prio: int, adds: list[tuple[int, int, int]]) -> list[tuple[bytes, bytes]]:
     """The rows to put for (pos, m, attempts) entries, sorted by pos, to join
     the runs of (t, s, prio): each run they fall in rewritten once, whatever the
     number joining it; those before the first run make runs of their own."""

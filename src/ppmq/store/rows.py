@@ -21,7 +21,7 @@ END = 1 << 64  # above every message id: the bound of a topic's last group row
 Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
 
 
-def floor_row(cur: lmdb.Cursor, key: bytes, prefix: int) -> bytes | None:
+def floor_row(cur: lmdb.Cursor[bytes], key: bytes, prefix: int) -> bytes | None:
     """Put cur on the row with the largest key at or below `key` among those
     sharing its first `prefix` bytes: the row whose range holds `key`, where a
     row stands for the keys up to the next one (ready runs, holders groups).
@@ -35,22 +35,22 @@ def floor_row(cur: lmdb.Cursor, key: bytes, prefix: int) -> bytes | None:
     return cur.key() if moved and cur.key()[:prefix] == key[:prefix] else None
 
 
-def at_row(cur: lmdb.Cursor, t: int, m: int) -> bool:
+def at_row(cur: lmdb.Cursor[bytes], t: int, m: int) -> bool:
     """Put cur on the group row of t whose range holds m; False if t has none."""
     return floor_row(cur, TM.pack(t, m), 4) is not None
 
 
-def next_row(cur: lmdb.Cursor, t: int) -> int:
+def next_row(cur: lmdb.Cursor[bytes], t: int) -> int:
     """The first id of the group row after cur's (END if it is t's last): where cur's range ends."""
     return TM.unpack(cur.key())[1] if cur.next() and TM.unpack(cur.key())[0] == t else END
 
 
-def first_row(cur: lmdb.Cursor, t: int) -> int:
+def first_row(cur: lmdb.Cursor[bytes], t: int) -> int:
     """The key id of t's first group row (END if t has none)."""
     return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
 
 
-def put_in_order(txn: lmdb.Transaction, key: bytes, value: bytes, db: lmdb._Database) -> None:
+def put_in_order(txn: lmdb.Transaction[bytes], key: bytes, value: bytes, db: lmdb._Database) -> None:
     """Put a key that is usually the largest in its database so far.
 
     MDB_APPEND fills pages to the brim where LMDB would otherwise split them
@@ -61,7 +61,7 @@ def put_in_order(txn: lmdb.Transaction, key: bytes, value: bytes, db: lmdb._Data
         txn.put(key, value, db=db)
 
 
-def put_all_in_order(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
+def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
     """`put_in_order` for a whole batch in two calls at most: the entries
     above the database's last key are appended, the others (a batch of
     several priorities, most often) put the ordinary way."""
@@ -75,7 +75,7 @@ def put_all_in_order(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]], db
             cur.putmulti(items[i:], append=True)
 
 
-def change_rows(txn: lmdb.Transaction, db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
+def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
     in its range; return the ids it lets go, and those in no row's range."""
@@ -100,7 +100,7 @@ def change_rows(txn: lmdb.Transaction, db: lmdb._Database, t: int, ms: list[int]
     return out
 
 
-def walk(txn: lmdb.Transaction, db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+def walk(txn: lmdb.Transaction[bytes], db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
     """The rows of db from key `start` on, as long as their keys begin with `prefix`."""
     with txn.cursor(db=db) as cur:
         if cur.set_range(start):

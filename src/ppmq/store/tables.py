@@ -13,11 +13,13 @@ from typing import Protocol
 
 import lmdb
 
+from ppmq.store.bodies import Bodies
 from ppmq.store.copies import Copies
 from ppmq.store.delayed import DelayedEntries
 from ppmq.store.flight_index import FlightIndex, FlightWatch
 from ppmq.store.meta import Meta
 from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.room import Room
 
 
 class Opened(Protocol):
@@ -27,16 +29,17 @@ class Opened(Protocol):
     flight_index: FlightIndex
     ready_tails: ReadyTails
     copies_seen: bool  # copies.Seen
+    room: Room
 
 
 class Rows:
     """The databases of one LMDB transaction, and the tables made of some of them."""
 
-    def __init__(self, store: Opened, txn: lmdb.Transaction) -> None:
+    def __init__(self, store: Opened, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
         self.txn = txn
         d = store.dbs
-        self._bodies, self._holders, self._ready = d["bodies"], d["holders"], d["ready"]
+        self._holders, self._ready = d["holders"], d["ready"]
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self.delayed = delayed = DelayedEntries(txn, d["delayed"], d["due"])
         self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
@@ -48,12 +51,15 @@ class Rows:
         self.copies = copies = Copies(txn, d["copies"], d["copy_expiry"], store)
         self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
         self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
-        self._tables = [meta, copies, delayed]
+        self.bodies = bodies = Bodies(txn, d["bodies"], meta, store.room)
+        self.get_body, self.publish_ns, self.put_body, self.put_records = bodies.get, bodies.publish_ns, bodies.put, bodies.put_records
+        self.pop_bodies, self.bodies_of, self.staged_ids = bodies.pop, bodies.of, bodies.staged_ids
+        self._tables = [meta, copies, delayed, bodies]
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
         self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
 
-    def bind(self, txn: lmdb.Transaction) -> None:
+    def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         """Every table over txn (a savepoint's nested transaction, and back)."""
         self.txn = txn
         for table in self._tables:
