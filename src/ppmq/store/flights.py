@@ -13,15 +13,16 @@ from itertools import repeat
 
 from ppmq.store.bodies import BodyFinder
 from ppmq.store.flight_index import FlightWatch, SubFlights
-from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyRows
+from ppmq.store.ready import DROP, KEEP, STOP, TAKE
 from ppmq.store.rows import put_in_order, walk
 from ppmq.store.schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
+from ppmq.store.tables import Rows
 
 log = logging.getLogger("ppmq.store")
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
-class QueueRows(ReadyRows):
+class QueueRows(Rows):
     """The inflight and deadlines databases of one transaction, and the walk that
     moves ready entries into flight."""
 
@@ -44,7 +45,7 @@ class QueueRows(ReadyRows):
         `own_expiry` (id -> expires_ns, store/schema.py `copies`) is judged, and
         taken, with that expiry rather than its body's. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
-        taken = self.take_tail(t, s, limit, expired_at_ns, max_bytes)
+        taken = self.ready.take_tail(t, s, limit, expired_at_ns, max_bytes)
         if taken is not None:  # the queue was in memory too: its bodies are not read
             self._into_flight(t, s, taken, deadline_ns)
             return taken, [], []
@@ -78,7 +79,7 @@ class QueueRows(ReadyRows):
 
         with self.bodies.cursor() as cur:
             find = BodyFinder(cur, t).find
-            self._take_runs(t, s, limit, choose)
+            self.ready.take_runs(t, s, limit, choose)
         self._into_flight(t, s, taken, deadline_ns)
         return taken, expired, missing
 

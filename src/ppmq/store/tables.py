@@ -18,6 +18,7 @@ from ppmq.store.copies import Copies
 from ppmq.store.delayed import DelayedEntries
 from ppmq.store.flight_index import FlightIndex, FlightWatch
 from ppmq.store.meta import Meta
+from ppmq.store.ready import ReadyQueues
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
 
@@ -39,7 +40,7 @@ class Rows:
         self.store = store
         self.txn = txn
         d = store.dbs
-        self._holders, self._ready = d["holders"], d["ready"]
+        self._holders = d["holders"]
         self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self.delayed = delayed = DelayedEntries(txn, d["delayed"], d["due"])
         self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
@@ -54,7 +55,11 @@ class Rows:
         self.bodies = bodies = Bodies(txn, d["bodies"], meta, store.room)
         self.get_body, self.publish_ns, self.put_body, self.put_records = bodies.get, bodies.publish_ns, bodies.put, bodies.put_records
         self.pop_bodies, self.bodies_of, self.staged_ids = bodies.pop, bodies.of, bodies.staged_ids
-        self._tables = [meta, copies, delayed, bodies]
+        self.ready = ready = ReadyQueues(txn, d["ready"], meta, store.ready_tails)
+        self.push_ready, self.push_fresh, self.push_ready_many = ready.push, ready.push_fresh, ready.push_many
+        self.remove_ready, self.ready_attempts, self.restart_ready, self.pop_ready = ready.remove, ready.attempts, ready.restart, ready.pop
+        self.pull_ready, self.ready_of, self.first_ready = ready.pull, ready.of, ready.first
+        self._tables = [meta, copies, delayed, bodies, ready]
         self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
         self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
         self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
