@@ -17,9 +17,9 @@ from functools import cache
 from itertools import accumulate, chain, islice, repeat
 from struct import Struct
 
-from ppmq.store.flights import QueueRows
 from ppmq.store.rows import at_row, change_rows, put_all_in_order
 from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
+from ppmq.store.tables import Rows
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
 PACKED_FROM = 10  # new messages whose entries are packed in one call
@@ -27,7 +27,7 @@ PACKED_FROM = 10  # new messages whose entries are packed in one call
 Holders = dict[int, tuple[int, int]]  # S -> (prio, pos)
 
 
-class HolderRows(QueueRows):
+class HolderRows(Rows):
     """The holders database of one transaction."""
 
     def get_holders(self, t: int, m: int) -> Holders:

@@ -194,14 +194,15 @@ class Txn(HolderRows):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested transaction: the block's writes vanish if it raises."""
-        outer, noted = self.txn, self._watch.mark() if self._watch is not None else 0
+        watch = self.flights.watching
+        outer, noted = self.txn, watch.mark() if watch is not None else 0
         inner = self.store.env.begin(write=True, parent=outer)
         self.bind(inner)
         try:
             yield
         except BaseException as exc:
-            if self._watch is not None:
-                self._watch.undo(noted)
+            if watch is not None:
+                watch.undo(noted)
             self.store.undo(inner, exc)
             raise
         else:
@@ -258,7 +259,7 @@ class Txn(HolderRows):
     def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same), whose expiry every
         copy follows; returns the old one."""
-        self._tails.drop_topic(t)
+        self.ready.tails.drop_topic(t)
         old = self.put_body(t, m, body)
         if old is not None and old.expires_ns:
             self.remove_expiry(old.expires_ns, t, m)

@@ -16,7 +16,8 @@ import lmdb
 from ppmq.store.bodies import Bodies
 from ppmq.store.copies import Copies
 from ppmq.store.delayed import DelayedEntries
-from ppmq.store.flight_index import FlightIndex, FlightWatch
+from ppmq.store.flight_index import FlightIndex
+from ppmq.store.flights import Flights
 from ppmq.store.meta import Meta
 from ppmq.store.ready import ReadyQueues
 from ppmq.store.ready_tails import ReadyTails
@@ -41,7 +42,6 @@ class Rows:
         self.txn = txn
         d = store.dbs
         self._holders = d["holders"]
-        self._inflight, self._deadlines = d["inflight"], d["deadlines"]
         self.delayed = delayed = DelayedEntries(txn, d["delayed"], d["due"])
         self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
         self.due_delayed, self.next_due_ns = delayed.due, delayed.next_due_ns
@@ -59,10 +59,11 @@ class Rows:
         self.push_ready, self.push_fresh, self.push_ready_many = ready.push, ready.push_fresh, ready.push_many
         self.remove_ready, self.ready_attempts, self.restart_ready, self.pop_ready = ready.remove, ready.attempts, ready.restart, ready.pop
         self.pull_ready, self.ready_of, self.first_ready = ready.pull, ready.of, ready.first
-        self._tables = [meta, copies, delayed, bodies, ready]
-        self._index = store.flight_index  # which inflight row holds a message (queue_rows.FlightIndex)
-        self._tails = store.ready_tails  # ready queues kept in memory too (ready_tails.py)
-        self._watch: FlightWatch | None = None  # what left flight to some subscriptions (queue_rows.FlightWatch)
+        self.flights = flights = Flights(txn, d["inflight"], d["deadlines"], ready, bodies, store.flight_index)
+        self.take_ready, self.watch_flights, self.put_flight, self.ack_flights = flights.take_ready, flights.watch, flights.put, flights.ack
+        self.retime_flights, self.pop_flight, self.get_inflight, self.inflight_of = flights.retime, flights.pop, flights.get, flights.of
+        self.due_deadlines, self.next_deadline_ns = flights.due, flights.next_deadline_ns
+        self._tables = [meta, copies, delayed, bodies, ready, flights]
 
     def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         """Every table over txn (a savepoint's nested transaction, and back)."""
