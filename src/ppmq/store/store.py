@@ -22,12 +22,12 @@ import lmdb
 
 from ppmq.errors import StoreError, StoreFull, StoreFullError
 from ppmq.store.flight_index import FlightIndex
-from ppmq.store.holders import HolderRows, Holders
 from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
 from ppmq.store.schema import DBS, ETM, SCHEMA_VERSION, U64, Body, body_records, u32
+from ppmq.store.tables import Rows
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -188,7 +188,7 @@ class Writing:
             raise store.translate(error) from None
 
 
-class Txn(HolderRows):
+class Txn(Rows):
     """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
 
     @contextmanager
@@ -280,19 +280,6 @@ class Txn(HolderRows):
             delete(prefix + key, db=dedupe_db)
         self.copies.drop(t, ms)
         return popped.count, popped.size
-
-    # --- holders, whose copies take their own expiries with them ---------------------
-    def put_holders(self, t: int, m: int, holders: Holders) -> None:
-        super().put_holders(t, m, holders)
-        own = self.copies.of_message(t, m)
-        if own:
-            for s in own.keys() - holders.keys():
-                self.copies.drop(t, [m], s)
-
-    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
-        done = super().release_holders(t, s, ms)
-        self.copies.drop(t, ms, s)
-        return done
 
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:

@@ -18,6 +18,7 @@ from ppmq.store.copies import Copies
 from ppmq.store.delayed import DelayedEntries
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.flights import Flights
+from ppmq.store.holders import Holders
 from ppmq.store.meta import Meta
 from ppmq.store.ready import ReadyQueues
 from ppmq.store.ready_tails import ReadyTails
@@ -41,7 +42,6 @@ class Rows:
         self.store = store
         self.txn = txn
         d = store.dbs
-        self._holders = d["holders"]
         self.delayed = delayed = DelayedEntries(txn, d["delayed"], d["due"])
         self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
         self.due_delayed, self.next_due_ns = delayed.due, delayed.next_due_ns
@@ -63,7 +63,10 @@ class Rows:
         self.take_ready, self.watch_flights, self.put_flight, self.ack_flights = flights.take_ready, flights.watch, flights.put, flights.ack
         self.retime_flights, self.pop_flight, self.get_inflight, self.inflight_of = flights.retime, flights.pop, flights.get, flights.of
         self.due_deadlines, self.next_deadline_ns = flights.due, flights.next_deadline_ns
-        self._tables = [meta, copies, delayed, bodies, ready, flights]
+        self.holders = holders = Holders(txn, d["holders"], copies)
+        self.get_holders, self.put_holders, self.put_new_holders = holders.get, holders.put, holders.put_new
+        self.release_holders, self.pop_holders = holders.release, holders.pop
+        self._tables = [meta, copies, delayed, bodies, ready, flights, holders]
 
     def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         """Every table over txn (a savepoint's nested transaction, and back)."""
