@@ -43,7 +43,8 @@ from ppmq.store.schema import (
     decode_body,
     holders_columns,
 )
-from ppmq.store.store import Txn, missing_store
+from ppmq.store.store import missing_store
+from ppmq.store.tables import Tables
 
 
 class StoreReader:
@@ -328,8 +329,21 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
 }
 
 
-class ReadTxn(Txn):
-    """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
+class ReadTxn:
+    """A StoreReader's read transaction: the tables of a write transaction
+    (tables.py) over a read-only one, for their reads, and whole databases
+    walked as records."""
+
+    def __init__(self, reader: StoreReader, txn: lmdb.Transaction[bytes]) -> None:
+        self.store = reader
+        self.txn = txn
+        self.tables = tables = Tables(reader, txn)  # `messages` here is a walk of the bodies (below): its table is tables.messages
+        self.meta, self.copies, self.bodies = tables.meta, tables.copies, tables.bodies
+        self.delayed, self.ready, self.flights, self.holders = tables.delayed, tables.ready, tables.flights, tables.holders
+        # the reads a whole-store reader makes (fsck, counters.load_state, the Spark data source), by a write transaction's names
+        self.staged, self.get_meta, self.meta_items = self.meta.staged, self.meta.get, self.meta.items
+        self.get_body, self.get_holders = self.bodies.get, self.holders.get
+        self.ready_attempts, self.get_inflight = self.ready.attempts, self.flights.get
 
     def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
         """The records of every row of database db (a name in the schema above,
