@@ -83,8 +83,9 @@ class Store:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
-        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flights.py)
+        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flight_index.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
+        self._txn: Txn | None = None  # the tables of every write transaction, wired at the first (Writing)
         self._check_schema()
         # Whether `copies` may have rows (copies.Seen): asked of LMDB once, true
         # from a put on.
@@ -175,8 +176,12 @@ class Writing:
         self._store = store
 
     def __enter__(self) -> Txn:
-        self._txn = self._store.env.begin(write=True)
-        return Txn(self._store, self._txn)
+        store = self._store
+        self._txn = txn = store.env.begin(write=True)
+        if store._txn is None:
+            store._txn = Txn(store, txn)
+            return store._txn
+        return store._txn.begin(txn)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         store, txn = self._store, self._txn
@@ -191,13 +196,17 @@ class Writing:
 
 
 class Txn:
-    """One write transaction: its tables (tables.py), the operations the broker
-    composes into it, and what concerns the transaction as a whole (a
-    savepoint, the room left in the store).
+    """The write transaction in progress: its tables (tables.py), the
+    operations the broker composes into it, and what concerns the transaction
+    as a whole (a savepoint, the room left in the store).
 
     Each operation the broker calls is the method of the table that does it,
     assigned here as an attribute, so that a call costs what it would on the
-    table itself."""
+    table itself. A store wires its Txn once, at its first write transaction,
+    and binds it to each one after (begin): wiring the tables and assigning
+    their operations costs ten times what a step's transaction otherwise
+    costs to set up. A Txn kept past its block works on a transaction that
+    has ended, which LMDB refuses, until the store's next one begins."""
 
     def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
@@ -231,6 +240,12 @@ class Txn:
         self.due_deadlines, self.next_deadline_ns = flights.due, flights.next_deadline_ns
         self.get_holders, self.put_holders, self.put_new_holders = holders.get, holders.put, holders.put_new
         self.release_holders, self.pop_holders = holders.release, holders.pop
+
+    def begin(self, txn: lmdb.Transaction[bytes]) -> Txn:
+        """The same tables, over the store's next write transaction."""
+        self.txn = txn
+        self.tables.begin(txn)
+        return self
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

@@ -62,6 +62,13 @@ class Tables:
         self.flights = Flights(txn, dbs["inflight"], dbs["deadlines"], ready, bodies, opened.flight_index)
         self.holders = Holders(txn, dbs["holders"], copies)
 
+    def begin(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Every table over a new transaction, with nothing kept of the one
+        before: the staging record it read, the watch it was given."""
+        self.bind(txn)
+        self.meta.forget_staged()
+        self.flights.watching = None
+
     def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         """Every table over txn from now on: a savepoint's nested transaction, and back."""
         for table in (self.meta, self.copies, self.bodies, self.messages, self.delayed, self.ready, self.flights, self.holders):
