@@ -203,10 +203,11 @@ class Txn:
     Each operation the broker calls is the method of the table that does it,
     assigned here as an attribute, so that a call costs what it would on the
     table itself. A store wires its Txn once, at its first write transaction,
-    and binds it to each one after (begin): wiring the tables and assigning
-    their operations costs ten times what a step's transaction otherwise
-    costs to set up. A Txn kept past its block works on a transaction that
-    has ended, which LMDB refuses, until the store's next one begins."""
+    and binds it to each one after (begin): wiring eight tables and assigning
+    their operations at every step would cost the writer more than the rest
+    of a transaction's setting up. So a Txn kept past its block works on a
+    transaction that has ended, which LMDB refuses, until the store's next
+    one begins."""
 
     def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
