@@ -61,7 +61,7 @@ class Bodies:
         self.txn = txn
         self.db = db
         self.meta = meta  # the staging record: a publish being staged is hidden from walks
-        self.room = room  # what a write may have grown the store by (room.py)
+        self.room = room  # what a write may have grown the store by (store/room.py)
 
     def get(self, t: int, m: int) -> Body | None:
         found = self._at(t, m)

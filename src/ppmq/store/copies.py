@@ -1,14 +1,14 @@
 """A copy's own expiry (PROTOCOL §9 PHPMQ re-queue): the copies and
-copy_expiry databases (schema.py).
+copy_expiry databases (store/schema.py).
 
 A message has one expiry, its body's, which every subscriber's copy of it
 follows, except a copy that a PHPMQ re-queue gave one of its own while other
 subscribers held the message too: that copy's row in `copies`, found by a walk
 of the topic's few such rows when its subscriber takes a batch, and swept by
-`copy_expiry`. The row goes with the copy (holders.py) and with the message
-(messages.py). Almost no store has any, so each operation first asks whether
-a copy may have one (the opener's `copies_seen`), and when none may, looks no
-further: the paths of every ack and every batch ask.
+`copy_expiry`. The row goes with the copy (store/holders.py) and with the
+message (store/messages.py). Almost no store has any, so each operation first
+asks whether a copy may have one (the opener's `copies_seen`), and when none
+may, looks no further: the paths of every ack and every batch ask.
 """
 
 from __future__ import annotations

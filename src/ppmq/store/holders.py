@@ -30,9 +30,9 @@ Places = dict[int, tuple[int, int]]  # a message's holders: S -> (prio, pos), it
 
 
 class Holders:
-    """The holders database of one transaction. A copy's own expiry (copies.py)
-    goes with the copy: with its subscriber's entry, when it leaves a message's
-    holders."""
+    """The holders database of one transaction. A copy's own expiry
+    (store/copies.py) goes with the copy: with its subscriber's entry, when it
+    leaves a message's holders."""
 
     __slots__ = ("txn", "db", "copies")
 

@@ -1,5 +1,6 @@
-"""Messages with their indexes: the expiry and dedupe databases (schema.py),
-kept with the bodies (bodies.py) and the copies' own expiries (copies.py).
+"""Messages with their indexes: the expiry and dedupe databases
+(store/schema.py), kept with the bodies (store/bodies.py) and the copies' own
+expiries (store/copies.py).
 
 The rule that ties them together lives here: a message put, replaced or
 deleted takes its expiry and dedupe entries with it, and a message replaced

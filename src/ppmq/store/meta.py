@@ -1,9 +1,10 @@
-"""The meta database: the store's named records (schema.py `meta`), the
+"""The meta database: the store's named records (store/schema.py `meta`), the
 staging record among them.
 
-The staging record names the range a publish in progress hides (staging.py):
-the walks of a delivery, an expiry or a drop ask for it at every step, so it
-is read once per transaction and kept until it is written again.
+The staging record names the range a publish in progress hides
+(core/staging.py): the walks of a delivery, an expiry or a drop ask for it at
+every step, so it is read once per transaction and kept until it is written
+again.
 """
 
 from __future__ import annotations

@@ -331,8 +331,8 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
 
 class ReadTxn:
     """A StoreReader's read transaction: the tables of a write transaction
-    (tables.py) over a read-only one, for their reads, and whole databases
-    walked as records."""
+    (store/tables.py) over a read-only one, for their reads, and whole
+    databases walked as records."""
 
     def __init__(self, reader: StoreReader, txn: lmdb.Transaction[bytes]) -> None:
         self.store = reader

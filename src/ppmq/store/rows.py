@@ -1,7 +1,7 @@
-"""How the tables of a transaction (tables.py) find and put rows: a cursor on
-the row whose range holds a key, where rows tile a topic's ids (bodies,
-holders) or a queue's places (ready runs); puts in key order; group rows
-changed in one pass; walks of a key prefix. Plain functions over an LMDB
+"""How the tables of a transaction (store/tables.py) find and put rows: a
+cursor on the row whose range holds a key, where rows tile a topic's ids
+(bodies, holders) or a queue's places (ready runs); puts in key order; group
+rows changed in one pass; walks of a key prefix. Plain functions over an LMDB
 transaction or cursor, so that no table is built on another to share them.
 """
 

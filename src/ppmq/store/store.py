@@ -196,7 +196,7 @@ class Writing:
 
 
 class Txn:
-    """The write transaction in progress: its tables (tables.py), the
+    """The write transaction in progress: its tables (store/tables.py), the
     operations the broker composes into it, and what concerns the transaction
     as a whole (a savepoint, the room left in the store).
 

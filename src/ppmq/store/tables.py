@@ -12,9 +12,9 @@ Each table owns the databases it writes, and is given the tables it calls:
     holders   Holders         holders                 calls copies
 
 None is built on another, nor on a base class they share: what they have in
-common is the plain functions of rows.py. The write transaction (store.Txn)
-and the read one (reader.ReadTxn) are these same tables, over an LMDB
-transaction of each kind.
+common is the plain functions of store/rows.py. The write transaction (Txn,
+store/store.py) and the read one (ReadTxn, store/reader.py) are these same
+tables, over an LMDB transaction of each kind.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ class Opened(Protocol):
     """What the tables need of whatever opened the transaction: a Store, or a StoreReader."""
 
     dbs: dict[str, lmdb._Database]
-    flight_index: FlightIndex  # which inflight row holds each message in flight (flight_index.py)
-    ready_tails: ReadyTails  # the ready queues kept in memory too (ready_tails.py)
+    flight_index: FlightIndex  # which inflight row holds each message in flight (store/flight_index.py)
+    ready_tails: ReadyTails  # the ready queues kept in memory too (store/ready_tails.py)
     copies_seen: bool  # whether any copy may have an expiry of its own (copies.Seen)
-    room: Room  # what bodies written may have grown the store by (room.py)
+    room: Room  # what bodies written may have grown the store by (store/room.py)
 
 
 class Tables:
