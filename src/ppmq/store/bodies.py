@@ -19,7 +19,9 @@ from itertools import repeat
 
 import lmdb
 
-from ppmq.store.rows import Rows, at_row
+from ppmq.store.meta import Meta
+from ppmq.store.room import Room
+from ppmq.store.rows import at_row, change_rows, put_all_in_order, put_in_order
 from ppmq.store.schema import (
     BODY_HEAD,
     BODY_ROW_BYTES,
@@ -42,7 +44,7 @@ Found = tuple[bytes, int, int]  # a row, and where one message's record begins a
 
 @dataclass(slots=True)
 class Popped:
-    """What left the bodies rows (BodyRows.pop_bodies)."""
+    """What left the bodies rows (Bodies.pop)."""
 
     count: int = 0
     size: int = 0  # bytes of delivered JSON
@@ -50,32 +52,44 @@ class Popped:
     keys: list[bytes] = field(default_factory=list)  # their dedupe keys, when asked for
 
 
-class BodyRows(Rows):
+class Bodies:
     """The bodies database of one transaction."""
 
-    def get_body(self, t: int, m: int) -> Body | None:
-        found = self._body_at(t, m)
+    __slots__ = ("txn", "db", "meta", "room")
+
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, meta: Meta, room: Room) -> None:
+        self.txn = txn
+        self.db = db
+        self.meta = meta  # the staging record: a publish being staged is hidden from walks
+        self.room = room  # what a write may have grown the store by (store/room.py)
+
+    def get(self, t: int, m: int) -> Body | None:
+        found = self._at(t, m)
         return None if found is None else decode_body(found[0][found[1] : found[2]])
 
     def publish_ns(self, t: int, m: int) -> int:
         """When m was published (0 if it is gone); decodes the header only."""
-        found = self._body_at(t, m)
+        found = self._at(t, m)
         return 0 if found is None else BODY_HEAD.unpack_from(found[0], found[1])[1]
 
-    def _body_at(self, t: int, m: int) -> Found | None:
-        with self.txn.cursor(db=self._bodies) as cur:
+    def _at(self, t: int, m: int) -> Found | None:
+        with self.txn.cursor(db=self.db) as cur:
             return BodyFinder(cur, t).find(m)
 
-    def put_body(self, t: int, m: int, body: Body) -> Body | None:
+    def cursor(self) -> lmdb.Cursor[bytes]:
+        """A cursor of the rows, for a BodyFinder (a batch's walk finds many messages)."""
+        return self.txn.cursor(db=self.db)
+
+    def put(self, t: int, m: int, body: Body) -> Body | None:
         """m's body; returns the version it replaced, if any. A new version
         takes the old one's place in its row, spliced in (a Dedupe topic's
         replacement: the rest of the row is copied, not taken apart); a new
         message joins the row whose range it is in (or starts one below them)."""
         record = encode_body(body)
-        with self.txn.cursor(db=self._bodies) as cur:
+        with self.txn.cursor(db=self.db) as cur:
             key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
         if raw is None:
-            self._write_body_row(key, [m], [record])
+            self._write_row(key, [m], [record])
             return None
         ids, ends, base = body_columns(raw)
         i = bisect_left(ids, m)
@@ -91,60 +105,60 @@ class BodyRows(Rows):
         all_ids, records = _split(raw)
         all_ids[i : i + (old is not None)] = [m]
         records[i : i + (old is not None)] = [record]
-        self._write_body_row(key, all_ids, records)
+        self._write_row(key, all_ids, records)
         return old
 
-    def _write_body_row(self, key: bytes, ids: list[int], records: list[bytes]) -> None:
+    def _write_row(self, key: bytes, ids: list[int], records: list[bytes]) -> None:
         """Put a row; one that an insert took past GROUP_MESSAGES, or past twice
         BODY_ROW_BYTES, is split in two, its upper half keyed by its first id."""
         if _oversized(len(ids), sum(map(len, records))):
             half = len(ids) // 2
-            self._write_body_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], records[half:])
+            self._write_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], records[half:])
             ids, records = ids[:half], records[:half]
         self._put_row(key, encode_body_row(ids, records), len(ids))
 
     def _put_row(self, key: bytes, row: bytes, n: int) -> None:
         """A row of n messages, counted toward the store's growth."""
-        self.store.room.wrote(len(row), n)
-        self.txn.put(key, row, db=self._bodies)
+        self.room.wrote(len(row), n)
+        self.txn.put(key, row, db=self.db)
 
     def put_records(self, t: int, first: int, records: list[bytes]) -> None:
         """New messages, the records (schema.body_record) of ids first, first + 1,
         ...: ids new from the topic's sequence, so above every stored one (a
         publish). They start rows of their own, GROUP_MESSAGES a row at most;
-        a message put anywhere else is put_body's."""
+        a message put anywhere else is put's."""
         total, n = sum(map(len, records)), len(records)
-        self.store.room.wrote(total, n)
+        self.room.wrote(total, n)
         if not n:
             return
         if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
-            self._put_in_order(TM.pack(t, first), encode_body_row(range(first, first + n), records), self._bodies)
+            put_in_order(self.txn, TM.pack(t, first), encode_body_row(range(first, first + n), records), self.db)
             return
         spans = body_row_spans(list(map(len, records)))
         rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
-        self._put_all_in_order(rows, self._bodies)
+        put_all_in_order(self.txn, rows, self.db)
 
-    def pop_bodies(self, t: int, ms: list[int], *, keys: bool) -> Popped:
+    def pop(self, t: int, ms: list[int], *, keys: bool) -> Popped:
         """Cut each of ms out of its row (a row left empty is deleted). Returns
         how many were stored, the bytes of their delivered JSON, their
         (expires_ns, m) where they expire, and their dedupe keys if `keys`:
-        what the counters and the indexes need (store/store.py). The path of every
+        what the counters and the indexes need (store/messages.py). The path of every
         last ack: each row is read and written once, and each header read
         where it lies, with no object made per message."""
         popped = Popped()
-        self._change_rows(self._bodies, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
+        change_rows(self.txn, self.db, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
         return popped
 
-    def bodies_of(self, t: int) -> Iterator[tuple[int, Body]]:
+    def of(self, t: int) -> Iterator[tuple[int, Body]]:
         """Every stored message of topic t, by id; none of a publish being staged."""
-        staged = self.staged()
+        staged = self.meta.staged()
         for m, raw, start, end in self._records_from(t, 0):
             if staged is None or not staged.hides(t, m):
                 yield m, decode_body(raw[start:end])
 
     def staged_ids(self, staged: Staged, limit: int) -> list[int]:
         """Up to `limit` ids of stored messages in the staged range, lowest first."""
-        out = []
+        out: list[int] = []
         for m, *_ in self._records_from(staged.t, staged.first):
             if m > staged.last or len(out) >= limit:
                 break
@@ -154,7 +168,7 @@ class BodyRows(Rows):
     def _records_from(self, t: int, first: int) -> Iterator[tuple[int, bytes, int, int]]:
         """Each stored message of t from id `first` on, by id: (m, row, start, end)."""
         prefix = u32(t)
-        with self.txn.cursor(db=self._bodies) as cur:
+        with self.txn.cursor(db=self.db) as cur:
             if not at_row(cur, t, first) and not cur.set_range(TM.pack(t, first)):
                 return
             while cur.key()[:4] == prefix:
@@ -176,7 +190,7 @@ class BodyFinder:
 
     __slots__ = ("_cur", "_t", "_raw", "_ids", "_ends", "_base")
 
-    def __init__(self, cur: lmdb.Cursor, t: int) -> None:
+    def __init__(self, cur: lmdb.Cursor[bytes], t: int) -> None:
         self._cur, self._t = cur, t
         self._raw, self._ids, self._ends, self._base = b"", (), (), 0
 

@@ -12,36 +12,45 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ppmq.store.bodies import BodyRows
+import lmdb
+
+from ppmq.store.rows import walk
 from ppmq.store.schema import DELAYED_VAL, DUE, TS, TSPQ, Delayed
 
 
-class DelayedRows(BodyRows):
+class DelayedEntries:
     """The delayed and due databases of one transaction."""
 
-    def push_delayed(self, t: int, s: int, entry: Delayed) -> None:
-        self.txn.put(TSPQ.pack(t, s, entry.prio, entry.pos), DELAYED_VAL.pack(entry.msg, entry.attempts, entry.due_ns), db=self._delayed)
-        self.txn.put(DUE.pack(entry.due_ns, t, s, entry.prio, entry.pos), b"", db=self._due)
+    __slots__ = ("txn", "db", "due_db")
 
-    def pop_delayed(self, t: int, s: int, prio: int, pos: int) -> Delayed | None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, due_db: lmdb._Database) -> None:
+        self.txn = txn
+        self.db = db
+        self.due_db = due_db
+
+    def push(self, t: int, s: int, entry: Delayed) -> None:
+        self.txn.put(TSPQ.pack(t, s, entry.prio, entry.pos), DELAYED_VAL.pack(entry.msg, entry.attempts, entry.due_ns), db=self.db)
+        self.txn.put(DUE.pack(entry.due_ns, t, s, entry.prio, entry.pos), b"", db=self.due_db)
+
+    def pop(self, t: int, s: int, prio: int, pos: int) -> Delayed | None:
         """Remove the delayed entry at (prio, pos), with its due entry."""
-        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self._delayed)
+        raw = self.txn.pop(TSPQ.pack(t, s, prio, pos), db=self.db)
         if raw is None:
             return None
         m, attempts, due_ns = DELAYED_VAL.unpack(raw)
-        self.txn.delete(DUE.pack(due_ns, t, s, prio, pos), db=self._due)
+        self.txn.delete(DUE.pack(due_ns, t, s, prio, pos), db=self.due_db)
         return Delayed(prio, pos, m, attempts, due_ns)
 
-    def delayed_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[Delayed]:
+    def of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[Delayed]:
         """s's delayed entries on t by place, from `start` (prio, pos) on."""
-        for key, raw in self._walk(self._delayed, TS.pack(t, s), TSPQ.pack(t, s, *start)):
+        for key, raw in walk(self.txn, self.db, TS.pack(t, s), TSPQ.pack(t, s, *start)):
             _, _, prio, pos = TSPQ.unpack(key)
             yield Delayed(prio, pos, *DELAYED_VAL.unpack(raw))
 
-    def due_delayed(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
+    def due(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
         """Up to `limit` (t, s, prio, pos) of delayed entries due at now_ns, earliest first."""
-        out = []
-        with self.txn.cursor(db=self._due) as cur:
+        out: list[tuple[int, int, int, int]] = []
+        with self.txn.cursor(db=self.due_db) as cur:
             if cur.first():
                 for key in cur.iternext(values=False):
                     due_ns, t, s, prio, pos = DUE.unpack(key)
@@ -51,5 +60,5 @@ class DelayedRows(BodyRows):
         return out
 
     def next_due_ns(self) -> int | None:
-        with self.txn.cursor(db=self._due) as cur:
+        with self.txn.cursor(db=self.due_db) as cur:
             return DUE.unpack(cur.key())[0] if cur.first() else None

@@ -26,9 +26,10 @@ class FlightIndex:
     index row per message is what the batch rows are there to avoid. So the
     index lives in memory (at most Window entries a subscription), built from
     the rows the first time a subscription is asked about, and changed only by
-    QueueRows, with the rows. The store drops it whole whenever a transaction's
-    writes are undone (an abort, a failed commit, a savepoint rolled back), so
-    it never describes rows that are not there."""
+    the flights table (store/flights.py), with the rows. The store drops it
+    whole whenever a transaction's writes are undone (an abort, a failed
+    commit, a savepoint rolled back), so it never describes rows that are not
+    there."""
 
     def __init__(self) -> None:
         self._subs: dict[tuple[int, int], SubFlights] = {}

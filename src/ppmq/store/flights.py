@@ -1,5 +1,7 @@
-"""A subscription's rows: the batches in flight to it, on top of its ready
-queue (store/ready.py) and delayed entries (store/delayed.py).
+"""The batches in flight to each subscription: the inflight and deadlines
+databases (store/schema.py), a row per batch pushed, and the walk that takes
+a batch from a ready queue (store/ready.py) into flight, its messages read from
+their bodies rows (store/bodies.py).
 
 Only a Queue (core/queues.py) changes them, with the counters that count them; the
 state machine's other parts read them through it, and fsck through store/reader.py.
@@ -11,18 +13,40 @@ import logging
 from collections.abc import Iterable, Iterator
 from itertools import repeat
 
-from ppmq.store.bodies import BodyFinder
-from ppmq.store.flight_index import FlightWatch, SubFlights
-from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyRows
+import lmdb
+
+from ppmq.store.bodies import Bodies, BodyFinder
+from ppmq.store.flight_index import FlightIndex, FlightWatch, SubFlights
+from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyQueues
+from ppmq.store.rows import put_in_order, walk
 from ppmq.store.schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
 
 log = logging.getLogger("ppmq.store")
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
 
 
-class QueueRows(ReadyRows):
+class Flights:
     """The inflight and deadlines databases of one transaction, and the walk that
     moves ready entries into flight."""
+
+    __slots__ = ("txn", "db", "deadlines_db", "ready", "bodies", "index", "watching")
+
+    def __init__(
+        self,
+        txn: lmdb.Transaction[bytes],
+        db: lmdb._Database,
+        deadlines_db: lmdb._Database,
+        ready: ReadyQueues,
+        bodies: Bodies,
+        index: FlightIndex,
+    ) -> None:
+        self.txn = txn
+        self.db = db
+        self.deadlines_db = deadlines_db
+        self.ready = ready  # where a batch is taken from
+        self.bodies = bodies  # what a batch taken from the ready rows reads
+        self.index = index  # which row holds each message in flight, kept in memory across transactions
+        self.watching: FlightWatch | None = None  # what left flight to some subscriptions, if asked
 
     def take_ready(
         self,
@@ -43,7 +67,7 @@ class QueueRows(ReadyRows):
         `own_expiry` (id -> expires_ns, store/schema.py `copies`) is judged, and
         taken, with that expiry rather than its body's. One walk of the
         ready runs and one in-flight row: the path of every backlog."""
-        taken = self.take_tail(t, s, limit, expired_at_ns, max_bytes)
+        taken = self.ready.take_tail(t, s, limit, expired_at_ns, max_bytes)
         if taken is not None:  # the queue was in memory too: its bodies are not read
             self._into_flight(t, s, taken, deadline_ns)
             return taken, [], []
@@ -75,61 +99,61 @@ class QueueRows(ReadyRows):
             taken.append((m, prio, pos, attempts, publish_ns, raw[start + head_size + klen : end], flight, expires_ns))
             return TAKE
 
-        with self.txn.cursor(db=self._bodies) as cur:
+        with self.bodies.cursor() as cur:
             find = BodyFinder(cur, t).find
-            self._take_runs(t, s, limit, choose)
+            self.ready.take_runs(t, s, limit, choose)
         self._into_flight(t, s, taken, deadline_ns)
         return taken, expired, missing
 
     def _into_flight(self, t: int, s: int, taken: list[Taken], deadline_ns: int) -> None:
         if taken:
-            self.put_flight(t, s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
+            self.put(t, s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
 
     # --- in flight --------------------------------------------------------------------
-    def watch_flights(self, watch: FlightWatch) -> None:
+    def watch(self, watch: FlightWatch) -> None:
         """From now on, note in `watch` what leaves flight to its subscriptions."""
-        self._watch = watch
+        self.watching = watch
 
     def _flights(self, t: int, s: int) -> SubFlights:
-        return self._index.of(t, s, self._read_flights)
+        return self.index.of(t, s, self._read_flights)
 
     def _read_flights(self, t: int, s: int) -> SubFlights:
         """The index of s's batches in flight on t, from its rows."""
         flights = SubFlights()
-        for f, _, raw in self._flight_rows(t, s):
+        for f, _, raw in self._rows(t, s):
             for m, *_rest in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
                 flights.where[m] = f
             flights.next_f = f + 1
         return flights
 
-    def _flight_rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
+    def _rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
         """(F, deadline_ns, value) of every batch in flight to s on t."""
         prefix = TS.pack(t, s)
-        for key, raw in self._walk(self._inflight, prefix, prefix):
+        for key, raw in walk(self.txn, self.db, prefix, prefix):
             yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
 
-    def put_flight(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
+    def put(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
         """A pushed batch into flight to s: entries (FLIGHT_ENTRY, packed) of the
         messages ms, with the AckRetry deadline `deadline_ns` (0: none). One row,
         and one deadline row, whatever the batch's size."""
         flights = self._flights(t, s)
         f = flights.next_f
         flights.next_f += 1
-        self._put_in_order(TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self._inflight)
+        put_in_order(self.txn, TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self.db)
         flights.where.update(zip(ms, repeat(f)))
-        if self._watch is not None:
-            self._watch.note(False, t, s, ms)
+        if self.watching is not None:
+            self.watching.note(False, t, s, ms)
         if deadline_ns:
-            self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self._deadlines)
+            self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self.deadlines_db)
 
-    def pop_flights(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int, int, int, int] | None]:
+    def pop_many(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int, int, int, int] | None]:
         """Take each of ms out of flight to s; per m, its Flight fields as a plain
         tuple, or None if it was not in flight or was named before. One row read
         and rewritten or deleted per batch touched, whatever the number of
         messages."""
         return self._pop_located(t, s, ms, self._locate(t, s, ms))
 
-    def ack_flights(self, t: int, s: int, ms: list[int]) -> list[int]:
+    def ack(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Take each of ms out of flight to s; return those that were, each once,
         in the order of ms (ms itself when all were). An ack of one whole batch, what an ack mostly is,
         deletes its row without reading its entries: the index says that each
@@ -137,8 +161,8 @@ class QueueRows(ReadyRows):
         fs = self._locate(t, s, ms)
         f = _one_batch(fs)
         if f is not None and self._drop_whole(t, s, f, len(ms)):
-            if self._watch is not None:
-                self._watch.note(True, t, s, ms)
+            if self.watching is not None:
+                self.watching.note(True, t, s, ms)
             return ms
         return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
 
@@ -157,8 +181,8 @@ class QueueRows(ReadyRows):
             for i, (m, f) in enumerate(zip(ms, fs)):
                 if f is not None:
                     wanted.setdefault(f, {})[m] = i
-        if self._watch is not None:
-            self._watch.note(True, t, s, [m for found in wanted.values() for m in found])
+        if self.watching is not None:
+            self.watching.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
         for f, found in wanted.items():
             self._take_from_row(t, s, f, found, out)
@@ -167,7 +191,7 @@ class QueueRows(ReadyRows):
     def _drop_whole(self, t: int, s: int, f: int, n: int) -> bool:
         """Delete batch f, with its deadline, if it holds n entries; whether it did."""
         key = TSM.pack(t, s, f)
-        raw = self.txn.get(key, db=self._inflight)
+        raw = self.txn.get(key, db=self.db)
         if raw is None or len(raw) != HEAD + n * FLIGHT_ENTRY.size:
             return False
         self._drop_row(t, s, f, key, raw)
@@ -177,7 +201,7 @@ class QueueRows(ReadyRows):
         """The messages `found` (m -> index in out) leave batch f: their entries go
         into out, and the row keeps the others or goes with its deadline."""
         key = TSM.pack(t, s, f)
-        raw = self.txn.get(key, db=self._inflight)
+        raw = self.txn.get(key, db=self.db)
         if raw is None:
             log.error("store: batch %d in flight to subscriber %d of topic %d is indexed but not stored", f, s, t)
             return
@@ -189,65 +213,65 @@ class QueueRows(ReadyRows):
             else:
                 out[i] = entry
         if kept:
-            self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self._inflight)
+            self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self.db)
             return
         self._drop_row(t, s, f, key, raw)
 
     def _drop_row(self, t: int, s: int, f: int, key: bytes, raw: bytes) -> None:
         """Delete batch f's row (`key`, holding `raw`) and its deadline."""
-        self.txn.delete(key, db=self._inflight)
+        self.txn.delete(key, db=self.db)
         deadline_ns = U64.unpack_from(raw)[0]
         if deadline_ns:
-            self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self._deadlines)
+            self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self.deadlines_db)
 
-    def retime_flights(self, t: int, s: int, ms: list[int], deadline_ns: int) -> list[int]:
+    def retime(self, t: int, s: int, ms: list[int], deadline_ns: int) -> list[int]:
         """PROTOCOL §8 Touch: ms (those in flight to s) get the AckRetry deadline
         `deadline_ns`, together in a batch row of their own; returns those that were."""
-        entries = [e for e in self.pop_flights(t, s, ms) if e is not None]
+        entries = [e for e in self.pop_many(t, s, ms) if e is not None]
         if entries:
-            self.put_flight(t, s, [FLIGHT_ENTRY.pack(*e) for e in entries], deadline_ns, [e[0] for e in entries])
+            self.put(t, s, [FLIGHT_ENTRY.pack(*e) for e in entries], deadline_ns, [e[0] for e in entries])
         return [e[0] for e in entries]
 
-    def inflight_deadlines(self, t: int, s: int) -> list[tuple[Flight, int]]:
+    def deadlines_of(self, t: int, s: int) -> list[tuple[Flight, int]]:
         """Everything in flight to s on t with its AckRetry deadline (0: none), by message id."""
-        rows = self._flight_rows(t, s)
+        rows = self._rows(t, s)
         return sorted((Flight._make(e), deadline) for _, deadline, raw in rows for e in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
 
-    def pop_flight(self, t: int, s: int, m: int) -> Flight | None:
-        entry = self.pop_flights(t, s, [m])[0]
+    def pop(self, t: int, s: int, m: int) -> Flight | None:
+        entry = self.pop_many(t, s, [m])[0]
         return None if entry is None else Flight._make(entry)
 
-    def get_inflight(self, t: int, s: int, m: int) -> Flight | None:
+    def get(self, t: int, s: int, m: int) -> Flight | None:
         f = self._flights(t, s).where.get(m)
-        raw = None if f is None else self.txn.get(TSM.pack(t, s, f), db=self._inflight)
+        raw = None if f is None else self.txn.get(TSM.pack(t, s, f), db=self.db)
         if raw is not None:
             for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
                 if entry[0] == m:
                     return Flight._make(entry)
         return None
 
-    def due_deadlines(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
+    def due(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
         """The in-flight (t, s, m) of batches whose AckRetry deadline is <= now_ns,
         whole batches until at least `limit` messages, in the order of
         (deadline, t, s, m): what comes due together goes back by message id."""
         due: list[tuple[int, int, int, int]] = []
-        with self.txn.cursor(db=self._deadlines) as cur:
+        with self.txn.cursor(db=self.deadlines_db) as cur:
             if cur.first():
                 for key in cur.iternext(values=False):
                     deadline, t, s, f = DTSM.unpack(key)
                     if deadline > now_ns or len(due) >= limit:
                         break
-                    raw = self.txn.get(TSM.pack(t, s, f), db=self._inflight) or b""
+                    raw = self.txn.get(TSM.pack(t, s, f), db=self.db) or b""
                     due += [(deadline, t, s, entry[0]) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:])]
         return [(t, s, m) for _, t, s, m in sorted(due)]
 
     def next_deadline_ns(self) -> int | None:
-        with self.txn.cursor(db=self._deadlines) as cur:
+        with self.txn.cursor(db=self.deadlines_db) as cur:
             return DTSM.unpack(cur.key())[0] if cur.first() else None
 
-    def inflight_of(self, t: int, s: int) -> list[Flight]:
+    def of(self, t: int, s: int) -> list[Flight]:
         """Everything in flight to s on t (at most its Window, so a short list), by message id."""
-        return sorted(Flight._make(entry) for _, _, raw in self._flight_rows(t, s) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
+        return sorted(Flight._make(entry) for _, _, raw in self._rows(t, s) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
 
 
 def _one_batch(fs: list[int | None]) -> int | None:

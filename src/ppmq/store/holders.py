@@ -17,21 +17,32 @@ from functools import cache
 from itertools import accumulate, chain, islice, repeat
 from struct import Struct
 
-from ppmq.store.flights import QueueRows
-from ppmq.store.rows import at_row
+import lmdb
+
+from ppmq.store.copies import Copies
+from ppmq.store.rows import at_row, change_rows, put_all_in_order
 from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
 PACKED_FROM = 10  # new messages whose entries are packed in one call
 
-Holders = dict[int, tuple[int, int]]  # S -> (prio, pos)
+Places = dict[int, tuple[int, int]]  # a message's holders: S -> (prio, pos), its place in S's queue
 
 
-class HolderRows(QueueRows):
-    """The holders database of one transaction."""
+class Holders:
+    """The holders database of one transaction. A copy's own expiry
+    (store/copies.py) goes with the copy: with its subscriber's entry, when it
+    leaves a message's holders."""
 
-    def get_holders(self, t: int, m: int) -> Holders:
-        with self.txn.cursor(db=self._holders) as cur:
+    __slots__ = ("txn", "db", "copies")
+
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, copies: Copies) -> None:
+        self.txn = txn
+        self.db = db
+        self.copies = copies
+
+    def get(self, t: int, m: int) -> Places:
+        with self.txn.cursor(db=self.db) as cur:
             if not at_row(cur, t, m):
                 return {}
             raw = cur.value()
@@ -42,10 +53,12 @@ class HolderRows(QueueRows):
         start = base + SIZE * sum(counts[:i])
         return _decode(raw[start : start + SIZE * counts[i]])
 
-    def put_holders(self, t: int, m: int, holders: Holders) -> None:
-        """m's holders become `holders` (none: m leaves its row). A message no
-        row holds joins the row whose range it is in, or starts one below them."""
-        with self.txn.cursor(db=self._holders) as cur:
+    def put(self, t: int, m: int, holders: Places) -> None:
+        """m's holders become `holders` (none: m leaves its row), and the copies
+        of those that are no longer among them lose their own expiries. A
+        message no row holds joins the row whose range it is in, or starts one
+        below them."""
+        with self.txn.cursor(db=self.db) as cur:
             key, raw = cur.item() if at_row(cur, t, m) else (TM.pack(t, m), None)
         if raw is None:
             ids, counts, entries = [], [], b""
@@ -59,21 +72,25 @@ class HolderRows(QueueRows):
         ids[i : i + present] = [m] if holders else []
         counts[i : i + present] = [len(holders)] if holders else []
         self._write_row(key, ids, counts, entries[:start] + _encode(holders) + entries[end:])
+        own = self.copies.of_message(t, m)
+        if own:
+            for s in own.keys() - holders.keys():
+                self.copies.drop(t, [m], s)
 
     def _write_row(self, key: bytes, ids: list[int], counts: list[int], entries: bytes) -> None:
         """Put a row, or delete it when empty; one that an insert took past
         GROUP_MESSAGES is split in two, its upper half keyed by its first id."""
         if not ids:
-            self.txn.delete(key, db=self._holders)
+            self.txn.delete(key, db=self.db)
             return
         if len(ids) > GROUP_MESSAGES:
             half = len(ids) // 2
             cut = SIZE * sum(counts[:half])
             self._write_row(key[:4] + ids[half].to_bytes(8, "big"), ids[half:], counts[half:], entries[cut:])
             ids, counts, entries = ids[:half], counts[:half], entries[:cut]
-        self.txn.put(key, encode_holders_row(ids, counts, entries), db=self._holders)
+        self.txn.put(key, encode_holders_row(ids, counts, entries), db=self.db)
 
-    def put_new_holders(self, t: int, subs: list[int], first: int, prios: Sequence[int]) -> None:
+    def put_new(self, t: int, subs: list[int], first: int, prios: Sequence[int]) -> None:
         """Every subscriber in subs holds each new message first, first + 1, ...,
         of priority prios[i], at its id as position. The ids are new, so above
         those of t's rows: they start rows of their own, GROUP_MESSAGES messages
@@ -86,18 +103,21 @@ class HolderRows(QueueRows):
             ids = range(first + i, first + i + len(group))
             entries = _new_entries(subs, group, ids)
             rows.append((TM.pack(t, ids[0]), encode_holders_row(ids, [len(subs)] * len(ids), entries)))
-        self._put_all_in_order(rows, self._holders)
+        put_all_in_order(self.txn, rows, self.db)
 
-    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
-        """Remove s from the holders of each of ms; return, ascending, those nobody
-        holds any more (and any no row holds). The path of every ack: each row
-        is read, decoded and written once, however many of ms it holds."""
+    def release(self, t: int, s: int, ms: list[int]) -> list[int]:
+        """Remove s from the holders of each of ms, and its copies' own
+        expiries; return, ascending, those nobody holds any more (and any no
+        row holds). The path of every ack: each row is read, decoded and
+        written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
-        return self._change_rows(self._holders, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+        done = change_rows(self.txn, self.db, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+        self.copies.drop(t, ms, s)
+        return done
 
-    def pop_holders(self, t: int, ms: list[int]) -> dict[int, Holders]:
+    def pop(self, t: int, ms: list[int]) -> dict[int, Places]:
         """Remove ms from their rows; return the holders each had (none for one no row holds)."""
-        popped: dict[int, Holders] = {}
+        popped: dict[int, Places] = {}
 
         def take(raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
             ids, counts, base = holders_columns(raw)
@@ -111,7 +131,7 @@ class HolderRows(QueueRows):
                     entries.append(raw[start:end])
             return _row(kept, kept_counts, b"".join(entries)), wanted
 
-        self._change_rows(self._holders, t, sorted(set(ms)), take)
+        change_rows(self.txn, self.db, t, sorted(set(ms)), take)
         return popped
 
 
@@ -121,7 +141,7 @@ def _bounds(counts: tuple[int, ...], base: int) -> tuple[list[int], islice]:
     return starts, islice(starts, 1, None)
 
 
-def _decode(entries: bytes) -> Holders:
+def _decode(entries: bytes) -> Places:
     return {s: (prio, pos) for s, prio, pos in HOLDER.iter_unpack(entries)}
 
 
@@ -137,7 +157,7 @@ def _new_entries(subs: list[int], prios: Sequence[int], ids: range) -> bytes:
     return repeated(HOLDER, len(ids) * len(subs)).pack(*chain.from_iterable(zip(*columns)))
 
 
-def _encode(holders: Holders) -> bytes:
+def _encode(holders: Places) -> bytes:
     return b"".join([HOLDER.pack(s, prio, pos) for s, (prio, pos) in holders.items()])
 
 

@@ -87,7 +87,7 @@ def _entries(txn: Txn, t: int, s: int, name: str, part: int, start: Cursor | Non
     a copy with an expiry of its own (PROTOCOL §9) shows that one."""
     own = txn.copy_expiries(t, s)
     if part == _INFLIGHT:
-        for flight, deadline_ns in txn.inflight_deadlines(t, s):
+        for flight, deadline_ns in txn.flights.deadlines_of(t, s):
             body = txn.get_body(t, flight.m)
             if body is not None and (start is None or flight.m > start.pos):
                 expires_ns = own.get(flight.m, body.expires_ns)

@@ -17,6 +17,7 @@ from ppmq.errors import StoreError
 from ppmq.protocol.messages import fragment_payload
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.room import Room
 from ppmq.store.rows import floor_row
 from ppmq.store.schema import (
     BODY_HEAD,
@@ -42,7 +43,8 @@ from ppmq.store.schema import (
     decode_body,
     holders_columns,
 )
-from ppmq.store.store import Txn, missing_store
+from ppmq.store.store import missing_store
+from ppmq.store.tables import Tables
 
 
 class StoreReader:
@@ -52,7 +54,7 @@ class StoreReader:
     by ReadTxn (below) and nowhere else. The process needs write access to
     lock.mdb, where LMDB registers its readers."""
 
-    copies_seen = True  # a reader always looks for a copy's own expiry (store.Txn._has_copy_expiries)
+    copies_seen = True  # a reader always looks for a copy's own expiry (copies.Seen)
 
     def __init__(self, path: str) -> None:
         missing = missing_store(path)
@@ -101,6 +103,11 @@ class StoreReader:
     def ready_tails(self) -> ReadyTails:
         """None kept: a reader takes nothing."""
         return ReadyTails()
+
+    @property
+    def room(self) -> Room:
+        """Never told of a write: a reader writes nothing."""
+        return Room(0)
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:
@@ -322,8 +329,21 @@ _RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
 }
 
 
-class ReadTxn(Txn):
-    """A StoreReader's read transaction: the Txn reads, and whole databases walked as records."""
+class ReadTxn:
+    """A StoreReader's read transaction: the tables of a write transaction
+    (store/tables.py) over a read-only one, for their reads, and whole
+    databases walked as records."""
+
+    def __init__(self, reader: StoreReader, txn: lmdb.Transaction[bytes]) -> None:
+        self.store = reader
+        self.txn = txn
+        self.tables = tables = Tables(reader, txn)  # `messages` here is a walk of the bodies (below): its table is tables.messages
+        self.meta, self.copies, self.bodies = tables.meta, tables.copies, tables.bodies
+        self.delayed, self.ready, self.flights, self.holders = tables.delayed, tables.ready, tables.flights, tables.holders
+        # the reads a whole-store reader makes (fsck, counters.load_state, the Spark data source), by a write transaction's names
+        self.staged, self.get_meta, self.meta_items = self.meta.staged, self.meta.get, self.meta.items
+        self.get_body, self.get_holders = self.bodies.get, self.holders.get
+        self.ready_attempts, self.get_inflight = self.ready.attempts, self.flights.get
 
     def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
         """The records of every row of database db (a name in the schema above,

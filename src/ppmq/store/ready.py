@@ -28,8 +28,9 @@ from operator import itemgetter
 
 import lmdb
 
-from ppmq.store.delayed import DelayedRows
-from ppmq.store.rows import floor_row
+from ppmq.store.meta import Meta
+from ppmq.store.ready_tails import ReadyTails
+from ppmq.store.rows import floor_row, put_all_in_order, walk
 from ppmq.store.schema import READY_ENTRY, READY_RUN, TAKEN_PRIO, TS, TSPQ, U64, ReadyEntry, Staged, Taken, repeated
 
 log = logging.getLogger("ppmq.store")
@@ -40,16 +41,24 @@ _pos_m = itemgetter(2, 0)  # a Taken's (pos, m), as a ready entry begins
 KEEP, TAKE, DROP, STOP = 0, 1, 2, 3
 
 
-class ReadyRows(DelayedRows):
-    """The ready database of one transaction."""
+class ReadyQueues:
+    """The ready database of one transaction: every subscription's ready queue."""
+
+    __slots__ = ("txn", "db", "meta", "tails")
+
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, meta: Meta, tails: ReadyTails) -> None:
+        self.txn = txn
+        self.db = db
+        self.meta = meta  # the staging record: a publish being staged is hidden from walks
+        self.tails = tails  # the queues kept in memory too, dropped when their rows change otherwise
 
     # --- entries in ---------------------------------------------------------------------
-    def push_ready(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
+    def push(self, t: int, s: int, prio: int, pos: int, m: int, attempts: int) -> None:
         """An entry at its place, in the run that holds the place."""
-        self._tails.drop(t, s)
-        with self.txn.cursor(db=self._ready) as cur:
+        self.tails.drop(t, s)
+        with self.txn.cursor(db=self.db) as cur:
             items = _joined(cur, t, s, prio, [(pos, m, attempts)])
-        self._put_all_in_order(items, self._ready)
+        put_all_in_order(self.txn, items, self.db)
 
     def push_fresh(self, t: int, s: int, fresh: list[Taken], keep_tail: bool, start: bool) -> None:
         """Messages just published (their first deliveries, core/queues.py) into s's
@@ -59,38 +68,38 @@ class ReadyRows(DelayedRows):
         the runs hold below the tail's, and which shows them all at once when
         it is whole."""
         fresh = sorted(fresh, key=TAKEN_PRIO)  # queue order: they come in position order, and the sort is stable
-        if not keep_tail or self.staged() is not None:
-            self._tails.drop(t, s)
+        if not keep_tail or self.meta.staged() is not None:
+            self.tails.drop(t, s)
         elif start:
-            self._tails.start(t, s, fresh)
+            self.tails.start(t, s, fresh)
         else:
-            self._tails.extend(t, s, fresh)
+            self.tails.extend(t, s, fresh)
         self._push_runs(t, s, ((prio, [(f[2], f[0], 0) for f in group]) for prio, group in groupby(fresh, key=TAKEN_PRIO)))
 
-    def push_ready_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
+    def push_many(self, t: int, s: int, entries: list[tuple[int, int, int]]) -> None:
         """(prio, pos, m) entries, first attempts, into s's queue."""
-        self._tails.drop(t, s)
+        self.tails.drop(t, s)
         self._push_runs(t, s, ((prio, [(pos, m, 0) for _, pos, m in group]) for prio, group in groupby(sorted(entries), key=itemgetter(0))))
 
     def _push_runs(self, t: int, s: int, by_prio: Iterable[tuple[int, list[tuple[int, int, int]]]]) -> None:
         """Per priority, its (pos, m, attempts) entries in ascending pos: the run
         they join rewritten once, and a new run per READY_RUN entries past it."""
         items: list[tuple[bytes, bytes]] = []
-        with self.txn.cursor(db=self._ready) as cur:
+        with self.txn.cursor(db=self.db) as cur:
             for prio, adds in by_prio:
                 items += _joined(cur, t, s, prio, adds)
-        self._put_all_in_order(items, self._ready)
+        put_all_in_order(self.txn, items, self.db)
 
     # --- single entries out -----------------------------------------------------------------
-    def remove_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
-        return self.pop_ready(t, s, prio, pos) is not None
+    def remove(self, t: int, s: int, prio: int, pos: int) -> bool:
+        return self.pop(t, s, prio, pos) is not None
 
-    def ready_attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
+    def attempts(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Deliveries so far of the ready entry at (prio, pos), or None if there is none."""
         found = self._find(t, s, prio, pos)
         return None if found is None else READY_ENTRY.unpack_from(found[1], found[2] * ENTRY)[2]
 
-    def restart_ready(self, t: int, s: int, prio: int, pos: int) -> bool:
+    def restart(self, t: int, s: int, prio: int, pos: int) -> bool:
         """The ready entry at (prio, pos) starts its attempts anew where it is
         (a new version of its message took its place: PROTOCOL §3 Dedupe); its
         run is rewritten only if it had been delivered before. False if there
@@ -102,14 +111,14 @@ class ReadyRows(DelayedRows):
         at = i * ENTRY
         _, m, attempts = READY_ENTRY.unpack_from(raw, at)
         if attempts:
-            self._tails.drop(t, s)
+            self.tails.drop(t, s)
             self._rewrite(key, raw[:at] + READY_ENTRY.pack(pos, m, 0) + raw[at + ENTRY :])
         return True
 
-    def pop_ready(self, t: int, s: int, prio: int, pos: int) -> int | None:
+    def pop(self, t: int, s: int, prio: int, pos: int) -> int | None:
         """Remove a ready entry; return its attempts so far, or None if there was none.
         Its run keeps its key, or goes with its last entry."""
-        self._tails.drop(t, s)
+        self.tails.drop(t, s)
         found = self._find(t, s, prio, pos)
         if found is None:
             return None
@@ -119,7 +128,7 @@ class ReadyRows(DelayedRows):
 
     def _find(self, t: int, s: int, prio: int, pos: int) -> tuple[bytes, bytes, int] | None:
         """The run holding the entry at (prio, pos) and the entry's index in it; None if there is no such entry."""
-        with self.txn.cursor(db=self._ready) as cur:
+        with self.txn.cursor(db=self.db) as cur:
             key = _run_at(cur, t, s, prio, pos)
             if key is None:
                 return None
@@ -132,24 +141,24 @@ class ReadyRows(DelayedRows):
     def _rewrite(self, key: bytes, value: bytes) -> None:
         """A run with what is left of it; an emptied run goes."""
         if value:
-            self.txn.put(key, value, db=self._ready)
+            self.txn.put(key, value, db=self.db)
         else:
-            self.txn.delete(key, db=self._ready)
+            self.txn.delete(key, db=self.db)
 
     # --- walks -------------------------------------------------------------------------------
-    def pull_ready(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
+    def pull(self, t: int, s: int, limit: int, take: Callable[[ReadyEntry], bool]) -> int:
         """Walk s's queue on t by priority then position, deleting each entry that
         `take` accepts, until `limit` are taken; return how many were taken.
         A staged publish's entries are left alone."""
-        self._tails.drop(t, s)
-        return self._take_runs(t, s, limit, lambda prio, pos, m, attempts: TAKE if take(ReadyEntry(prio, pos, m, attempts)) else KEEP)
+        self.tails.drop(t, s)
+        return self.take_runs(t, s, limit, lambda prio, pos, m, attempts: TAKE if take(ReadyEntry(prio, pos, m, attempts)) else KEEP)
 
-    def _take_runs(self, t: int, s: int, limit: int, choose: Callable[[int, int, int, int], int]) -> int:
+    def take_runs(self, t: int, s: int, limit: int, choose: Callable[[int, int, int, int], int]) -> int:
         """Walk s's queue on t in order, asking `choose` (prio, pos, m, attempts) of
         each entry whether to KEEP, TAKE, DROP it or STOP there, until `limit` are
         taken; return how many were. Each run is read once, then rewritten or
         deleted once."""
-        staged = self.staged()
+        staged = self.meta.staged()
         taken = 0
         stop = False
         edits: list[tuple[bytes, bytes]] = []
@@ -184,14 +193,14 @@ class ReadyRows(DelayedRows):
         if it has none, one of them may have expired at `expired_at_ns`, a staged
         publish may hide entries among its rows, or the rows do not hold exactly
         what the tail says (which would be a bug: logged)."""
-        taken = None if self.staged() is not None else self._tails.take(t, s, limit, expired_at_ns, max_bytes)
+        taken = None if self.meta.staged() is not None else self.tails.take(t, s, limit, expired_at_ns, max_bytes)
         if not taken:
-            self._tails.drop(t, s)
+            self.tails.drop(t, s)
             return None
         edits = self._head_runs(t, s, taken)
         if edits is None:
             log.error("store: the ready queue of topic %d subscriber %d is not what memory holds; read from its rows", t, s)
-            self._tails.disagree(t, s)
+            self.tails.disagree(t, s)
             return None
         for key, value in edits:
             self._rewrite(key, value)
@@ -205,7 +214,7 @@ class ReadyRows(DelayedRows):
         for prio, group in groupby(taken, key=TAKEN_PRIO):
             want = list(group)
             start = TSPQ.pack(t, s, prio, 0)
-            for key, raw in self._walk(self._ready, start[:7], start):
+            for key, raw in walk(self.txn, self.db, start[:7], start):
                 n = min(len(raw) // ENTRY, len(want))
                 first, last = READY_ENTRY.unpack_from(raw), READY_ENTRY.unpack_from(raw, (n - 1) * ENTRY)
                 if first[:2] != _pos_m(want[0]) or last[:2] != _pos_m(want[n - 1]):
@@ -218,18 +227,18 @@ class ReadyRows(DelayedRows):
                 return None
         return edits
 
-    def ready_of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[ReadyEntry]:
+    def of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[ReadyEntry]:
         """s's ready entries on t by place, from `start` (prio, pos) on, a staged
         publish's left out; reading only."""
-        staged = self.staged()
+        staged = self.meta.staged()
         for prio, _, raw in self._walk_runs(t, s, start):
             for pos, m, attempts in READY_ENTRY.iter_unpack(raw):
                 if (prio, pos) >= start and (staged is None or not staged.hides(t, pos)):
                     yield ReadyEntry(prio, pos, m, attempts)
 
-    def first_ready(self, t: int, s: int, prio: int) -> ReadyEntry | None:
+    def first(self, t: int, s: int, prio: int) -> ReadyEntry | None:
         """The head of s's queue of priority prio, a staged publish's entries left out."""
-        entry = next(self.ready_of(t, s, (prio, 0)), None)
+        entry = next(self.of(t, s, (prio, 0)), None)
         return entry if entry is not None and entry.prio == prio else None
 
     def _walk_runs(self, t: int, s: int, start: tuple[int, int]) -> Iterator[tuple[int, bytes, bytes]]:
@@ -237,8 +246,8 @@ class ReadyRows(DelayedRows):
         place `start` on. After a run a staged publish hides whole, the walk jumps
         to the run holding the staged range's last place: a publish being staged
         may be far longer than the queue in front of it."""
-        prefix, staged = TS.pack(t, s), self.staged()
-        with self.txn.cursor(db=self._ready) as cur:
+        prefix, staged = TS.pack(t, s), self.meta.staged()
+        with self.txn.cursor(db=self.db) as cur:
             # no run holds a place before pos 0 but one keyed there, which set_range finds
             moved = (start[1] > 0 and _run_at(cur, t, s, *start) is not None) or cur.set_range(TSPQ.pack(t, s, *start))
             while moved and (key := cur.key())[:6] == prefix:
@@ -250,14 +259,14 @@ class ReadyRows(DelayedRows):
                     moved = cur.next()
 
 
-def _run_at(cur: lmdb.Cursor, t: int, s: int, prio: int, pos: int) -> bytes | None:
+def _run_at(cur: lmdb.Cursor[bytes], t: int, s: int, prio: int, pos: int) -> bytes | None:
     """Put cur on the run of (t, s, prio) that holds, or would hold, place pos:
     the one with the largest key at or below it. Its key; None when pos comes
     before the priority's first run (cur is then anywhere)."""
     return floor_row(cur, TSPQ.pack(t, s, prio, pos), 7)
 
 
-def _joined(cur: lmdb.Cursor, t: int, s: int, prio: int, adds: list[tuple[int, int, int]]) -> list[tuple[bytes, bytes]]:
+def _joined(cur: lmdb.Cursor[bytes], t: int, s: int, prio: int, adds: list[tuple[int, int, int]]) -> list[tuple[bytes, bytes]]:
     """The rows to put for (pos, m, attempts) entries, sorted by pos, to join
     the runs of (t, s, prio): each run they fall in rewritten once, whatever the
     number joining it; those before the first run make runs of their own."""

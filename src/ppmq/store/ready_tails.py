@@ -9,12 +9,12 @@ that was empty, the queue's entries, bodies included, are kept here as well; a
 publish that joins the queue adds to them, and the next batch takes them from
 memory, checks them against the runs, and deletes their rows.
 
-A tail is only ever the whole of its queue. ReadyRows, which owns the rows,
-drops a subscription's tail whenever its rows change any other way (a
-redelivery, a nack, an expiry, a purge, a staged publish), the store drops them
-all whenever writes are undone, and a tail that would pass BUDGET_BYTES (all
-tails together) is dropped too: the backlog lives on disk, and only a queue a
-subscriber is about to take is worth the memory.
+A tail is only ever the whole of its queue. ReadyQueues (store/ready.py),
+which owns the rows, drops a subscription's tail whenever its rows change any
+other way (a redelivery, a nack, an expiry, a purge, a staged publish), the
+store drops them all whenever writes are undone, and a tail that would pass
+BUDGET_BYTES (all tails together) is dropped too: the backlog lives on disk,
+and only a queue a subscriber is about to take is worth the memory.
 
 A tail keeps each priority's entries apart, as the chunks of the publishes
 that brought them, so that a batch takes from the front of the highest

@@ -27,7 +27,7 @@ position (u64, both taken from the topic's one sequence, so never reused), prio 
 u8, F a pushed batch's number among its subscription's (u64). A batch in flight
 is one row, written once and rewritten or deleted as its messages are acked, so
 that neither a push nor an ack costs a row per message; which batch holds a
-message is looked up in memory (queue_rows.FlightIndex). `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
+message is looked up in memory (flight_index.FlightIndex). `(prio, pos)` is a message's place in a subscriber's queue: redelivery puts
 it back there (PROTOCOL §3), and dedupe may move it.
 
 A subscriber's ready queue is stored as runs, for the same reason: a row holds

@@ -1,12 +1,14 @@
-"""The operations the broker composes into LMDB write transactions.
+"""The store: an LMDB environment with ppmq's schema, and the write
+transactions the broker composes its operations into.
 
-The layout of every key and value is in store/schema.py; this module and the layers
-Txn is built on (store/rows.py, store/flights.py) are the only writers, and own the
-rules that tie the databases together: a message put, replaced or deleted
-takes its expiry and dedupe entries with it, and a copy's own expiry goes
-with the copy, and with its message. Only the writer thread touches the
-environment: one Txn is one LMDB write transaction. Readers in other processes
-(fsck, reports) use store/reader.py.
+The layout of every key and value is in store/schema.py; the tables a
+transaction is made of (store/tables.py) are the only writers, each of the
+databases it owns, and own the rules that tie the databases together: a
+message put, replaced or deleted takes its expiry and dedupe entries with it
+(store/messages.py), and a copy's own expiry goes with the copy
+(store/holders.py), and with its message. Only the writer thread touches the
+environment: one Txn is one LMDB write transaction. Readers in other
+processes (fsck, reports) use store/reader.py.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import lmdb
 
 from ppmq.errors import StoreError, StoreFull, StoreFullError
 from ppmq.store.flight_index import FlightIndex
-from ppmq.store.holders import HolderRows, Holders
 from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
-from ppmq.store.schema import DBS, ETM, ETMS, SCHEMA_VERSION, TMS, U64, Body, body_records, u32
+from ppmq.store.schema import DBS, SCHEMA_VERSION
+from ppmq.store.tables import Tables
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -81,12 +83,12 @@ class Store:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open LMDB environment at {self.path}: {exc}") from None
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
-        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flights.py)
+        self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flight_index.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
+        self._txn: Txn | None = None  # the tables of every write transaction, wired at the first (Writing)
         self._check_schema()
-        # Whether `copies` may have rows (Txn._has_copy_expiries): asked of LMDB
-        # once, true from a put on. A removal, or a put rolled back, leaves it
-        # true: looking then costs a little, never a wrong answer.
+        # Whether `copies` may have rows (copies.Seen): asked of LMDB once, true
+        # from a put on.
         with self.env.begin() as txn:
             self.copies_seen = txn.stat(self.dbs["copies"])["entries"] > 0
 
@@ -174,8 +176,12 @@ class Writing:
         self._store = store
 
     def __enter__(self) -> Txn:
-        self._txn = self._store.env.begin(write=True)
-        return Txn(self._store, self._txn)
+        store = self._store
+        self._txn = txn = store.env.begin(write=True)
+        if store._txn is None:
+            store._txn = Txn(store, txn)
+            return store._txn
+        return store._txn.begin(txn)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         store, txn = self._store, self._txn
@@ -189,26 +195,80 @@ class Writing:
             raise store.translate(error) from None
 
 
-class Txn(HolderRows):
-    """Typed operations inside one write transaction (or, from a StoreReader, reads in a read one)."""
+class Txn:
+    """The write transaction in progress: its tables (store/tables.py), the
+    operations the broker composes into it, and what concerns the transaction
+    as a whole (a savepoint, the room left in the store).
+
+    Each operation the broker calls is the method of the table that does it,
+    assigned here as an attribute, so that a call costs what it would on the
+    table itself. A store wires its Txn once, at its first write transaction,
+    and binds it to each one after (begin): wiring eight tables and assigning
+    their operations at every step would cost the writer more than the rest
+    of a transaction's setting up. So a Txn kept past its block works on a
+    transaction that has ended, which LMDB refuses, until the store's next
+    one begins."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
+        self.store = store
+        self.txn = txn
+        self.tables = tables = Tables(store, txn)
+        self.meta = meta = tables.meta
+        self.copies = copies = tables.copies
+        self.bodies = bodies = tables.bodies
+        self.messages = messages = tables.messages
+        self.delayed = delayed = tables.delayed
+        self.ready = ready = tables.ready
+        self.flights = flights = tables.flights
+        self.holders = holders = tables.holders
+        self.get_meta, self.put_meta, self.delete_meta, self.meta_items = meta.get, meta.put, meta.delete, meta.items
+        self.staged, self.put_staged = meta.staged, meta.put_staged
+        self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
+        self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
+        self.get_body, self.publish_ns, self.put_body, self.put_records = bodies.get, bodies.publish_ns, bodies.put, bodies.put_records
+        self.pop_bodies, self.bodies_of, self.staged_ids = bodies.pop, bodies.of, bodies.staged_ids
+        self.put_messages, self.replace_message, self.delete_messages = messages.put, messages.replace, messages.delete
+        self.add_expiry, self.remove_expiry = messages.add_expiry, messages.remove_expiry
+        self.due_expiries, self.next_expiry_ns = messages.due_expiries, messages.next_expiry_ns
+        self.get_dedupe, self.dedupe_ids = messages.dedupe_id, messages.dedupe_ids
+        self.push_delayed, self.pop_delayed, self.delayed_of = delayed.push, delayed.pop, delayed.of
+        self.due_delayed, self.next_due_ns = delayed.due, delayed.next_due_ns
+        self.push_ready, self.push_fresh, self.push_ready_many = ready.push, ready.push_fresh, ready.push_many
+        self.remove_ready, self.ready_attempts, self.restart_ready, self.pop_ready = ready.remove, ready.attempts, ready.restart, ready.pop
+        self.pull_ready, self.ready_of, self.first_ready = ready.pull, ready.of, ready.first
+        self.take_ready, self.watch_flights, self.put_flight, self.ack_flights = flights.take_ready, flights.watch, flights.put, flights.ack
+        self.retime_flights, self.pop_flight, self.get_inflight, self.inflight_of = flights.retime, flights.pop, flights.get, flights.of
+        self.due_deadlines, self.next_deadline_ns = flights.due, flights.next_deadline_ns
+        self.get_holders, self.put_holders, self.put_new_holders = holders.get, holders.put, holders.put_new
+        self.release_holders, self.pop_holders = holders.release, holders.pop
+
+    def begin(self, txn: lmdb.Transaction[bytes]) -> Txn:
+        """The same tables, over the store's next write transaction."""
+        self.txn = txn
+        self.tables.begin(txn)
+        return self
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested transaction: the block's writes vanish if it raises."""
-        outer, noted = self.txn, self._watch.mark() if self._watch is not None else 0
-        self.txn = self.store.env.begin(write=True, parent=outer)
+        watch = self.flights.watching
+        outer, noted = self.txn, watch.mark() if watch is not None else 0
+        inner = self.store.env.begin(write=True, parent=outer)
+        self.txn = inner
+        self.tables.bind(inner)
         try:
             yield
         except BaseException as exc:
-            if self._watch is not None:
-                self._watch.undo(noted)
-            self.store.undo(self.txn, exc)
+            if watch is not None:
+                watch.undo(noted)
+            self.store.undo(inner, exc)
             raise
         else:
-            self.txn.commit()
+            inner.commit()
         finally:
             self.txn = outer
-            self._staged = False  # the block may have changed the staging record
+            self.tables.bind(outer)
+            self.meta.forget_staged()  # the block may have changed the staging record
 
     def used_bytes(self) -> int:
         """Pages in use by every database (freed pages are reused, so not counted)."""
@@ -227,169 +287,3 @@ class Txn(HolderRows):
         """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
         if self.full():
             raise StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")
-
-    # --- messages and their indexes ------------------------------------------------
-    def put_messages(
-        self,
-        t: int,
-        first: int,
-        prios: Sequence[int],
-        publish_ns: int,
-        expiries: Sequence[int],
-        keys: Sequence[bytes],
-        fragments: Sequence[bytes],
-        *,
-        dedupe: bool,
-        expire: bool,
-    ) -> None:
-        """New messages, ids first, first + 1, ..., from their publish's columns:
-        their records (schema.body_records) and, from the same columns, their
-        index entries: the dedupe key of each on a Dedupe topic, its expiry on
-        an Expire topic."""
-        self.put_records(t, first, body_records(prios, publish_ns, expiries, keys, fragments))
-        ids = range(first, first + len(keys))
-        if dedupe:
-            with self.txn.cursor(db=self._dedupe) as cur:
-                cur.putmulti(zip(map(u32(t).__add__, keys), map(U64.pack, ids)))
-        if expire and any(expiries):
-            with self.txn.cursor(db=self._expiry) as cur:
-                cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in zip(ids, expiries) if expires_ns])
-
-    def replace_message(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
-        """A new version of m (its dedupe key is the same), whose expiry every
-        copy follows; returns the old one."""
-        self._tails.drop_topic(t)
-        old = self.put_body(t, m, body)
-        if old is not None and old.expires_ns:
-            self.remove_expiry(old.expires_ns, t, m)
-        if expire and body.expires_ns:
-            self.add_expiry(body.expires_ns, t, m)
-        self.drop_copy_expiries(t, [m])
-        return old
-
-    def delete_messages(self, t: int, ms: list[int], *, dedupe: bool) -> tuple[int, int]:
-        """Delete each of ms with its index entries; return how many were stored
-        and the bytes of their delivered JSON, which is all the counters need."""
-        popped = self.pop_bodies(t, ms, keys=dedupe)
-        delete, expiry, pack = self.txn.delete, self._expiry, ETM.pack
-        for expires_ns, m in popped.expiries:
-            delete(pack(expires_ns, t, m), db=expiry)
-        prefix, dedupe_db = u32(t), self._dedupe
-        for key in popped.keys:
-            delete(prefix + key, db=dedupe_db)
-        self.drop_copy_expiries(t, ms)
-        return popped.count, popped.size
-
-    # --- holders, whose copies take their own expiries with them ---------------------
-    def put_holders(self, t: int, m: int, holders: Holders) -> None:
-        super().put_holders(t, m, holders)
-        if self._has_copy_expiries():
-            for s in self.copy_expiries_of(t, m).keys() - holders.keys():
-                self.drop_copy_expiries(t, [m], s)
-
-    def release_holders(self, t: int, s: int, ms: list[int]) -> list[int]:
-        done = super().release_holders(t, s, ms)
-        self.drop_copy_expiries(t, ms, s)
-        return done
-
-    # --- expiry index ---------------------------------------------------------------
-    def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
-        self.txn.put(ETM.pack(expires_ns, t, m), b"", db=self._expiry)
-
-    def remove_expiry(self, expires_ns: int, t: int, m: int) -> None:
-        self.txn.delete(ETM.pack(expires_ns, t, m), db=self._expiry)
-
-    def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        """(expires_ns, t, m) with expires_ns <= now_ns, oldest first, among the first
-        `limit` due entries. Those of a staged publish count toward the limit but are
-        left out: they wait (a delivery still checks expiry) rather than let one
-        sweep read a whole staged publish."""
-        out = []
-        staged = self.staged()
-        seen = 0
-        with self.txn.cursor(db=self._expiry) as cur:
-            if cur.first():
-                for key in cur.iternext(values=False):
-                    entry = ETM.unpack(key)
-                    if entry[0] > now_ns or seen >= limit:
-                        break
-                    seen += 1
-                    if staged is None or not staged.hides(entry[1], entry[2]):
-                        out.append(entry)
-        return out
-
-    def next_expiry_ns(self) -> int | None:
-        with self.txn.cursor(db=self._expiry) as cur:
-            return ETM.unpack(cur.key())[0] if cur.first() else None
-
-    # --- a copy's own expiry (PROTOCOL §9 PHPMQ re-queue) -------------------------------
-    def _has_copy_expiries(self) -> bool:
-        """Whether any copy may have an expiry of its own: almost never, and then
-        the paths every ack and batch take look no further (Store.copies_seen)."""
-        return self.store.copies_seen
-
-    def put_copy_expiry(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
-        """Subscriber s's copy of m expires at expires_ns (0: never), whatever
-        m's own expiry; swept then on an Expire topic."""
-        self.drop_copy_expiries(t, [m], s)
-        self.store.copies_seen = True
-        self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self._copies)
-        if expire and expires_ns:
-            self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self._copy_expiry)
-
-    def copy_expiries_of(self, t: int, m: int) -> dict[int, int]:
-        """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
-        if not self._has_copy_expiries():
-            return {}
-        prefix = TMS.pack(t, m, 0)[:-2]
-        return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in self._walk(self._copies, prefix, prefix)}
-
-    def copy_expiries(self, t: int, s: int) -> dict[int, int]:
-        """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
-        if not self._has_copy_expiries():
-            return {}
-        prefix = u32(t)
-        found = (TMS.unpack(key) + U64.unpack(value) for key, value in self._walk(self._copies, prefix, prefix))
-        return {m: expires_ns for _, m, sub, expires_ns in found if sub == s}
-
-    def drop_copy_expiries(self, t: int, ms: list[int], s: int | None = None) -> None:
-        """The copies of ms (of subscriber s only, if given) follow their message's expiry again."""
-        if not self._has_copy_expiries():
-            return  # the path of every ack, and of every message deleted
-        for m in ms:
-            for sub, expires_ns in self.copy_expiries_of(t, m).items():
-                if s is None or sub == s:
-                    self.txn.delete(TMS.pack(t, m, sub), db=self._copies)
-                    self.txn.delete(ETMS.pack(expires_ns, t, m, sub), db=self._copy_expiry)
-
-    def due_copy_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
-        """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
-        out: list[tuple[int, int, int, int]] = []
-        if not self._has_copy_expiries():
-            return out
-        with self.txn.cursor(db=self._copy_expiry) as cur:
-            if cur.first():
-                for key in cur.iternext(values=False):
-                    entry = ETMS.unpack(key)
-                    if entry[0] > now_ns or len(out) >= limit:
-                        break
-                    out.append(entry)
-        return out
-
-    def next_copy_expiry_ns(self) -> int | None:
-        if not self._has_copy_expiries():
-            return None
-        with self.txn.cursor(db=self._copy_expiry) as cur:
-            return ETMS.unpack(cur.key())[0] if cur.first() else None
-
-    # --- dedupe index -----------------------------------------------------------------
-    def get_dedupe(self, t: int, key: bytes) -> int | None:
-        raw = self.txn.get(u32(t) + key, db=self._dedupe)
-        return U64.unpack(raw)[0] if raw is not None else None
-
-    def dedupe_ids(self, t: int, keys: list[bytes | None]) -> list[int | None]:
-        """get_dedupe of each key (None for a None key), in one pass: what a
-        publish or an ack of a Dedupe topic looks up a message."""
-        prefix, get, db, unpack = u32(t), self.txn.get, self._dedupe, U64.unpack
-        found = [None if key is None else get(prefix + key, db=db) for key in keys]
-        return [None if raw is None else unpack(raw)[0] for raw in found]
