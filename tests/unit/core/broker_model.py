@@ -5,8 +5,10 @@ written as plainly as possible, with no store, no rows and no fresh lists.
 A message is known by an ident the test chooses (its payload, its dedupe key, or
 a tuple for a copy the broker makes), and each subscriber holds it in one of
 three places: ready, delayed (ready but not before its due time) or in flight.
-Besides the push subscribers, the model knows a Pull subscriber, whose workers
-TAKE (PROTOCOL §9: which taker holds each message it has in flight).
+Besides the push subscribers of one connection, the model knows a Pull
+subscriber, whose workers TAKE (PROTOCOL §9: which taker holds each message it
+has in flight), and a push subscriber with parallel connections (PROTOCOL §9
+lanes: which lane carried each message it has in flight).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from ppmq.config import TopicConfig
 from ppmq.protocol import messages as p
 from ppmq.store.state import NS, RESERVE_IDS
 
-SUBS = {"s1": (3, 5), "s2": (2, 2)}  # push subscribers, name: (BatchSize, Window)
+SUBS = {"s1": (3, 5), "s2": (2, 2)}  # push subscribers of one connection, name: (BatchSize, Window)
 PULL = {"w": 3}  # Pull subscribers (PROTOCOL §9), name: Window
+LANED = {"L": (2, 3, 2)}  # push subscribers with parallel connections, name: (BatchSize, Window, Connections)
 TOPICS = [
     TopicConfig(
         name="plain",
-        subscribers=["s1", "s2"],
+        subscribers=["s1", "s2", "L"],
         ack_retry=5.0,
         priorities=2,
         expire=True,
@@ -46,10 +49,10 @@ TOPICS = [
     TopicConfig(name="dm", subscribers=["s2"], dedupe=True, priorities=2, max_messages=2, overflow_policy="drop-oldest"),
     TopicConfig(name="auto", subscribers=["s2", "w"], ack_required=False, max_messages=4),
     TopicConfig(name="dead", subscribers=["s1"], priorities=2, max_messages=4),
-    TopicConfig(name="bulk", subscribers=["s1", "s2", "w"], priorities=2, expire=True, ack_retry=3.0),
+    TopicConfig(name="bulk", subscribers=["s1", "s2", "w", "L"], priorities=2, expire=True, ack_retry=3.0),
 ]
 TOPIC_IDS = {t.name: i for i, t in enumerate(TOPICS, 1)}
-SUB_IDS = {s: i for i, s in enumerate([*SUBS, *PULL], 1)}  # as the broker numbers them, in config order
+SUB_IDS = {s: i for i, s in enumerate([*SUBS, *PULL, *LANED], 1)}  # as the broker numbers them, in config order
 
 
 @dataclass
@@ -103,6 +106,10 @@ class TopicModel:
     # (subscriber, ident) -> the taker whose TAKE last put it in flight (PROTOCOL §9
     # Competing consumers); it holds the message while the message is in flight
     taker: dict[tuple[str, object], int] = field(default_factory=dict)
+    # (subscriber, ident) -> the lane whose batch last carried it (PROTOCOL §9
+    # Parallel push connections); it carries the message while the message is in
+    # flight; not known after a restart (a new link, which knows no lanes yet)
+    lane: dict[tuple[str, object], int] = field(default_factory=dict)
     seq: int = 0
     reserved: int = RESERVE_IDS  # the broker reserves this much of the sequence when it opens a store
     published: int = 0
@@ -118,10 +125,11 @@ class TopicModel:
         """PROTOCOL §3 Keys: the sequence goes on above every id the run before
         reserved, and a new reservation begins (a model's runs hand out far fewer
         ids than half a reservation, which is when the broker renews one). No
-        taker outlives the run (PROTOCOL §9)."""
+        taker and no lane outlive the run (PROTOCOL §9)."""
         self.seq = max(self.seq, self.reserved)
         self.reserved = self.seq + RESERVE_IDS
         self.taker.clear()
+        self.lane.clear()
 
     def next_pos(self) -> int:
         self.seq += 1
@@ -327,6 +335,23 @@ class TopicModel:
             return []
         batch, window = SUBS[s]
         return self._send(s, min(batch, window - len(self.inflight[s])), now_ns)
+
+    def pull_to_lane(self, s: str, now_ns: int, open_lanes: list[bool]) -> tuple[list[object], int]:
+        """PROTOCOL §9 Parallel push connections: the next batch for s, to its open
+        lane with the most room under Window (the lowest of those with as much),
+        and no more than all its lanes' Windows hold in flight; and that lane."""
+        batch, window, connections = LANED[s]
+        room = [window - self.carried(s, lane) if is_open else 0 for lane, is_open in enumerate(open_lanes)]
+        lane = max(range(connections), key=lambda i: (room[i], -i))
+        if s in self.paused or room[lane] <= 0:
+            return [], lane
+        order = self._send(s, min(batch, window * connections - len(self.inflight[s]), room[lane]), now_ns)
+        self.lane.update(((s, ident), lane) for ident in order)
+        return order, lane
+
+    def carried(self, s: str, lane: int) -> int:
+        """How many messages in flight to s the lane carries."""
+        return sum(self.lane.get((s, ident)) == lane for ident in self.inflight[s])
 
     def take(self, s: str, taker: int, count: int, now_ns: int) -> list[tuple[object, Msg]]:
         """PROTOCOL §9 TAKE: up to count ready messages, by priority then place, as

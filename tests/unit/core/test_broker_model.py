@@ -16,7 +16,11 @@ PROTOCOL §9 too: the Pull subscriber `w` is taken from by up to three takers,
 several in one step (competing consumers), with acks in the TAKE or on their
 own, and takers that go away; each TAKE must return exactly the messages the
 model predicts, and after STATUS the takers the broker knows hold messages
-must be the model's.
+must be the model's. The push subscriber `L` has two connections (lanes),
+opened and closed from step to step: each batch must go to the lane the model
+predicts, and what the step reports as gone from flight, booked on a
+`lanes.Ledger` as the link books it, must leave each lane carrying what the
+model says it carries.
 
 CHUNK_MESSAGES is made small, so that publishes larger than it are staged over
 several steps (staging.py) on the topic `bulk`, interleaved with everything
@@ -50,13 +54,14 @@ from hypothesis.stateful import (
 from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
+from ppmq.core.lanes import Ledger
 from ppmq.core.ops import Abandoned, Returned, Take, Written
 from ppmq.protocol import messages as p
 from ppmq.store import ready as ready_rows
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.state import NS
 from ppmq.store.store import Store
-from tests.unit.core.broker_model import PULL, SUBS, TOPICS, Given, Job, Msg, TopicModel
+from tests.unit.core.broker_model import LANED, PULL, SUBS, TOPICS, Given, Job, Msg, TopicModel
 
 CHUNK = 3  # staging.CHUNK_MESSAGES while the machine runs
 RUN = 2  # ready_rows.READY_RUN while the machine runs
@@ -65,8 +70,10 @@ START_NS = 1_800_000_000 * NS
 WAITS = [("Delay", 0), ("Delay", 1.5), ("Delay", 4), ("Unix", -1), ("Unix", 2), ("RFC3339", 0), ("RFC3339", 2.5)]
 OPEN = st.sampled_from([set(), {"s1"}, {"s2"}, {"s1", "s2"}])  # the subscribers open in a step
 STRAYS = ["999999", "zzz", "007"]  # keys that name no message, or none the broker would write
-EVERYONE = sorted([*SUBS, *PULL])
+EVERYONE = sorted([*SUBS, *PULL, *LANED])
+[(LANED_SUB, (_, _, CONNECTIONS))] = LANED.items()
 [PULL_SUB] = PULL
+LANES = st.sampled_from([(True, False), (False, True), (True, True)])  # L's lanes open in a step
 TAKERS = st.integers(1, 3)
 
 
@@ -78,6 +85,9 @@ class BrokerMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="ppmq-model-")
         subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
         subs += [SubscriberConfig(name=n, pull=True, window=w) for n, w in PULL.items()]
+        subs += [
+            SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w, connections=c) for n, (b, w, c) in LANED.items()
+        ]
         self.config = Config(
             server_socket="/nonexistent/s",
             data_path=self.dir,
@@ -102,6 +112,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         self.store = Store(self.dir, sync=False, max_bytes=64 << 20)
         self.broker = Broker(self.config, self.store, self.now)
+        self.ledger = Ledger(CONNECTIONS)  # what L's lanes carry, kept as its link keeps it
 
     def teardown(self) -> None:
         """Whatever the run did, fsck finds the store's rows, indexes and counters
@@ -114,10 +125,13 @@ class BrokerMachine(RuleBasedStateMachine):
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def step(self, ops: list, open_subs: set[str] = frozenset(), apply=None) -> list:
+    def step(self, ops: list, open_subs: set[str] = frozenset(), apply=None, lanes: tuple[bool, ...] | None = None) -> list:
         """One broker step; the model applies the ops (`apply` gets the replies), ticks
-        and fills the same way, and both must agree."""
-        result = self.broker.step(ops, set(open_subs), self.now)
+        and fills the same way, and both must agree. `lanes`: those of L that are
+        open (L is open when one is), reported with what each carries."""
+        open_subs = set(open_subs) | ({LANED_SUB} if lanes else set())
+        reported = {LANED_SUB: self.ledger.lanes(list(lanes))} if lanes else None
+        result = self.broker.step(ops, open_subs, self.now, lanes=reported)
         if apply is not None:
             apply(result.replies)
         self.stage(result.finished)
@@ -125,14 +139,28 @@ class BrokerMachine(RuleBasedStateMachine):
         expected = []
         for s in sorted(open_subs):
             for tm in self.model.values():
-                while s in tm.config.subscribers and (order := tm.pull(s, self.now)):  # batches up to the window
-                    expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], order))
-        got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"]) for d in result.deliveries]
+                while s in tm.config.subscribers:  # batches up to the window
+                    order, lane = tm.pull_to_lane(s, self.now, list(lanes)) if s in LANED else (tm.pull(s, self.now), 0)
+                    if not order:
+                        break
+                    expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], lane, order))
+        got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"], d.lane) for d in result.deliveries]
         self._learn_keys(expected, got)
-        assert [(s, t, [dict(m, Key=None) for m in ms]) for s, t, ms in got] == [(s, t, ms) for s, t, ms, _ in expected]
+        assert [(s, t, [dict(m, Key=None) for m in ms], lane) for s, t, ms, lane in got] == [e[:4] for e in expected]
         self.written = [(d, order) for d, (*_, order) in zip(result.deliveries, expected)]
         self.unconfirmed += [(d, order) for d, order in self.written if d.auto_ack]
+        self._book_lanes(result)
         return result.replies
+
+    def _book_lanes(self, result) -> None:
+        """As L's link does after a step (writer._free): its batches booked on their
+        lanes, then what left flight freed."""
+        for d in result.deliveries:
+            if d.subscriber == LANED_SUB:
+                self.ledger.carry(d.lane, d.topic, d.msgs)
+        assert result.left.keys() <= {LANED_SUB}, result.left
+        for topic, msgs in result.left.get(LANED_SUB, {}).items():
+            self.ledger.left(topic, msgs)
 
     def stage(self, finished: list) -> None:
         """The model of Staging.step: an orphan's rows deleted a chunk at a time, or
@@ -175,7 +203,7 @@ class BrokerMachine(RuleBasedStateMachine):
 
     def _learn_keys(self, expected: list, got: list) -> None:
         """Dedupe topics deliver the client's key; others a generated one, fixed per message."""
-        for (_, topic, _, order), (_, _, messages) in zip(expected, got):
+        for (_, topic, _, _, order), (_, _, messages, _) in zip(expected, got):
             for ident, m in zip(order, messages):
                 known = self.keys.setdefault((topic, ident), m["Key"])
                 assert m["Key"] == known
@@ -189,8 +217,9 @@ class BrokerMachine(RuleBasedStateMachine):
         bad_at=st.none() | st.integers(0, 9),
         waits=st.none() | st.dictionaries(st.integers(0, 9), st.sampled_from(WAITS), min_size=1),
         subs=st.sets(st.sampled_from(sorted(SUBS))),
+        lanes=st.none() | LANES,
     )
-    def publish(self, topic: str, spec: list, bad_at: int | None, waits: dict | None, subs: set[str]) -> None:
+    def publish(self, topic: str, spec: list, bad_at: int | None, waits: dict | None, subs: set[str], lanes: tuple | None) -> None:
         """A publish, in a step that may also push to open subscribers; `waits`:
         the messages that wait, by index (PROTOCOL §8 Delay, NotBefore)."""
         tm = self.model[topic]
@@ -228,7 +257,7 @@ class BrokerMachine(RuleBasedStateMachine):
             else:  # the whole publish is refused; nothing dropped for it stays dropped
                 assert reply.status == 507 and reply.error.startswith(f"Messages[{full_at}]: "), reply
 
-        self.step([req], subs, apply)
+        self.step([req], subs, apply, lanes)
 
     def _wait(self, message: p.Message, wait: tuple | None) -> int:
         """Sets the message's Delay or NotBefore (Unix seconds or an RFC 3339 time,
@@ -275,7 +304,12 @@ class BrokerMachine(RuleBasedStateMachine):
     def deliver(self, subs: set[str]) -> None:
         self.step([], subs)
 
-    # --- pull subscribers (PROTOCOL §9) ----------------------------------------------------
+    # --- pull subscribers and parallel push connections (PROTOCOL §9) ---------------------
+
+    @rule(lanes=LANES, subs=OPEN)
+    def deliver_on_lanes(self, lanes: tuple[bool, ...], subs: set[str]) -> None:
+        """L's open lanes take batches, each to the least loaded, within its Window."""
+        self.step([], subs, lanes=lanes)
 
     @rule(
         data=st.data(),
@@ -386,10 +420,12 @@ class BrokerMachine(RuleBasedStateMachine):
                     tm.counters[d.subscriber].ignored += 1
         self.unconfirmed = []
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dm", "dead"]), sub=st.sampled_from(EVERYONE))
-    def ack(self, data, topic: str, sub: str) -> None:
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dm", "dead"]), sub=st.sampled_from(EVERYONE), lanes=st.none() | LANES)
+    def ack(self, data, topic: str, sub: str, lanes: tuple | None) -> None:
         """Acks of in-flight keys apply; unknown, ready-only and repeated keys are
-        ignored. Acks of taken messages need no taker (PROTOCOL §9: any connection)."""
+        ignored. Acks of taken messages need no taker (PROTOCOL §9: any connection);
+        acks of L's free room on the lanes that carried them, for a batch in the
+        same step."""
         tm = self.model[topic]
         if sub not in tm.config.subscribers:
             return
@@ -398,7 +434,7 @@ class BrokerMachine(RuleBasedStateMachine):
         ready_keys = [self.keys[(topic, i)] for i in tm.ready[sub] if (topic, i) in self.keys]
         strays = [k for k in ["999999", "zzz", *ready_keys, *chosen[:1]] if k not in inflight_keys or k in chosen]
         stray = data.draw(st.sampled_from(strays))
-        (reply,) = self.step([p.Request(topic=topic, subscriber=sub, acks=[*chosen, stray], id=msgspec.Raw(b"2"))])
+        (reply,) = self.step([p.Request(topic=topic, subscriber=sub, acks=[*chosen, stray], id=msgspec.Raw(b"2"))], lanes=lanes)
         assert (reply.status, reply.accepted) == (200, len(chosen))
         for key in chosen:
             tm.finish(sub, inflight_keys[key])
@@ -630,6 +666,17 @@ class BrokerMachine(RuleBasedStateMachine):
         self.unconfirmed = []
 
     # --- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def each_lane_carries_what_the_model_says(self) -> None:
+        """Booked from the batches and from what each step reported gone from flight
+        (the ack of any connection, a nack, AckRetry, RECONNECT...), each of L's
+        lanes carries, per topic, the messages in flight to L that the model says
+        its last batch carried."""
+        for name, tm in self.model.items():
+            if LANED_SUB in tm.config.subscribers:
+                carried = [self.ledger.carried[lane][name] for lane in range(CONNECTIONS)]
+                assert carried == [tm.carried(LANED_SUB, lane) for lane in range(CONNECTIONS)], name
 
     @invariant()
     def status_counters_agree_with_the_model(self) -> None:
