@@ -192,6 +192,19 @@ class BrokerProcess:
     def sub_status(self, topic: str, sub: str) -> dict:
         return self.status()["Topics"][topic]["Subscribers"][sub]
 
+    def settled_status(self) -> dict:
+        """STATUS once the broker has acted on everything before it, for a test
+        that asserts something did not happen: the reply to a STATUS asked after
+        another one was answered. The first one's step fills every subscriber
+        connection that can take a batch and runs the timers that are due; after
+        it, on the event loop and before the second one is read, a connection
+        that took a batch opens for the next one, each subscriber link (and
+        each lane) looks whether to connect, a waiting TAKE is woken and sends
+        its TAKE again. The second one's step applies what they sent, and its
+        counters show the first one's batches."""
+        self.status()
+        return self.status()
+
     def stop(self) -> int:
         """SIGTERM and wait: the clean shutdown a service manager asks for."""
         self.proc.send_signal(signal.SIGTERM)
