@@ -78,16 +78,16 @@ def test_a_nack_with_a_delay_waits_and_keeps_its_place_across_a_restart(broker_f
 
 
 def test_a_delayed_publish_is_not_delivered_before_its_time_and_due_ones_pass_it(broker_factory):
-    # Given a subscriber, and a publish whose first message waits 1.5 s
+    # Given a subscriber, and a publish whose first message waits 1.5 s (and a
+    # marker that waits 0.5 s, to show that the broker's clock got that far)
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
     sub = broker_factory.subscriber(b, "s")
     with b.client() as c:
-        c.publish("t", [{"Payload": "later", "Delay": 1.5}, {"Payload": "now"}])
+        c.publish("t", [{"Payload": "later", "Delay": 1.5}, {"Payload": "now"}, {"Payload": "marker", "Delay": 0.5}])
     # Then the due one arrives first, and the delayed one after its delay
     assert sub.wait_messages(1)[0]["Payload"] == "now"
-    time.sleep(0.5)
-    assert len(sub.messages) == 1
-    assert [m["Payload"] for m in sub.wait_messages(2, timeout_s=10)] == ["now", "later"]
+    assert [m["Payload"] for m in sub.wait_messages(2, timeout_s=10)] == ["now", "marker"]
+    assert [m["Payload"] for m in sub.wait_messages(3, timeout_s=10)] == ["now", "marker", "later"]
 
 
 def test_not_before_in_the_past_is_due_at_once(broker_factory):
@@ -205,7 +205,9 @@ def test_touch_restarts_the_ack_deadline(broker_factory):
     for _ in range(3):
         time.sleep(1)
         assert request(b, Topic="t", Subscriber="s", Touch=[key])["Accepted"] == 1
-    # Then it was never redelivered; left alone, it is
+    # Then it was never redelivered (by the broker's count, not only the subscriber's); left alone, it is
+    s = b.sub_status("t", "s")
+    assert (s["Delivered"], s["Redelivered"]) == (1, 0)
     assert len(sub.messages) == 1
     sub.wait_messages(2, timeout_s=10)
 
