@@ -3,6 +3,7 @@ sockets, real LMDB, and subscribers listening on their own sockets."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -277,6 +278,7 @@ class NotifyListener:
         self.sock.settimeout(0.1)
         self.received: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, pid, fields)
         self.on_message: Callable[[dict[str, str]], None] | None = None
+        self._flushes = itertools.count(1)
         self._stop = False
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -306,6 +308,21 @@ class NotifyListener:
             return hits if len(hits) >= count else []
 
         return wait_for(found, timeout_s, f"{count}x {key}={value or '*'} on NOTIFY_SOCKET (got {self.received[-5:]})")
+
+    def flush(self) -> float:
+        """Send a datagram of our own and wait until it is read; return when it
+        was. The socket queues datagrams in the order they came, so every one the
+        broker sent before this call is in `received` by then, stamped earlier."""
+        token = str(next(self._flushes))
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sender.sendto(b"FLUSH=" + token.encode(), self.path)
+        finally:
+            sender.close()
+        return wait_for(
+            lambda: next((at for at, _, f in list(self.received) if f.get("FLUSH") == token), None),
+            what="our own datagram on NOTIFY_SOCKET",
+        )
 
     def close(self) -> None:
         self._stop = True
