@@ -3,6 +3,7 @@ sockets, real LMDB, and subscribers listening on their own sockets."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -192,6 +193,19 @@ class BrokerProcess:
     def sub_status(self, topic: str, sub: str) -> dict:
         return self.status()["Topics"][topic]["Subscribers"][sub]
 
+    def settled_status(self) -> dict:
+        """STATUS once the broker has acted on everything before it, for a test
+        that asserts something did not happen: the reply to a STATUS asked after
+        another one was answered. The first one's step fills every subscriber
+        connection that can take a batch and runs the timers that are due; after
+        it, on the event loop and before the second one is read, a connection
+        that took a batch opens for the next one, each subscriber link (and
+        each lane) looks whether to connect, a waiting TAKE is woken and sends
+        its TAKE again. The second one's step applies what they sent, and its
+        counters show the first one's batches."""
+        self.status()
+        return self.status()
+
     def stop(self) -> int:
         """SIGTERM and wait: the clean shutdown a service manager asks for."""
         self.proc.send_signal(signal.SIGTERM)
@@ -264,6 +278,7 @@ class NotifyListener:
         self.sock.settimeout(0.1)
         self.received: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, pid, fields)
         self.on_message: Callable[[dict[str, str]], None] | None = None
+        self._flushes = itertools.count(1)
         self._stop = False
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -293,6 +308,21 @@ class NotifyListener:
             return hits if len(hits) >= count else []
 
         return wait_for(found, timeout_s, f"{count}x {key}={value or '*'} on NOTIFY_SOCKET (got {self.received[-5:]})")
+
+    def flush(self) -> float:
+        """Send a datagram of our own and wait until it is read; return when it
+        was. The socket queues datagrams in the order they came, so every one the
+        broker sent before this call is in `received` by then, stamped earlier."""
+        token = str(next(self._flushes))
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sender.sendto(b"FLUSH=" + token.encode(), self.path)
+        finally:
+            sender.close()
+        return wait_for(
+            lambda: next((at for at, _, f in list(self.received) if f.get("FLUSH") == token), None),
+            what="our own datagram on NOTIFY_SOCKET",
+        )
 
     def close(self) -> None:
         self._stop = True

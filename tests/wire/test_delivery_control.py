@@ -78,16 +78,16 @@ def test_a_nack_with_a_delay_waits_and_keeps_its_place_across_a_restart(broker_f
 
 
 def test_a_delayed_publish_is_not_delivered_before_its_time_and_due_ones_pass_it(broker_factory):
-    # Given a subscriber, and a publish whose first message waits 1.5 s
+    # Given a subscriber, and a publish whose first message waits 1.5 s (and a
+    # marker that waits 0.5 s, to show that the broker's clock got that far)
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"])
     sub = broker_factory.subscriber(b, "s")
     with b.client() as c:
-        c.publish("t", [{"Payload": "later", "Delay": 1.5}, {"Payload": "now"}])
+        c.publish("t", [{"Payload": "later", "Delay": 1.5}, {"Payload": "now"}, {"Payload": "marker", "Delay": 0.5}])
     # Then the due one arrives first, and the delayed one after its delay
     assert sub.wait_messages(1)[0]["Payload"] == "now"
-    time.sleep(0.5)
-    assert len(sub.messages) == 1
-    assert [m["Payload"] for m in sub.wait_messages(2, timeout_s=10)] == ["now", "later"]
+    assert [m["Payload"] for m in sub.wait_messages(2, timeout_s=10)] == ["now", "marker"]
+    assert [m["Payload"] for m in sub.wait_messages(3, timeout_s=10)] == ["now", "marker", "later"]
 
 
 def test_not_before_in_the_past_is_due_at_once(broker_factory):
@@ -205,7 +205,9 @@ def test_touch_restarts_the_ack_deadline(broker_factory):
     for _ in range(3):
         time.sleep(1)
         assert request(b, Topic="t", Subscriber="s", Touch=[key])["Accepted"] == 1
-    # Then it was never redelivered; left alone, it is
+    # Then it was never redelivered (by the broker's count, not only the subscriber's); left alone, it is
+    s = b.sub_status("t", "s")
+    assert (s["Delivered"], s["Redelivered"]) == (1, 0)
     assert len(sub.messages) == 1
     sub.wait_messages(2, timeout_s=10)
 
@@ -218,7 +220,9 @@ def test_a_paused_subscriber_gets_nothing_until_resumed_also_after_a_restart(bro
         c.publish("t", [{"Payload": i} for i in range(3)])
     b.kill()
     b.start()
-    time.sleep(0.5)
+    # (connected, and then a step with it open for a batch: the broker had its chance to push)
+    wait_for(lambda: b.sub_status("t", "s")["Connected"], what="the subscriber connected")
+    assert b.settled_status()["Topics"]["t"]["Subscribers"]["s"]["Delivered"] == 0
     assert sub.messages == [] and b.sub_status("t", "s")["Paused"] is True
     request(b, Command="RESUME", Subscriber="s", Topic="t")
     assert [m["Payload"] for m in sub.wait_messages(3)] == [0, 1, 2]
@@ -295,8 +299,8 @@ def test_a_nack_that_fails_in_its_wrapper_is_not_applied(broker_factory):
     [key] = keys_of(sub, 1)
     # When a wrapper nacks it and then names an unknown command
     assert error_of(b, Topic="t", Subscriber="s", Nacks=[key], Command="NOPE")[0] == 400
-    # Then the nack did not happen
-    time.sleep(0.3)
+    # Then the nack did not happen (had it, the step that answered would have pushed the message again)
+    assert b.sub_status("t", "s")["Delivered"] == 1
     assert len(sub.messages) == 1 and b.sub_status("t", "s")["InFlight"] == 1
 
 

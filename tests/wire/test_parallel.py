@@ -4,7 +4,6 @@ subscriber with `Connections: N` listening on one socket, accepting them all."""
 from __future__ import annotations
 
 import socket
-import time
 
 import msgspec
 
@@ -72,9 +71,14 @@ def publish(b, n: int, topic: str = "t") -> None:
         c.publish(topic, [{"Payload": i} for i in range(n)])
 
 
-def settle() -> None:
-    """Long enough for the broker to open a connection it wanted and fill it."""
-    time.sleep(0.7)
+def settle(b, lanes: Lanes) -> None:
+    """Until the broker has acted on what the lanes received: a settled STATUS
+    (conftest.BrokerProcess.settled_status), by which every lane that took a
+    batch was open for the next one in a step, and every lane's link looked
+    whether to open its connection; and what the broker says it pushed is all
+    that the lanes received, so the counts the test then checks are final."""
+    topics = b.settled_status()["Topics"]
+    assert sum(t["Subscribers"]["s"]["Delivered"] for t in topics.values()) == len(lanes.all_keys())
 
 
 def test_a_backlog_opens_connections_one_by_one_each_up_to_its_window(broker_factory):
@@ -85,7 +89,7 @@ def test_a_backlog_opens_connections_one_by_one_each_up_to_its_window(broker_fac
         publish(b, 20)
         # Then three connections open, each with exactly a Window in flight
         wait_for(lambda: len(lanes.all_keys()) == 12, what="12 messages over the lanes")
-        settle()
+        settle(b, lanes)
         assert len(lanes.conns) == 3
         assert [len(lanes.keys(i)) for i in range(3)] == [4, 4, 4]
         assert all(len(batch["Messages"]) <= 2 for i in range(3) for batch in lanes.batches_on(i))
@@ -100,12 +104,12 @@ def test_a_small_backlog_takes_only_the_connections_it_needs_and_batches_go_to_t
         # A Window's worth fits the first connection: no second one is opened
         publish(b, 4)
         wait_for(lambda: len(lanes.all_keys()) == 4, what="4 messages")
-        settle()
+        settle(b, lanes)
         assert len(lanes.conns) == 1
         # Two more need a second connection; once it is up, batches go where there is room
         publish(b, 6)
         wait_for(lambda: len(lanes.all_keys()) == 10, what="10 messages")
-        settle()
+        settle(b, lanes)
         assert len(lanes.conns) == 3 and [len(lanes.keys(i)) for i in range(3)] == [4, 4, 2]
     finally:
         lanes.close()
@@ -117,18 +121,18 @@ def test_an_ack_through_the_server_socket_frees_the_connection_that_carried_the_
     try:
         publish(b, 15)
         wait_for(lambda: len(lanes.all_keys()) == 9, what="9 messages over the lanes")
-        settle()
+        settle(b, lanes)
         assert [len(lanes.keys(i)) for i in range(3)] == [3, 3, 3]
         # When the second connection's messages are acked through ServerSocket
         lanes.ack_through_server("t", lanes.keys(1))
         # Then the next batch goes to the second connection, and only there
         wait_for(lambda: len(lanes.keys(1)) == 6, what="a batch on the freed connection")
-        settle()
+        settle(b, lanes)
         assert [len(lanes.keys(i)) for i in range(3)] == [3, 6, 3]
         # And an ack on one connection of what another carried frees the other one
         lanes.ack_on_connection(0, "t", lanes.keys(2))
         wait_for(lambda: len(lanes.keys(2)) == 6, what="a batch on the third connection")
-        settle()
+        settle(b, lanes)
         assert [len(lanes.keys(i)) for i in range(3)] == [3, 6, 6]
     finally:
         lanes.close()
@@ -139,7 +143,7 @@ def test_a_connection_killed_midway_leaves_its_messages_in_flight_and_the_others
     try:
         publish(b, 30)
         wait_for(lambda: len(lanes.all_keys()) == 6, what="6 messages over the lanes")
-        settle()
+        settle(b, lanes)
         # When the middle connection is cut, with its messages unacked
         lost = set(lanes.keys(1))
         lanes.conns[1].shutdown(socket.SHUT_RDWR)
@@ -173,7 +177,7 @@ def test_with_one_connection_the_window_is_as_before_and_one_connection_is_opene
     try:
         publish(b, 20)
         wait_for(lambda: len(lanes.all_keys()) == 4, what="4 messages")
-        settle()
+        settle(b, lanes)
         assert len(lanes.conns) == 1 and len(lanes.all_keys()) == 4
         lanes.ack_through_server("t", lanes.keys(0))
         wait_for(lambda: len(lanes.all_keys()) == 8, what="8 messages")
@@ -187,7 +191,7 @@ def test_each_topic_has_its_own_window_on_each_connection(broker_factory):
         publish(b, 10, "a")
         publish(b, 10, "b")
         wait_for(lambda: len(lanes.all_keys()) == 8, what="2 topics x 2 connections x Window 2")
-        settle()
+        settle(b, lanes)
         assert len(lanes.conns) == 2
         for i in range(2):
             topics = [batch["Topic"] for batch in lanes.batches_on(i)]

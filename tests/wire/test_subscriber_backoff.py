@@ -51,7 +51,9 @@ def test_a_subscriber_with_nothing_pending_is_not_connected_to(broker_factory):
     """So that systemd starts a socket-activated subscriber only when there is work."""
     b = broker_factory(TOPICS, ["up", "down"], RetryMax="100ms")
     up = broker_factory.subscriber(b, "up")
-    time.sleep(1.0)
+    # (steps since the start, after each of which every link looked whether to connect)
+    status = b.settled_status()["Topics"]["t"]["Subscribers"]
+    assert not status["up"]["Connected"] and not status["down"]["Connected"]
     assert up.connections == 0 and "cannot connect" not in b.log
     with b.client() as c:
         c.publish("t", [{"Payload": 1}])

@@ -62,6 +62,11 @@ def _pings(listener: NotifyListener, since: float) -> int:
     return sum(1 for at, _, f in list(listener.received) if "WATCHDOG" in f and at >= since)
 
 
+def _withheld(b: BrokerProcess) -> int:
+    """The watchdog rounds that withheld their ping, as the broker logged them."""
+    return b.log.count("withholding the watchdog ping")
+
+
 def test_watchdog_pings_at_half_the_interval_and_stop_while_the_writer_is_stuck(broker_factory, notify_socket: NotifyListener):
     b = broker_factory(TOPIC, ["worker"], start=False).start(env=notify_socket.env(WATCHDOG_USEC="400000"))
     notify_socket.wait("WATCHDOG", "1", count=4)  # every 0.2 s
@@ -73,9 +78,11 @@ def test_watchdog_pings_at_half_the_interval_and_stop_while_the_writer_is_stuck(
     replies: list[int] = []
     publisher = threading.Thread(target=lambda: replies.append(b.client().publish("jobs", [{"Payload": 1}])))
     publisher.start()
-    time.sleep(0.6)  # longer than the 0.2 s half-interval the writer may be busy for
-    quiet_from = time.monotonic()
-    time.sleep(1.0)
+    # The watchdog says so at each round it withholds its ping: from the first on
+    # (once every ping sent before it is read), five more rounds go by without one
+    wait_for(lambda: _withheld(b) >= 1, what="a withheld watchdog ping")
+    quiet_from = notify_socket.flush()
+    wait_for(lambda: _withheld(b) >= 6, what="five more rounds without a watchdog ping")
     assert _pings(notify_socket, quiet_from) == 0
     assert replies == []
 
@@ -107,7 +114,10 @@ def test_no_watchdog_pings_for_another_process(broker_factory, notify_socket: No
     b = broker_factory(TOPIC, ["worker"], start=False)
     b.start(env=notify_socket.env(WATCHDOG_USEC="200000", WATCHDOG_PID="1"))
     notify_socket.wait("READY", "1")
-    time.sleep(0.5)
+    # A watchdog would ping at once, before the broker reads a request: a reply
+    # shows that point passed, and once our own datagram is read, so is any ping
+    b.status()
+    notify_socket.flush()
     assert notify_socket.messages("WATCHDOG") == []
 
 

@@ -5,6 +5,10 @@ written as plainly as possible, with no store, no rows and no fresh lists.
 A message is known by an ident the test chooses (its payload, its dedupe key, or
 a tuple for a copy the broker makes), and each subscriber holds it in one of
 three places: ready, delayed (ready but not before its due time) or in flight.
+Besides the push subscribers of one connection, the model knows a Pull
+subscriber, whose workers TAKE (PROTOCOL §9: which taker holds each message it
+has in flight), and a push subscriber with parallel connections (PROTOCOL §9
+lanes: which lane carried each message it has in flight).
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from ppmq.config import TopicConfig
 from ppmq.protocol import messages as p
 from ppmq.store.state import NS, RESERVE_IDS
 
-SUBS = {"s1": (3, 5), "s2": (2, 2)}  # name: (BatchSize, Window)
+SUBS = {"s1": (3, 5), "s2": (2, 2)}  # push subscribers of one connection, name: (BatchSize, Window)
+PULL = {"w": 3}  # Pull subscribers (PROTOCOL §9), name: Window
+LANED = {"L": (2, 3, 2)}  # push subscribers with parallel connections, name: (BatchSize, Window, Connections)
 TOPICS = [
     TopicConfig(
         name="plain",
-        subscribers=["s1", "s2"],
+        subscribers=["s1", "s2", "L"],
         ack_retry=5.0,
         priorities=2,
         expire=True,
@@ -31,7 +37,7 @@ TOPICS = [
     ),
     TopicConfig(
         name="dd",
-        subscribers=["s1", "s2"],
+        subscribers=["s1", "s2", "w"],
         dedupe=True,
         priorities=3,
         expire=True,
@@ -41,12 +47,12 @@ TOPICS = [
         dead_letter_reasons=["rejected"],
     ),
     TopicConfig(name="dm", subscribers=["s2"], dedupe=True, priorities=2, max_messages=2, overflow_policy="drop-oldest"),
-    TopicConfig(name="auto", subscribers=["s2"], ack_required=False, max_messages=4),
+    TopicConfig(name="auto", subscribers=["s2", "w"], ack_required=False, max_messages=4),
     TopicConfig(name="dead", subscribers=["s1"], priorities=2, max_messages=4),
-    TopicConfig(name="bulk", subscribers=["s1", "s2"], priorities=2, expire=True, ack_retry=3.0),
+    TopicConfig(name="bulk", subscribers=["s1", "s2", "w", "L"], priorities=2, expire=True, ack_retry=3.0),
 ]
 TOPIC_IDS = {t.name: i for i, t in enumerate(TOPICS, 1)}
-SUB_IDS = {s: i for i, s in enumerate(SUBS, 1)}
+SUB_IDS = {s: i for i, s in enumerate([*SUBS, *PULL, *LANED], 1)}  # as the broker numbers them, in config order
 
 
 @dataclass
@@ -97,6 +103,13 @@ class TopicModel:
     inflight: dict[str, dict[object, tuple[int, int, int, int]]] = field(default_factory=dict)  # (prio, pos, deadline, attempts)
     counters: dict[str, Counters] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
+    # (subscriber, ident) -> the taker whose TAKE last put it in flight (PROTOCOL §9
+    # Competing consumers); it holds the message while the message is in flight
+    taker: dict[tuple[str, object], int] = field(default_factory=dict)
+    # (subscriber, ident) -> the lane whose batch last carried it (PROTOCOL §9
+    # Parallel push connections); it carries the message while the message is in
+    # flight; not known after a restart (a new link, which knows no lanes yet)
+    lane: dict[tuple[str, object], int] = field(default_factory=dict)
     seq: int = 0
     reserved: int = RESERVE_IDS  # the broker reserves this much of the sequence when it opens a store
     published: int = 0
@@ -111,9 +124,12 @@ class TopicModel:
     def restarted(self) -> None:
         """PROTOCOL §3 Keys: the sequence goes on above every id the run before
         reserved, and a new reservation begins (a model's runs hand out far fewer
-        ids than half a reservation, which is when the broker renews one)."""
+        ids than half a reservation, which is when the broker renews one). No
+        taker and no lane outlive the run (PROTOCOL §9)."""
         self.seq = max(self.seq, self.reserved)
         self.reserved = self.seq + RESERVE_IDS
+        self.taker.clear()
+        self.lane.clear()
 
     def next_pos(self) -> int:
         self.seq += 1
@@ -318,7 +334,45 @@ class TopicModel:
         if s in self.paused:
             return []
         batch, window = SUBS[s]
-        limit = min(batch, window - len(self.inflight[s]))
+        return self._send(s, min(batch, window - len(self.inflight[s])), now_ns)
+
+    def pull_to_lane(self, s: str, now_ns: int, open_lanes: list[bool]) -> tuple[list[object], int]:
+        """PROTOCOL §9 Parallel push connections: the next batch for s, to its open
+        lane with the most room under Window (the lowest of those with as much),
+        and no more than all its lanes' Windows hold in flight; and that lane."""
+        batch, window, connections = LANED[s]
+        room = [window - self.carried(s, lane) if is_open else 0 for lane, is_open in enumerate(open_lanes)]
+        lane = max(range(connections), key=lambda i: (room[i], -i))
+        if s in self.paused or room[lane] <= 0:
+            return [], lane
+        order = self._send(s, min(batch, window * connections - len(self.inflight[s]), room[lane]), now_ns)
+        self.lane.update(((s, ident), lane) for ident in order)
+        return order, lane
+
+    def carried(self, s: str, lane: int) -> int:
+        """How many messages in flight to s the lane carries."""
+        return sum(self.lane.get((s, ident)) == lane for ident in self.inflight[s])
+
+    def take(self, s: str, taker: int, count: int, now_ns: int) -> list[tuple[object, Msg]]:
+        """PROTOCOL §9 TAKE: up to count ready messages, by priority then place, as
+        far as s's Window has room; none while paused. In flight and held by the
+        taker, or, on an `AckRequired: false` topic, done with as they are taken."""
+        if s in self.paused:
+            return []
+        taken = [(ident, self.msgs[ident]) for ident in self._send(s, min(count, PULL[s] - len(self.inflight[s])), now_ns)]
+        for ident, _ in taken:
+            if self.config.ack_required:
+                self.taker[s, ident] = taker
+            else:
+                self.finish(s, ident)
+        return taken
+
+    def held_by_taker(self, s: str, taker: int) -> list[object]:
+        """What the taker holds: taken by it, in flight since, by message id."""
+        return sorted((i for i in self.inflight[s] if self.taker.get((s, i)) == taker), key=lambda i: self.msgs[i].m)
+
+    def _send(self, s: str, limit: int, now_ns: int) -> list[object]:
+        """Up to limit of s's ready messages, by priority then place, into flight."""
         order = sorted(self.ready[s], key=lambda i: self.ready[s][i][:2])[: max(0, limit)]
         deadline = self.deadline(now_ns)
         for ident in order:

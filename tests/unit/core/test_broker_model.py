@@ -12,6 +12,16 @@ ones the model (broker_model.py) predicts (topic, order, contents, a dead
 letter's Origin) and every STATUS counter must agree, Delayed, Paused and
 DeadLettered included. Only the clock is fake.
 
+PROTOCOL §9 too: the Pull subscriber `w` is taken from by up to three takers,
+several in one step (competing consumers), with acks in the TAKE or on their
+own, and takers that go away; each TAKE must return exactly the messages the
+model predicts, and after STATUS the takers the broker knows hold messages
+must be the model's. The push subscriber `L` has two connections (lanes),
+opened and closed from step to step: each batch must go to the lane the model
+predicts, and what the step reports as gone from flight, booked on a
+`lanes.LaneLoads` as the link books it, must leave each lane carrying what the
+model says it carries.
+
 CHUNK_MESSAGES is made small, so that publishes larger than it are staged over
 several steps (core/staging.py) on the topic `bulk`, interleaved with everything
 else, crashed by restarts and cut short by a bad message; on the other topics
@@ -44,13 +54,14 @@ from hypothesis.stateful import (
 from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
-from ppmq.core.ops import Returned, Written
+from ppmq.core.lanes import LaneLoads
+from ppmq.core.ops import Abandoned, Returned, Take, Written
 from ppmq.protocol import messages as p
 from ppmq.store import ready as ready_rows
 from ppmq.store.fsck import check, read_snapshot
 from ppmq.store.state import NS
 from ppmq.store.store import Store
-from tests.unit.core.broker_model import SUBS, TOPICS, Given, Job, Msg, TopicModel
+from tests.unit.core.broker_model import LANED, PULL, SUBS, TOPICS, Given, Job, Msg, TopicModel
 
 CHUNK = 3  # staging.CHUNK_MESSAGES while the machine runs
 RUN = 2  # ready_rows.READY_RUN while the machine runs
@@ -59,6 +70,11 @@ START_NS = 1_800_000_000 * NS
 WAITS = [("Delay", 0), ("Delay", 1.5), ("Delay", 4), ("Unix", -1), ("Unix", 2), ("RFC3339", 0), ("RFC3339", 2.5)]
 OPEN = st.sampled_from([set(), {"s1"}, {"s2"}, {"s1", "s2"}])  # the subscribers open in a step
 STRAYS = ["999999", "zzz", "007"]  # keys that name no message, or none the broker would write
+EVERYONE = sorted([*SUBS, *PULL, *LANED])
+[(LANED_SUB, (_, _, CONNECTIONS))] = LANED.items()
+[PULL_SUB] = PULL
+LANES = st.sampled_from([(True, False), (False, True), (True, True)])  # L's lanes open in a step
+TAKERS = st.integers(1, 3)
 
 
 class BrokerMachine(RuleBasedStateMachine):
@@ -68,6 +84,10 @@ class BrokerMachine(RuleBasedStateMachine):
         events must not change what the broker does, nor fail without them."""
         self.dir = tempfile.mkdtemp(prefix="ppmq-model-")
         subs = [SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w) for n, (b, w) in SUBS.items()]
+        subs += [SubscriberConfig(name=n, pull=True, window=w) for n, w in PULL.items()]
+        subs += [
+            SubscriberConfig(name=n, socket=f"/nonexistent/{n}", batch_size=b, window=w, connections=c) for n, (b, w, c) in LANED.items()
+        ]
         self.config = Config(
             server_socket="/nonexistent/s",
             data_path=self.dir,
@@ -92,6 +112,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         self.store = Store(self.dir, sync=False, max_bytes=64 << 20)
         self.broker = Broker(self.config, self.store, self.now)
+        self.ledger = LaneLoads(CONNECTIONS)  # what L's lanes carry, kept as its link keeps it
 
     def teardown(self) -> None:
         """Whatever the run did, fsck finds the store's rows, indexes and counters
@@ -104,10 +125,13 @@ class BrokerMachine(RuleBasedStateMachine):
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def step(self, ops: list, open_subs: set[str] = frozenset(), apply=None) -> list:
+    def step(self, ops: list, open_subs: set[str] = frozenset(), apply=None, lanes: tuple[bool, ...] | None = None) -> list:
         """One broker step; the model applies the ops (`apply` gets the replies), ticks
-        and fills the same way, and both must agree."""
-        result = self.broker.step(ops, set(open_subs), self.now)
+        and fills the same way, and both must agree. `lanes`: those of L that are
+        open (L is open when one is), reported with what each carries."""
+        open_subs = set(open_subs) | ({LANED_SUB} if lanes else set())
+        reported = {LANED_SUB: self.ledger.lanes(list(lanes))} if lanes else None
+        result = self.broker.step(ops, open_subs, self.now, lanes=reported)
         if apply is not None:
             apply(result.replies)
         self.stage(result.finished)
@@ -115,14 +139,28 @@ class BrokerMachine(RuleBasedStateMachine):
         expected = []
         for s in sorted(open_subs):
             for tm in self.model.values():
-                while s in tm.config.subscribers and (order := tm.pull(s, self.now)):  # batches up to the window
-                    expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], order))
-        got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"]) for d in result.deliveries]
+                while s in tm.config.subscribers:  # batches up to the window
+                    order, lane = tm.pull_to_lane(s, self.now, list(lanes)) if s in LANED else (tm.pull(s, self.now), 0)
+                    if not order:
+                        break
+                    expected.append((s, tm.config.name, [self._expected_message(tm, i) for i in order], lane, order))
+        got = [(d.subscriber, d.topic, msgspec.json.decode(d.frame)["Messages"], d.lane) for d in result.deliveries]
         self._learn_keys(expected, got)
-        assert [(s, t, [dict(m, Key=None) for m in ms]) for s, t, ms in got] == [(s, t, ms) for s, t, ms, _ in expected]
+        assert [(s, t, [dict(m, Key=None) for m in ms], lane) for s, t, ms, lane in got] == [e[:4] for e in expected]
         self.written = [(d, order) for d, (*_, order) in zip(result.deliveries, expected)]
         self.unconfirmed += [(d, order) for d, order in self.written if d.auto_ack]
+        self._book_lanes(result)
         return result.replies
+
+    def _book_lanes(self, result) -> None:
+        """As L's link does after a step (writer._free): its batches booked on their
+        lanes, then what left flight freed."""
+        for d in result.deliveries:
+            if d.subscriber == LANED_SUB:
+                self.ledger.carry(d.lane, d.topic, d.msgs)
+        assert result.left.keys() <= {LANED_SUB}, result.left
+        for topic, msgs in result.left.get(LANED_SUB, {}).items():
+            self.ledger.left(topic, msgs)
 
     def stage(self, finished: list) -> None:
         """The model of Staging.step: an orphan's rows deleted a chunk at a time, or
@@ -152,7 +190,10 @@ class BrokerMachine(RuleBasedStateMachine):
             assert reply.accepted == detail if status == 200 else detail in reply.error, reply
 
     def _expected_message(self, tm: TopicModel, ident: object) -> dict:
-        msg = tm.msgs[ident]
+        return self._as_delivered(tm.msgs[ident])
+
+    def _as_delivered(self, msg: Msg) -> dict:
+        """A message as a batch carries it, but for its Key (None)."""
         out = {"Key": None, "Payload": msg.payload, "Priority": msg.prio}
         if msg.expires_ns:
             out["Expires"] = p.format_expires(msg.expires_ns)
@@ -162,7 +203,7 @@ class BrokerMachine(RuleBasedStateMachine):
 
     def _learn_keys(self, expected: list, got: list) -> None:
         """Dedupe topics deliver the client's key; others a generated one, fixed per message."""
-        for (_, topic, _, order), (_, _, messages) in zip(expected, got):
+        for (_, topic, _, _, order), (_, _, messages, _) in zip(expected, got):
             for ident, m in zip(order, messages):
                 known = self.keys.setdefault((topic, ident), m["Key"])
                 assert m["Key"] == known
@@ -176,8 +217,9 @@ class BrokerMachine(RuleBasedStateMachine):
         bad_at=st.none() | st.integers(0, 9),
         waits=st.none() | st.dictionaries(st.integers(0, 9), st.sampled_from(WAITS), min_size=1),
         subs=st.sets(st.sampled_from(sorted(SUBS))),
+        lanes=st.none() | LANES,
     )
-    def publish(self, topic: str, spec: list, bad_at: int | None, waits: dict | None, subs: set[str]) -> None:
+    def publish(self, topic: str, spec: list, bad_at: int | None, waits: dict | None, subs: set[str], lanes: tuple | None) -> None:
         """A publish, in a step that may also push to open subscribers; `waits`:
         the messages that wait, by index (PROTOCOL §8 Delay, NotBefore)."""
         tm = self.model[topic]
@@ -215,7 +257,7 @@ class BrokerMachine(RuleBasedStateMachine):
             else:  # the whole publish is refused; nothing dropped for it stays dropped
                 assert reply.status == 507 and reply.error.startswith(f"Messages[{full_at}]: "), reply
 
-        self.step([req], subs, apply)
+        self.step([req], subs, apply, lanes)
 
     def _wait(self, message: p.Message, wait: tuple | None) -> int:
         """Sets the message's Delay or NotBefore (Unix seconds or an RFC 3339 time,
@@ -262,6 +304,93 @@ class BrokerMachine(RuleBasedStateMachine):
     def deliver(self, subs: set[str]) -> None:
         self.step([], subs)
 
+    # --- pull subscribers and parallel push connections (PROTOCOL §9) ---------------------
+
+    @rule(lanes=LANES, subs=OPEN)
+    def deliver_on_lanes(self, lanes: tuple[bool, ...], subs: set[str]) -> None:
+        """L's open lanes take batches, each to the least loaded, within its Window."""
+        self.step([], subs, lanes=lanes)
+
+    @rule(
+        data=st.data(),
+        feed=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(KEYS), st.sampled_from([None, 2, 30])), max_size=CHUNK),
+        takes=st.lists(st.tuples(TAKERS, st.integers(1, 4), st.sampled_from([None] * 6 + ["Count", "Subscriber"])), min_size=1, max_size=3),
+        subs=OPEN,
+    )
+    def take(self, data, feed: list[tuple[int, str, int | None]], takes: list[tuple[int, int, str | None]], subs: set[str]) -> None:
+        """TAKEs for w by one to three takers in one step (competing consumers: each
+        message goes to one of them), each acking keys first, after a publish
+        to the topic in the same step (`feed`, if any: messages w may take
+        before they are ever queued). A TAKE with a bad Count, or for a push
+        subscriber, is refused whole, its acks undone."""
+        topics = [name for name, tm in self.model.items() if PULL_SUB in tm.config.subscribers]
+        busy = [name for name in topics if self.model[name].ready[PULL_SUB] or self.model[name].inflight[PULL_SUB]]
+        topic = data.draw(st.sampled_from(busy + topics))
+        tm = self.model[topic]
+        pool = sorted(tm.msgs[i].key for i in tm.inflight[PULL_SUB]) * 2 + self._strays(tm)
+        ops, entries = [], []
+        if feed:
+            for prio, key, ttl in feed:
+                payload = next(self.payloads)
+                msg = Msg(payload, prio % tm.config.priorities, self.now + ttl * NS if ttl else 0, published_ns=self.now)
+                entries.append((key if tm.config.dedupe else payload, msg, 0))
+            messages = [
+                p.Message(payload=msgspec.Raw(b"%d" % msg.payload), priority=msg.prio, key=ident if tm.config.dedupe else None, ttl_s=ttl)
+                for (ident, msg, _), (*_, ttl) in zip(entries, feed)
+            ]
+            ops.append(p.Request(topic=topic, messages=messages, id=msgspec.Raw(b"11")))
+        for taker, count, bad in takes:
+            acks = data.draw(st.none() | st.lists(st.sampled_from(pool), max_size=3))
+            sub = "s2" if bad == "Subscriber" else PULL_SUB  # s2 is pushed to, on each of w's topics
+            req = p.Request(
+                topic=topic, subscriber=sub, command="TAKE", count=0 if bad == "Count" else count, acks=acks, id=msgspec.Raw(b"10")
+            )
+            ops.append(Take(taker, req))
+
+        def apply(replies: list) -> None:
+            if feed:
+                trial = copy.deepcopy(self.model[topic])
+                full_at = trial.publish_all(entries)
+                reply = replies.pop(0)
+                if full_at is None:
+                    assert (reply.status, reply.accepted) == (200, len(feed)), reply
+                    self.model[topic] = trial
+                else:
+                    assert reply.status == 507 and reply.error.startswith(f"Messages[{full_at}]: "), reply
+            tm = self.model[topic]
+            for (taker, count, bad), op, reply in zip(takes, ops[bool(feed) :], replies):
+                if bad is not None:
+                    assert reply.status == 400 and reply.error.startswith(bad), reply
+                    continue
+                acked = self._each_in_flight(tm, PULL_SUB, op.request.acks, lambda i: tm.finish(PULL_SUB, i))
+                taken = tm.take(PULL_SUB, taker, count, self.now)
+                got = [msgspec.json.decode(bytes(m)) for m in reply.body["Messages"]]
+                assert (reply.status, reply.accepted) == (200, acked), reply
+                assert [dict(m, Key=None) for m in got] == [self._as_delivered(msg) for _, msg in taken]
+                for (ident, msg), m in zip(taken, got):
+                    assert m["Key"] == msg.key == self.keys.setdefault((topic, ident), msg.key)
+
+        self.step(ops, subs, apply)
+
+    @precondition(lambda self: any(tm.inflight.get(PULL_SUB) for tm in self.model.values()))
+    @rule(data=st.data(), subs=OPEN)
+    def a_taker_goes_away(self, data, subs: set[str]) -> None:
+        """What the taker holds goes back to its place at once, a delivery counted
+        (MaxAttempts may give it up); what other takers hold stays theirs. (None
+        of w's topics keeps dead letters for `attempts`: in which order one
+        taker's messages are given up on is not the contract's.)"""
+        holding = {tm.taker[PULL_SUB, i] for tm in self.model.values() if PULL_SUB in tm.config.subscribers for i in tm.inflight[PULL_SUB]}
+        taker = data.draw(st.sampled_from(sorted(holding) * 3 + [1, 2, 3]))
+
+        def apply(replies: list) -> None:
+            assert replies == [None]
+            for tm in self.model.values():
+                if PULL_SUB in tm.config.subscribers:
+                    for ident in tm.held_by_taker(PULL_SUB, taker):
+                        self.requeue(tm, PULL_SUB, ident)
+
+        self.step([Abandoned(taker)], subs, apply)
+
     @precondition(lambda self: self.written)
     @rule(data=st.data())
     def a_write_fails(self, data) -> None:
@@ -291,9 +420,12 @@ class BrokerMachine(RuleBasedStateMachine):
                     tm.counters[d.subscriber].ignored += 1
         self.unconfirmed = []
 
-    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dm", "dead"]), sub=st.sampled_from(sorted(SUBS)))
-    def ack(self, data, topic: str, sub: str) -> None:
-        """Acks of in-flight keys apply; unknown, ready-only and repeated keys are ignored."""
+    @rule(data=st.data(), topic=st.sampled_from(["plain", "dd", "dm", "dead"]), sub=st.sampled_from(EVERYONE), lanes=st.none() | LANES)
+    def ack(self, data, topic: str, sub: str, lanes: tuple | None) -> None:
+        """Acks of in-flight keys apply; unknown, ready-only and repeated keys are
+        ignored. Acks of taken messages need no taker (PROTOCOL §9: any connection);
+        acks of L's free room on the lanes that carried them, for a batch in the
+        same step."""
         tm = self.model[topic]
         if sub not in tm.config.subscribers:
             return
@@ -302,13 +434,13 @@ class BrokerMachine(RuleBasedStateMachine):
         ready_keys = [self.keys[(topic, i)] for i in tm.ready[sub] if (topic, i) in self.keys]
         strays = [k for k in ["999999", "zzz", *ready_keys, *chosen[:1]] if k not in inflight_keys or k in chosen]
         stray = data.draw(st.sampled_from(strays))
-        (reply,) = self.step([p.Request(topic=topic, subscriber=sub, acks=[*chosen, stray], id=msgspec.Raw(b"2"))])
+        (reply,) = self.step([p.Request(topic=topic, subscriber=sub, acks=[*chosen, stray], id=msgspec.Raw(b"2"))], lanes=lanes)
         assert (reply.status, reply.accepted) == (200, len(chosen))
         for key in chosen:
             tm.finish(sub, inflight_keys[key])
         tm.counters[sub].ignored += 1
 
-    @rule(sub=st.sampled_from(sorted(SUBS)), topic=st.none() | st.sampled_from(["plain", "dd"]))
+    @rule(sub=st.sampled_from(EVERYONE), topic=st.none() | st.sampled_from(["plain", "dd"]))
     def reconnect(self, sub: str, topic: str | None) -> None:
         if topic is not None and sub not in self.model[topic].config.subscribers:
             return
@@ -410,7 +542,7 @@ class BrokerMachine(RuleBasedStateMachine):
         return [str(job.first), str(job.first + job.done - 1)] if job is not None and job.reserved else []
 
     @precondition(lambda self: any(tm.msgs for tm in self.model.values()))
-    @rule(data=st.data(), sub=st.none() | st.sampled_from(sorted(SUBS)), subs=OPEN)
+    @rule(data=st.data(), sub=st.none() | st.sampled_from(EVERYONE), subs=OPEN)
     def purge(self, data, sub: str | None, subs: set[str]) -> None:
         """PURGE of a topic that holds messages, or of one subscriber's copies there,
         of all or of some keys."""
@@ -493,7 +625,7 @@ class BrokerMachine(RuleBasedStateMachine):
         return redriven, skipped
 
     @rule(
-        sub=st.sampled_from(sorted(SUBS)),
+        sub=st.sampled_from(EVERYONE),
         topic=st.none() | st.sampled_from([t.name for t in TOPICS]),
         pause=st.booleans(),
         subs=OPEN,
@@ -516,7 +648,9 @@ class BrokerMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        """What was pushed on an AckRequired: false topic, unconfirmed, comes back."""
+        """What was pushed on an AckRequired: false topic, unconfirmed, comes back;
+        so does everything taken and not acked (PROTOCOL §9: no taker outlives
+        the run), a delivery counted."""
         self.store.close()
         self._open()
         if self.jobs and self.jobs[0].reserved:  # the staged rows of a publish never answered
@@ -525,8 +659,8 @@ class BrokerMachine(RuleBasedStateMachine):
         self.written = []
         for tm in self.model.values():
             tm.restarted()
-            if not tm.config.ack_required:
-                for s in tm.config.subscribers:
+            for s in tm.config.subscribers:
+                if not tm.config.ack_required or s in PULL:
                     for ident in sorted(tm.inflight[s], key=lambda i: tm.msgs[i].m):
                         self.requeue(tm, s, ident)
         self.unconfirmed = []
@@ -534,12 +668,34 @@ class BrokerMachine(RuleBasedStateMachine):
     # --- invariants ---------------------------------------------------------------------
 
     @invariant()
+    def each_lane_carries_what_the_model_says(self) -> None:
+        """Booked from the batches and from what each step reported gone from flight
+        (the ack of any connection, a nack, AckRetry, RECONNECT...), each of L's
+        lanes carries, per topic, the messages in flight to L that the model says
+        its last batch carried."""
+        for name, tm in self.model.items():
+            if LANED_SUB in tm.config.subscribers:
+                carried = [self.ledger.carried[lane][name] for lane in range(CONNECTIONS)]
+                assert carried == [tm.carried(LANED_SUB, lane) for lane in range(CONNECTIONS)], name
+
+    @invariant()
     def status_counters_agree_with_the_model(self) -> None:
         """STATUS in a step of its own, which also stages a chunk (after STATUS has
-        read the counters); the batches it would push wait for the next step."""
-        written = self.written
-        self.step([p.Request(command="STATUS", id=msgspec.Raw(b"9"))], set(), lambda replies: self.compare(replies[0]))
+        read the counters); the batches it would push wait for the next step.
+        STATUS also has the broker forget taken messages that left flight
+        without an ack: the takers it then knows hold w's messages are the
+        model's, as of before the step's timers ran."""
+        written, holders = self.written, {}
+
+        def apply(replies: list) -> None:
+            self.compare(replies[0])
+            for name, tm in self.model.items():
+                if PULL_SUB in tm.config.subscribers:
+                    holders[name] = {tm.taker[PULL_SUB, i] for i in tm.inflight[PULL_SUB]}
+
+        self.step([p.Request(command="STATUS", id=msgspec.Raw(b"9"))], set(), apply)
         self.written = written
+        assert {name: self.broker.holders(name, PULL_SUB) for name in holders} == holders
 
     def compare(self, reply: p.Reply) -> None:
         topics = reply.body["Topics"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -74,25 +75,27 @@ def test_one_way_acks_wait_for_company_without_waking_the_idle_writer_and_share_
     broker, store, acks = _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s=60.0)
     steps: list[float] = []
 
-    async def run() -> tuple[float, float, int]:
+    async def run() -> tuple[bool, float, float, int]:
         writer = GroupCommit(broker, on_step=steps.append)
         task = asyncio.create_task(writer.run())
-        await asyncio.sleep(0.05)  # idle
+        await _until(lambda: _waits(writer))  # idle
         went_round = writer._heartbeat
         # When s acks its batch one-way
         writer.submit(acks)
-        await asyncio.sleep(0.1)
-        # Then the writer was not woken for it (it did not go round its loop)
+        # Then the writer was not woken for it (submit is where that is decided),
+        # and it did not go round its loop when the event loop went round
+        woken = not _waits(writer)
+        await asyncio.sleep(0)
         quiet = writer._heartbeat
         # And the acks are applied in the step of the publish that comes next
         await asyncio.wait_for(writer.call(publish(b"3")), timeout=10)
         in_flight = (await writer.call(STATUS)).body["Topics"]["t"]["Subscribers"]["s"]["InFlight"]
         writer.stop()
         await task
-        return went_round, quiet, in_flight
+        return woken, went_round, quiet, in_flight
 
-    went_round, quiet, in_flight = asyncio.run(run())
-    assert quiet == went_round
+    woken, went_round, quiet, in_flight = asyncio.run(run())
+    assert not woken and quiet == went_round
     assert in_flight == 0 and len(steps) == 2  # the publish with the acks, then STATUS
     store.close()
 
@@ -120,6 +123,19 @@ def test_one_way_acks_that_find_no_company_go_alone_when_the_gathering_ends(tmp_
     [status] = broker.step([STATUS], set(), time.time_ns()).replies
     assert status.body["Topics"]["t"]["Subscribers"]["s"]["InFlight"] == 0
     store.close()
+
+
+def _waits(writer: GroupCommit) -> bool:
+    """The writer waits, for work or a timer, and nothing has woken it yet."""
+    return writer._waiter is not None and not writer._waiter.done()
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Until predicate holds, looked at every millisecond."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.001)
 
 
 def _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s: float) -> tuple[Broker, Store, p.Request]:
@@ -222,13 +238,15 @@ def test_a_publish_to_a_subscriber_with_its_window_full_and_at_most_a_batch_read
         writer = GroupCommit(broker, durable=False, on_step=steps.append)
         task = asyncio.create_task(writer.run())
         writer.open("s", _Recording(pushed))
-        await asyncio.sleep(0.05)
+        await _until(lambda: _waits(writer))  # idle
         # When a message is published
         replied = asyncio.get_running_loop().create_future()
         writer.submit(publish(b'"new"'), replied.set_result)
-        await asyncio.sleep(0.1)
-        # Then it waits for s's acks, which are on their way
-        waited = not replied.done() and not steps
+        # Then it waits for s's acks, which are on their way: the writer, not
+        # woken, gathers company for it (submit is where that is decided)
+        gathering = writer._gather_until is not None and _waits(writer)
+        await asyncio.sleep(0)
+        waited = gathering and not replied.done() and not steps
         # And comes with them in one step, which sends s its next batch: what
         # was ready and the new message (straight into flight, with nothing ready)
         writer.submit(acks)
@@ -359,14 +377,15 @@ def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path,
     async def run() -> list[bool]:
         writer = GroupCommit(broker, durable=False, on_step=steps.append)
         task = asyncio.create_task(writer.run())
-        await asyncio.sleep(0.05)
+        await _until(lambda: _waits(writer))  # idle
         replied = asyncio.get_running_loop().create_future()
         # When a message is published, and s acks
         writer.submit(publish(b"1"), replied.set_result)
         writer.submit(acks["s"])
-        await asyncio.sleep(0.1)
-        # Then the publish still waits, for r
-        waited = not replied.done() and not steps
+        # Then the publish still waits, for r: the writer, not woken, gathers company for it
+        gathering = writer._gather_until is not None and _waits(writer)
+        await asyncio.sleep(0)
+        waited = gathering and not replied.done() and not steps
         # Until r acks too: one step for all three
         writer.submit(acks["r"])
         await asyncio.wait_for(replied, timeout=10)
