@@ -4,7 +4,7 @@ rows (`FlightIndex`), and which messages left flight in one transaction
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import compress, repeat
 
 
@@ -32,16 +32,11 @@ class FlightIndex:
     there."""
 
     def __init__(self) -> None:
-        self._subs: dict[tuple[int, int], SubFlights] = {}
-
-    def of(self, t: int, s: int, read: Callable[[int, int], SubFlights]) -> SubFlights:
-        flights = self._subs.get((t, s))
-        if flights is None:
-            flights = self._subs[t, s] = read(t, s)
-        return flights
+        # (t, s) -> its flights; the flights table reads a subscription's rows into it when it is missing
+        self.subs: dict[tuple[int, int], SubFlights] = {}
 
     def clear(self) -> None:
-        self._subs.clear()
+        self.subs.clear()
 
 
 class FlightWatch:

@@ -115,7 +115,11 @@ class Flights:
         self.watching = watch
 
     def _flights(self, t: int, s: int) -> SubFlights:
-        return self.index.of(t, s, self._read_flights)
+        subs = self.index.subs
+        flights = subs.get((t, s))
+        if flights is None:
+            flights = subs[t, s] = self._read_flights(t, s)
+        return flights
 
     def _read_flights(self, t: int, s: int) -> SubFlights:
         """The index of s's batches in flight on t, from its rows."""

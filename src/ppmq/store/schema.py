@@ -131,7 +131,22 @@ U16 = struct.Struct(">H")  # n, the messages of a group row (holders, bodies)
 # damaged one, and gets one made for it): a list is faster to index than a
 # cache to ask, and rows are decoded on every ack.
 _KEPT_COLUMNS = 2 * GROUP_MESSAGES
-_COLUMNS = {code: [struct.Struct(f">{n}{code}") for n in range(_KEPT_COLUMNS + 1)] for code in "QHI"}
+
+
+class _Columns(dict[int, struct.Struct]):
+    """n -> n big-endian integers of one struct code, as one Struct: made ahead up
+    to _KEPT_COLUMNS, so that a row's columns are a dict lookup, no call; made
+    when asked (and not kept) beyond, for the rare longer row."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__((n, struct.Struct(f">{n}{code}")) for n in range(_KEPT_COLUMNS + 1))
+        self.code = code
+
+    def __missing__(self, n: int) -> struct.Struct:
+        return struct.Struct(f">{n}{self.code}")
+
+
+U64S, U32S, U16S = _Columns("Q"), _Columns("I"), _Columns("H")  # columns of ids; of record ends; of counts
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
 STAGING_KEY = b"staging"
@@ -258,16 +273,11 @@ def repeated(entry: struct.Struct, n: int) -> struct.Struct:
     return struct.Struct(">" + entry.format.lstrip(">") * n)
 
 
-def _column(n: int, code: str) -> struct.Struct:
-    """n big-endian integers of struct code `code`, as one Struct."""
-    return _COLUMNS[code][n] if n <= _KEPT_COLUMNS else struct.Struct(f">{n}{code}")
-
-
 def body_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A bodies row's message ids, where each one's record ends (counted from
     the first), and the offset of its first record; struct.error if too short."""
     n = U16.unpack_from(raw)[0]
-    return _column(n, "Q").unpack_from(raw, 2), _column(n, "I").unpack_from(raw, 2 + 8 * n), 2 + 12 * n
+    return U64S[n].unpack_from(raw, 2), U32S[n].unpack_from(raw, 2 + 8 * n), 2 + 12 * n
 
 
 def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -288,7 +298,7 @@ def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
 def encode_body_row(ids: Sequence[int], records: Sequence[bytes]) -> bytes:
     """A bodies row: ids ascending, records[i] the encoded body of ids[i]."""
     n = len(ids)
-    return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "I").pack(*accumulate(map(len, records))), *records))
+    return b"".join((U16.pack(n), U64S[n].pack(*ids), U32S[n].pack(*accumulate(map(len, records))), *records))
 
 
 def record_span(ends: Sequence[int], base: int, i: int) -> tuple[int, int]:
@@ -303,18 +313,18 @@ def replace_body_record(raw: bytes, ends: Sequence[int], base: int, i: int, reco
     n = len(ends)
     start, end = record_span(ends, base, i)
     moved = map((len(record) - (end - start)).__add__, ends[i:])
-    return b"".join((raw[: 2 + 8 * n], _column(n, "I").pack(*ends[:i], *moved), raw[base:start], record, raw[end:]))
+    return b"".join((raw[: 2 + 8 * n], U32S[n].pack(*ends[:i], *moved), raw[base:start], record, raw[end:]))
 
 
 def holders_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A holders row's message ids, the holder count of each, and the offset of
     its first (S, prio, pos) entry; struct.error if the row is too short."""
     n = U16.unpack_from(raw)[0]
-    return _column(n, "Q").unpack_from(raw, 2), _column(n, "H").unpack_from(raw, 2 + 8 * n), 2 + 10 * n
+    return U64S[n].unpack_from(raw, 2), U16S[n].unpack_from(raw, 2 + 8 * n), 2 + 10 * n
 
 
 def encode_holders_row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
     """A holders row: ids ascending, counts[i] holders of ids[i], and their
     HOLDER entries in that order."""
     n = len(ids)
-    return b"".join((U16.pack(n), _column(n, "Q").pack(*ids), _column(n, "H").pack(*counts), entries))
+    return b"".join((U16.pack(n), U64S[n].pack(*ids), U16S[n].pack(*counts), entries))
