@@ -32,33 +32,33 @@ class Seen(Protocol):
 class Copies:
     """The copies and copy_expiry databases of one transaction."""
 
-    __slots__ = ("txn", "db", "expiry_db", "_seen")
+    __slots__ = ("txn", "db", "expiry_db", "seen")
 
     def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, expiry_db: lmdb._Database, seen: Seen) -> None:
         self.txn = txn
         self.db = db
         self.expiry_db = expiry_db
-        self._seen = seen
+        self.seen = seen
 
     def put(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
         """Subscriber s's copy of m expires at expires_ns (0: never), whatever
         m's own expiry; swept then on an Expire topic."""
         self.drop(t, [m], s)
-        self._seen.copies_seen = True
+        self.seen.copies_seen = True
         self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self.db)
         if expire and expires_ns:
             self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self.expiry_db)
 
     def of_message(self, t: int, m: int) -> dict[int, int]:
         """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
-        if not self._seen.copies_seen:
+        if not self.seen.copies_seen:
             return {}
         prefix = TMS.pack(t, m, 0)[:-2]
         return {TMS.unpack(key)[2]: U64.unpack(value)[0] for key, value in walk(self.txn, self.db, prefix, prefix)}
 
     def of_subscriber(self, t: int, s: int) -> dict[int, int]:
         """s's copies on topic t with an expiry of their own: message id -> expires_ns."""
-        if not self._seen.copies_seen:
+        if not self.seen.copies_seen:
             return {}
         prefix = u32(t)
         found = (TMS.unpack(key) + U64.unpack(value) for key, value in walk(self.txn, self.db, prefix, prefix))
@@ -66,7 +66,7 @@ class Copies:
 
     def drop(self, t: int, ms: list[int], s: int | None = None) -> None:
         """The copies of ms (of subscriber s only, if given) follow their message's expiry again."""
-        if not self._seen.copies_seen:
+        if not self.seen.copies_seen:
             return  # the path of every ack, and of every message deleted
         for m in ms:
             for sub, expires_ns in self.of_message(t, m).items():
@@ -77,7 +77,7 @@ class Copies:
     def due(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
         """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
         out: list[tuple[int, int, int, int]] = []
-        if not self._seen.copies_seen:
+        if not self.seen.copies_seen:
             return out
         with self.txn.cursor(db=self.expiry_db) as cur:
             if cur.first():
@@ -90,7 +90,7 @@ class Copies:
 
     def next_ns(self) -> int | None:
         """When the soonest copy's own expiry comes; None if no copy has one."""
-        if not self._seen.copies_seen:
+        if not self.seen.copies_seen:
             return None
         with self.txn.cursor(db=self.expiry_db) as cur:
             return ETMS.unpack(cur.key())[0] if cur.first() else None

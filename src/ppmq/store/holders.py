@@ -112,7 +112,8 @@ class Holders:
         written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
         done = change_rows(self.txn, self.db, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
-        self.copies.drop(t, ms, s)
+        if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
+            self.copies.drop(t, ms, s)
         return done
 
     def pop(self, t: int, ms: list[int]) -> dict[int, Places]:

@@ -94,7 +94,8 @@ class Messages:
         prefix, dedupe_db = u32(t), self.dedupe_db
         for key in popped.keys:
             delete(prefix + key, db=dedupe_db)
-        self.copies.drop(t, ms)
+        if self.copies.seen.copies_seen:  # a deleted message's copies' own expiries go with it
+            self.copies.drop(t, ms)
         return popped.count, popped.size
 
     # --- expiry index ---------------------------------------------------------------
