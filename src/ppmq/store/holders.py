@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from functools import cache
+from functools import cache, partial
 from itertools import accumulate, chain, islice, repeat
 from struct import Struct
 
@@ -111,7 +111,7 @@ class Holders:
         row holds). The path of every ack: each row is read, decoded and
         written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
-        done = change_rows(self.txn, self.db, t, sorted(set(ms)), lambda raw, wanted: _release(raw, sub, wanted))
+        done = change_rows(self.txn, self.db, t, sorted(set(ms)), partial(_release, sub))
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
             self.copies.drop(t, ms, s)
         return done
@@ -167,7 +167,7 @@ def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
     return encode_holders_row(ids, counts, entries) if ids else b""
 
 
-def _release(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
     """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
     those of wanted that nobody holds any more, or that the row does not hold."""
     if len(wanted) == 1:
@@ -203,7 +203,9 @@ def _release_one(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list
     if n != 1 or wanted[0] != m:
         return None
     base = ONE_HOLDERS_HEAD.size
-    place = _place(raw, sub, base, len(raw))
+    place = raw.find(sub, base)
+    if place >= 0 and (place - base) % SIZE:  # two bytes of another entry's fields: look on
+        place = _place(raw, sub, place + 1, len(raw), base)
     if place < 0:
         return None
     if count == 1:  # its last holder: the row goes
@@ -236,10 +238,12 @@ def _release_run(
     return encode_holders_row(ids, counts[:lo] + (n - 1,) * (hi - lo) + counts[hi:], raw[base:start] + kept + raw[end:]), []
 
 
-def _place(raw: bytes, sub: bytes, start: int, end: int) -> int:
-    """Where, among the entries between start and end, subscriber sub's begins; -1 if none."""
+def _place(raw: bytes, sub: bytes, start: int, end: int, entries: int | None = None) -> int:
+    """Where, among the entries between `entries` (start, if not given) and end,
+    subscriber sub's begins, looking from start on; -1 if none."""
+    first = start if entries is None else entries
     at = raw.find(sub, start, end)
-    while at >= 0 and (at - start) % SIZE:  # two bytes of an entry's other fields
+    while at >= 0 and (at - first) % SIZE:  # two bytes of an entry's other fields
         at = raw.find(sub, at + 1, end)
     return at
 

@@ -83,7 +83,7 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     i = 0
     with txn.cursor(db=db) as cur:
         while i < len(ms):
-            if at_row(cur, t, ms[i]):
+            if floor_row(cur, TM.pack(t, ms[i]), 4) is not None:  # at_row, without a call of its own
                 key, raw = cur.item()
                 # the last id left is in this row: no need to find where it ends (an ack of one message)
                 j = i + 1 if i + 1 == len(ms) else bisect_left(ms, next_row(cur, t), i)
