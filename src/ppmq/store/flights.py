@@ -164,10 +164,14 @@ class Flights:
         of ms is in it, and the row's size that nothing else is."""
         fs = self._locate(t, s, ms)
         f = _one_batch(fs)
-        if f is not None and self._drop_whole(t, s, f, len(ms)):
-            if self.watching is not None:
-                self.watching.note(True, t, s, ms)
-            return ms
+        if f is not None:  # the row goes whole if it holds just these
+            key = TSM.pack(t, s, f)
+            raw = self.txn.get(key, db=self.db)
+            if raw is not None and len(raw) == HEAD + len(ms) * FLIGHT_ENTRY.size:
+                self._drop_row(t, s, f, key, raw)
+                if self.watching is not None:
+                    self.watching.note(True, t, s, ms)
+                return ms
         return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
 
     def _locate(self, t: int, s: int, ms: list[int]) -> list[int | None]:
@@ -191,15 +195,6 @@ class Flights:
         for f, found in wanted.items():
             self._take_from_row(t, s, f, found, out)
         return out
-
-    def _drop_whole(self, t: int, s: int, f: int, n: int) -> bool:
-        """Delete batch f, with its deadline, if it holds n entries; whether it did."""
-        key = TSM.pack(t, s, f)
-        raw = self.txn.get(key, db=self.db)
-        if raw is None or len(raw) != HEAD + n * FLIGHT_ENTRY.size:
-            return False
-        self._drop_row(t, s, f, key, raw)
-        return True
 
     def _take_from_row(self, t: int, s: int, f: int, found: dict[int, int], out: list) -> None:
         """The messages `found` (m -> index in out) leave batch f: their entries go
