@@ -187,7 +187,9 @@ class ReplyChannel:
     def fits(self, frame_bytes: int, alone: bool) -> bool:
         """A request of `frame_bytes` may be handed over now; one that must go
         `alone` (see `_answers_with_state`) only once every earlier one is answered."""
-        return self._fits(frame_bytes, alone) and self.out.unsent() <= MAX_UNSENT_BYTES
+        if self.outstanding and not self._fits(frame_bytes, alone):  # none outstanding: it fits, the usual
+            return False
+        return self.out.unsent() <= MAX_UNSENT_BYTES
 
     async def admit(self, frame_bytes: int, alone: bool) -> None:
         """Wait until a request of `frame_bytes` fits."""
