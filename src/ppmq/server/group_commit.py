@@ -160,10 +160,10 @@ class GroupCommit:
                 self._wake()
                 return
             self._gathering.clear()  # the writer waits idle: no step runs, the state is the loop's to read
-        if self._gathering.add(op):
-            self._gather()
-        else:
+        if not self._gathering.add(op):
             self._wake()
+        elif self._gather_until is None:  # acks begin to gather, unless they do already
+            self._gather()
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
         """The subscriber is connected and idle: it may be given batches.
