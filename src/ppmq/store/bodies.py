@@ -190,6 +190,9 @@ class BodyFinder:
 
     __slots__ = ("_cur", "_t", "_raw", "_ids", "_ends", "_base")
 
+    _ids: tuple[int, ...]  # the ids of the row read last, and where each one's record ends
+    _ends: tuple[int, ...]
+
     def __init__(self, cur: lmdb.Cursor[bytes], t: int) -> None:
         self._cur, self._t = cur, t
         self._raw, self._ids, self._ends, self._base = b"", (), (), 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ppmq.store.state import State, SubStats, TopicStats
+from ppmq.store.state import State, SubStats, TopicStats, Tracked
 
 HEAD_KEY = b"state"  # meta: the counters that are not per topic (StateHead)
 TOPIC_PREFIX = b"topic:"  # meta TOPIC_PREFIX + name: one topic's counters (TopicRecord)
@@ -54,49 +54,6 @@ _decode_state = msgspec.msgpack.Decoder(State).decode
 _decode_topic = msgspec.msgpack.Decoder(TopicRecord).decode
 _decode_topic_stats = msgspec.msgpack.Decoder(TopicStats).decode
 _decode_subs = msgspec.msgpack.Decoder(dict[str, SubStats]).decode
-
-
-class Tracked(dict):
-    """A per-topic dict of State whose lookups and changes tell the ledger first."""
-
-    def __init__(self, items: dict, ledger: Ledger) -> None:
-        super().__init__(items)
-        self.ledger = ledger
-        self.seen: set[str] = set()  # imaged at the innermost open level
-
-    def _touch(self, key: str) -> None:
-        if key not in self.seen:
-            self.ledger.touch(self, key)
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.seen:  # _touch inlined: the lookup of every request
-            self.ledger.touch(self, key)
-        return dict.__getitem__(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key not in self.seen:
-            self.ledger.touch(self, key)
-        return dict.get(self, key, default)
-
-    # A lookup that notes nothing, for readers outside the step (and the step's
-    # own pure reads): dict's own get, which costs no Python call.
-    peek = dict.get
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._touch(key)
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self._touch(key)
-        dict.__delitem__(self, key)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        self._touch(key)
-        return dict.pop(self, key, *default)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        self._touch(key)
-        return dict.setdefault(self, key, default)
 
 
 class Ledger:
@@ -162,7 +119,7 @@ class Ledger:
         images = self._levels.pop()
         head = self._heads.pop()
         state = self.state
-        dicts = {id(state.topics): state.topics, id(state.subs): state.subs}
+        dicts: dict[int, Tracked[Any]] = {id(state.topics): state.topics, id(state.subs): state.subs}
         for (which, key), image in images.items():
             _put_back(dicts[which], key, _restored(image))
         _set_head(state, head)

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import msgspec
 
@@ -42,7 +43,6 @@ from ppmq.store.reader import (
     HoldersRecord,
     ReadTxn,
     ReadyRecord,
-    Record,
     StoreReader,
 )
 from ppmq.store.schema import Body, Flight, Staged
@@ -179,15 +179,15 @@ def _delayed(snap: Snapshot, record: DelayedRecord, fragments: bool) -> None:
 
 
 def _due(snap: Snapshot, record: DueRecord, fragments: bool) -> None:
-    snap.due.add(tuple(record))
+    snap.due.add(record)
 
 
 def _deadline(snap: Snapshot, record: DeadlineRecord, fragments: bool) -> None:
-    snap.deadlines.add(tuple(record))
+    snap.deadlines.add(record)
 
 
 def _expiry(snap: Snapshot, record: ExpiryRecord, fragments: bool) -> None:
-    snap.expiry.add(tuple(record))
+    snap.expiry.add(record)
 
 
 def _dedupe(snap: Snapshot, record: DedupeRecord, fragments: bool) -> None:
@@ -199,10 +199,11 @@ def _copy(snap: Snapshot, record: CopyRecord, fragments: bool) -> None:
 
 
 def _copy_expiry(snap: Snapshot, record: CopyExpiryRecord, fragments: bool) -> None:
-    snap.copy_expiry.add(tuple(record))
+    snap.copy_expiry.add(record)
 
 
-_KEEP: dict[str, Callable[[Snapshot, Record, bool], None]] = {
+# Each keeps the records of its own database (reader._RECORDS decodes them).
+_KEEP: dict[str, Callable[[Snapshot, Any, bool], None]] = {
     "bodies": _body,
     "holders": _holders,
     "ready": _ready,
@@ -443,7 +444,7 @@ def _subscriptions_exist(snap: Snapshot, config: Config) -> list[str]:
 
     def gone(t: int, s: int) -> bool:
         topic, sub = snap.topic_names.get(t), snap.sub_names.get(s)
-        return sub not in snap.state.subs.get(topic, {})
+        return topic is None or sub not in snap.state.subs.get(topic, {})
 
     for (t, m), holders in snap.holders.items():
         out += [
@@ -475,7 +476,7 @@ def _counters_match(snap: Snapshot, config: Config) -> list[str]:
         if stats.stored_bytes != snap.fragment_bytes[t]:
             out.append(f"counters: topic {topic!r} counts {stats.stored_bytes} stored bytes, its messages take {snap.fragment_bytes[t]}")
         for sub, ss in snap.state.subs.get(topic, {}).items():
-            s = snap.state.sub_ids.get(sub)
+            s = snap.state.sub_ids.get(sub, 0)  # ids begin at 1: 0 names no rows
             held = [ready[(t, s, p)] for p in range(len(ss.ready))]
             if ss.ready != held:
                 out.append(f"counters: {topic!r}/{sub!r} counts {ss.ready} ready, the queues hold {held}")

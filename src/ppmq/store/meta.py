@@ -10,6 +10,7 @@ again.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import lmdb
 
@@ -25,7 +26,7 @@ class Meta:
     def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database) -> None:
         self.txn = txn
         self.db = db
-        self._staged: Staged | None | bool = False  # False: the staging record not read yet
+        self._staged: Staged | None | Literal[False] = False  # False: the staging record not read yet
 
     def get(self, name: bytes) -> bytes | None:
         return self.txn.get(name, db=self.db)

@@ -26,6 +26,7 @@ import logging
 import struct
 from collections.abc import Callable
 from itertools import groupby, islice
+from typing import TypeAlias
 
 import lmdb
 
@@ -70,10 +71,11 @@ _CONVERTING = struct.Struct(">HB")
 # A part of a step: converts its database's rows from key `start` on, a slice of
 # them, in txn; returns the entries rewritten and the key to go on from in the
 # next transaction, None once the database is done.
-Part = Callable[[lmdb.Transaction, dict[str, lmdb._Database], bytes], tuple[int, bytes | None]]
+# (A string: lmdb's Transaction is generic in its stubs only.)
+Part: TypeAlias = "Callable[[lmdb.Transaction[bytes], dict[str, lmdb._Database], bytes], tuple[int, bytes | None]]"
 
 
-def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, None]:
+def _inflight_with_publish_ns(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, None]:
     """1 -> 2: an in-flight entry carries its message's publish time, so an ack
     is journaled without reading the message. In one slice: what is in flight
     is bounded by the subscribers' Windows."""
@@ -89,7 +91,7 @@ def _inflight_with_publish_ns(txn: lmdb.Transaction, dbs: dict[str, lmdb._Databa
     return len(rows), None
 
 
-def _inflight_by_batch(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, None]:
+def _inflight_by_batch(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, None]:
     """2 -> 3: the in-flight entries of a subscription become one row per batch.
     Which batch an entry came in is not stored in schema 2; entries with one
     AckRetry deadline were pushed together (or within the same step), so they
@@ -112,7 +114,7 @@ def _inflight_by_batch(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], st
     return sum(map(len, batches.values())), None
 
 
-def _ready_as_runs(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
+def _ready_as_runs(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
     """3 -> 4, first part: the ready rows of each (T, S, prio) become runs of
     READY_RUN entries, keyed by their first place (store/schema.py), _READY_CHUNK
     rows a slice: the runs written replace rows the slice read, and the next
@@ -132,12 +134,12 @@ def _ready_as_runs(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start:
     return len(rows), rows[-1][0] + b"\0"
 
 
-def _holders_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
+def _holders_as_groups(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
     """3 -> 4, second part: the holders rows of a run of consecutive ids of a
     topic (up to GROUP_MESSAGES of them) become one row, keyed by the run's
     first id and written over that id's old row."""
     db, rewritten = dbs["holders"], 0
-    runs, start = _old_runs(txn, db, start)
+    runs, resume = _old_runs(txn, db, start)
     for run in runs:
         ids = [TM.unpack(key)[1] for key, _ in run]
         counts = [len(value) // HOLDER.size for _, value in run]
@@ -145,10 +147,10 @@ def _holders_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], st
         for key, _ in run[1:]:
             txn.delete(key, db=db)
         rewritten += len(run)
-    return rewritten, start
+    return rewritten, resume
 
 
-def _old_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) -> tuple[list[list[tuple[bytes, bytes]]], bytes | None]:
+def _old_runs(txn: lmdb.Transaction[bytes], db: lmdb._Database, start: bytes) -> tuple[list[list[tuple[bytes, bytes]]], bytes | None]:
     """Runs of consecutive ids of one topic, at most GROUP_MESSAGES long, of the
     old rows from key `start` on, a slice of about _CONVERT_ROWS rows or
     CONVERT_BYTES; and the key to read on from (None: the end was reached). A
@@ -177,13 +179,13 @@ def _old_runs(txn: lmdb.Transaction, db: lmdb._Database, start: bytes) -> tuple[
     return runs, None
 
 
-def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
+def _bodies_as_groups(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
     """4 -> 5: the bodies of a run of consecutive ids of a topic (up to
     GROUP_MESSAGES of them, and BODY_ROW_BYTES as a publish would write them)
     become one row, keyed by the run's first id and written over that id's old
     row, whose value was one body's record."""
     db, rewritten = dbs["bodies"], 0
-    runs, start = _old_runs(txn, db, start)
+    runs, resume = _old_runs(txn, db, start)
     for run in runs:
         for a, b in body_row_spans([len(value) for _, value in run]):
             row = run[a:b]
@@ -191,10 +193,10 @@ def _bodies_as_groups(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], sta
             for key, _ in row[1:]:
                 txn.delete(key, db=db)
         rewritten += len(run)
-    return rewritten, start
+    return rewritten, resume
 
 
-def _copies(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
+def _copies(txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database], start: bytes) -> tuple[int, bytes | None]:
     """5 -> 6: the databases `copies` and `copy_expiry` (store/schema.py) are new,
     and empty in a converted store: schema 5 gave no copy an expiry of its
     own (a PHPMQ re-queue changed the message's). Opening the store made them,
@@ -226,22 +228,22 @@ def upgrade(env: lmdb.Environment, dbs: dict[str, lmdb._Database], path: str) ->
             if at is None:
                 return converted
             version, part, start = at
-            done, start = STEPS[version][part](txn, dbs, start)
+            done, resume = STEPS[version][part](txn, dbs, start)
             rewritten += done
-            finished = start is None and part + 1 == len(STEPS[version])
-            if start is None:
-                version, part, start = (version + 1, 0, b"") if finished else (version, part + 1, b"")
+            finished = resume is None and part + 1 == len(STEPS[version])
+            if resume is None:
+                version, part, resume = (version + 1, 0, b"") if finished else (version, part + 1, b"")
             if version == SCHEMA_VERSION:
                 txn.delete(CONVERTING_KEY, db=dbs["meta"])
             else:
-                txn.put(CONVERTING_KEY, _CONVERTING.pack(version, part) + start, db=dbs["meta"])
+                txn.put(CONVERTING_KEY, _CONVERTING.pack(version, part) + resume, db=dbs["meta"])
         converted = True
         if finished:
             log.warning("store %s converted from schema %d to %d (%d entries rewritten)", path, version - 1, version, rewritten)
             rewritten = 0
 
 
-def _resume_point(txn: lmdb.Transaction, meta: lmdb._Database, path: str) -> tuple[int, int, bytes] | None:
+def _resume_point(txn: lmdb.Transaction[bytes], meta: lmdb._Database, path: str) -> tuple[int, int, bytes] | None:
     """Where the conversion goes on: the step (its version), its part and the
     key to start from; None if the store has this ppmq's schema, as a new store
     is given here. The first slice of a conversion marks the store with this

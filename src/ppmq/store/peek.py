@@ -76,6 +76,7 @@ def peek(txn: Txn, t: int, subs: dict[str, int], parts: tuple[int, ...], limit: 
                 continue
             for cursor, entry in _entries(txn, t, subs[name], name, part, start):
                 if len(out) == limit:
+                    assert last is not None  # limit_of: 1 or more, so an entry came before
                     return {"Messages": out, "Next": last.encode()}
                 out.append(entry)
                 last = cursor

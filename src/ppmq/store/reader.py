@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import lmdb
 
@@ -305,7 +305,8 @@ def _flight_record(key: bytes, value: bytes) -> FlightRecord:
     if len(value) < U64.size or (len(value) - U64.size) % FLIGHT_ENTRY.size:
         raise ValueError(f"{len(value)} bytes is not a deadline and whole entries")
     entries = [Flight._make(entry) for entry in FLIGHT_ENTRY.iter_unpack(value[U64.size :])]
-    return FlightRecord(*TSM.unpack(key), U64.unpack_from(value)[0], entries)
+    t, s, f = TSM.unpack(key)
+    return FlightRecord(t, s, f, U64.unpack_from(value)[0], entries)
 
 
 def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
@@ -314,7 +315,7 @@ def _dedupe_record(key: bytes, value: bytes) -> DedupeRecord:
     return DedupeRecord(int.from_bytes(key[:4], "big"), key[4:], U64.unpack(value)[0])
 
 
-_RECORDS: dict[str, Callable[[bytes, bytes], Record | list[Record]]] = {
+_RECORDS: dict[str, Callable[[bytes, bytes], Record | list[BodyRecord] | list[HoldersRecord] | list[ReadyRecord]]] = {
     "bodies": _body_records,  # a row per group of messages: a record per message
     "holders": _holders_records,  # a row per group of messages: a record per message
     "ready": _ready_records,  # a row per run: a record per entry
@@ -345,6 +346,10 @@ class ReadTxn:
         self.get_body, self.get_holders = self.bodies.get, self.holders.get
         self.ready_attempts, self.get_inflight = self.ready.attempts, self.flights.get
 
+    @overload
+    def records(self, db: Literal["bodies"], start: bytes = b"", stop: bytes | None = None) -> Iterator[BodyRecord | Damaged]: ...
+    @overload
+    def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]: ...
     def records(self, db: str, start: bytes = b"", stop: bytes | None = None) -> Iterator[Record | Damaged]:
         """The records of every row of database db (a name in the schema above,
         but meta; one record a row, a holders row's one a message) with a key

@@ -159,6 +159,7 @@ class ReadyQueues:
         taken; return how many were. Each run is read once, then rewritten or
         deleted once."""
         staged = self.meta.staged()
+        first, last = (staged.first, staged.last) if staged is not None else (0, -1)  # the range staged hides
         taken = 0
         stop = False
         edits: list[tuple[bytes, bytes]] = []
@@ -169,7 +170,7 @@ class ReadyQueues:
             for pos, m, attempts in READY_ENTRY.iter_unpack(raw):
                 if taken == limit:
                     break
-                what = KEEP if hidden and staged.first <= pos <= staged.last else choose(prio, pos, m, attempts)
+                what = KEEP if hidden and first <= pos <= last else choose(prio, pos, m, attempts)
                 if what == STOP:
                     stop = True
                     break

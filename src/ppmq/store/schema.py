@@ -82,7 +82,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from itertools import accumulate
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 # Bump when a key or value layout changes, and add the conversion to store/migrate.py.
 SCHEMA_VERSION = 6
@@ -163,6 +163,10 @@ class Body(NamedTuple):
     fragment: bytes  # {"Key":..,"Payload":..,"Priority":..} as pushed to subscribers
 
 
+@overload
+def decode_body(raw: bytes) -> Body: ...
+@overload
+def decode_body(raw: bytes | None) -> Body | None: ...
 def decode_body(raw: bytes | None) -> Body | None:
     if raw is None:
         return None

@@ -8,6 +8,8 @@ what a failed request or step counted.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
 import msgspec
 
 from ppmq.config import Config, TopicConfig
@@ -20,6 +22,7 @@ NS = 1_000_000_000
 # that passes it anyway (a staged publish of more than half of it) only holds
 # its batches until its commit. A restart skips at most this many ids.
 RESERVE_IDS = 1 << 20
+_V = TypeVar("_V")
 
 
 class TopicStats(msgspec.Struct):
@@ -73,6 +76,67 @@ class SubStats(msgspec.Struct):
     paused: bool = False  # PROTOCOL §8 PAUSE: nothing is pushed until RESUME
 
 
+class Noting(Protocol):
+    """What a Tracked dict tells of its lookups and changes (store/counters.py's Ledger)."""
+
+    def touch(self, tracked: Tracked[Any], key: str) -> None: ...
+
+
+class Tracked(dict[str, _V]):
+    """A per-topic dict of State whose lookups and changes tell the ledger
+    first (store/counters.py): what State's per-topic dicts are once a Ledger
+    holds the State, as they are for the whole of a broker's run."""
+
+    def __init__(self, items: dict[str, _V], ledger: Noting) -> None:
+        super().__init__(items)
+        self.ledger = ledger
+        self.seen: set[str] = set()  # imaged at the innermost open level
+
+    def _touch(self, key: str) -> None:
+        if key not in self.seen:
+            self.ledger.touch(self, key)
+
+    def __getitem__(self, key: str) -> _V:
+        if key not in self.seen:  # _touch inlined: the lookup of every request
+            self.ledger.touch(self, key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self.seen:
+            self.ledger.touch(self, key)
+        return dict.get(self, key, default)
+
+    # A lookup that notes nothing, for readers outside the step (and the step's
+    # own pure reads): dict's own get, which costs no Python call.
+    peek = dict.get
+
+    def __setitem__(self, key: str, value: _V) -> None:
+        self._touch(key)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._touch(key)
+        dict.__delitem__(self, key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._touch(key)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._touch(key)
+        return dict.setdefault(self, key, default)
+
+
+# The types of State's per-topic dicts: msgspec decodes plain dicts, which a
+# Ledger makes Tracked before the broker reads them (store/counters.py).
+if TYPE_CHECKING:
+    TopicsDict = Tracked[TopicStats]
+    SubsDict = Tracked[dict[str, SubStats]]
+else:
+    TopicsDict = dict[str, TopicStats]
+    SubsDict = dict[str, dict[str, SubStats]]
+
+
 class State(msgspec.Struct):
     """Everything the broker counts, and the ids it gave names in the store."""
 
@@ -81,8 +145,9 @@ class State(msgspec.Struct):
     forbidden: int = 0  # requests refused for the peer's credentials (also counted in rejected)
     topic_ids: dict[str, int] = {}
     sub_ids: dict[str, int] = {}
-    topics: dict[str, TopicStats] = {}
-    subs: dict[str, dict[str, SubStats]] = {}  # topic -> subscriber -> stats
+    # A State is made or decoded with plain dicts, which its Ledger makes Tracked.
+    topics: TopicsDict = {}  # type: ignore[assignment]  # Tracked once a Ledger holds the State
+    subs: SubsDict = {}  # type: ignore[assignment]  # topic -> subscriber -> stats, Tracked as topics
     # The sequence of each topic that was dropped, past every id it may have let
     # out (its reservation): a topic created again under the same name goes on
     # from there, so its generated keys never repeat.
@@ -130,14 +195,14 @@ def refused_changes(state: State, old_topics: dict[str, TopicConfig], config: Co
         if topic not in names and stats.stored and topic not in config.drop_topics:
             errors.append(f"Topics: topic {topic!r} was removed but holds {stats.stored} messages; list it in DropTopics to delete them")
     for tc in config.topics:
-        old, stats = old_topics.get(tc.name), state.topics.get(tc.name)
-        if old is None or stats is None or not stats.stored:
+        old, held = old_topics.get(tc.name), state.topics.get(tc.name)
+        if old is None or held is None or not held.stored:
             continue
         for key in ("dedupe", "expire"):
             if getattr(old, key) != getattr(tc, key):
                 errors.append(
                     f"Topics[{tc.name}].{key.capitalize()}: cannot change while the topic holds"
-                    f" {stats.stored} messages (drain it, or drop and re-create it)"
+                    f" {held.stored} messages (drain it, or drop and re-create it)"
                 )
     return errors
 

@@ -39,11 +39,20 @@ from ppmq.store.room import Room
 class Opened(Protocol):
     """What the tables need of whatever opened the transaction: a Store, or a StoreReader."""
 
-    dbs: dict[str, lmdb._Database]
-    flight_index: FlightIndex  # which inflight row holds each message in flight (store/flight_index.py)
-    ready_tails: ReadyTails  # the ready queues kept in memory too (store/ready_tails.py)
     copies_seen: bool  # whether any copy may have an expiry of its own (copies.Seen)
-    room: Room  # what bodies written may have grown the store by (store/room.py)
+
+    # Read, never set, by the tables: a StoreReader makes them anew at each read.
+    @property
+    def dbs(self) -> dict[str, lmdb._Database]: ...
+    @property
+    def flight_index(self) -> FlightIndex:  # which inflight row holds each message in flight (store/flight_index.py)
+        ...
+    @property
+    def ready_tails(self) -> ReadyTails:  # the ready queues kept in memory too (store/ready_tails.py)
+        ...
+    @property
+    def room(self) -> Room:  # what bodies written may have grown the store by (store/room.py)
+        ...
 
 
 class Tables:
