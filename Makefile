@@ -29,11 +29,12 @@ serve: $(BROKER)
 	mkdir -p var/sub
 	$(BIN)/ppmq serve -c ppmq.example.yaml
 
-## test: set up the virtualenv, lint, and run the whole test suite
+## test: set up the virtualenv, lint and type-check, and run the whole test suite
 test: $(STAMP)
 	bash tests/systemd/setup.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 ## test-slow: the longer runs kept out of `make test` (spark-submit in a JVM of its own)

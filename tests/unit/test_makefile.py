@@ -37,7 +37,7 @@ def test_make_test_installs_the_test_tools_spark_the_bridge_and_java_then_runs_e
     assert commands.splitlines()[-1].endswith("-m pytest -q")
 
 
-def test_make_test_lints_and_checks_the_format_before_the_tests() -> None:
+def test_make_test_lints_checks_the_format_and_the_types_before_the_tests() -> None:
     commands = planned("test").splitlines()
-    lint = [i for i, line in enumerate(commands) if "ruff check ." in line or "ruff format --check ." in line]
-    assert len(lint) == 2 and max(lint) < len(commands) - 1
+    checks = [i for i, line in enumerate(commands) if "ruff check ." in line or "ruff format --check ." in line or line.endswith("/mypy")]
+    assert len(checks) == 3 and max(checks) < len(commands) - 1

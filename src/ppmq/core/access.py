@@ -224,7 +224,7 @@ def _check_publish(rules: Rules, peer: Peer, req: p.Request) -> None:
 
 def _check_subscriber(rules: Rules, peer: Peer, req: p.Request) -> None:
     """A subscriber's `Users` decide who may ack, nack, reject, touch, RECONNECT or TAKE as it."""
-    rule = rules.users.get(req.subscriber)  # most subscribers have no Users: nothing to work out
+    rule = rules.users.get(req.subscriber or "")  # most subscribers have no Users: nothing to work out
     if rule is None or rule.allows(peer):
         return
     field = _acting_field(req)

@@ -133,9 +133,11 @@ class Admin:
 
     def _redrive_one(self, txn: Txn, dead: TopicConfig, t: int, m: int, now_ns: int) -> bool:
         body = txn.get_body(t, m)
-        payload, origin = p.fragment_parts(body.fragment) if body is not None else (b"", None)
+        if body is None:
+            return False
+        payload, origin = p.fragment_parts(body.fragment)
         target = self._topology.topics.get(origin.topic) if origin is not None else None
-        if target is None or origin.subscriber not in target.subscribers:
+        if origin is None or target is None or origin.subscriber not in target.subscribers:
             return False
         key = origin.key.encode() if target.dedupe else None
         if key is not None and txn.get_dedupe(self._state.topic_ids[target.name], key) is not None:
@@ -152,7 +154,9 @@ class Admin:
     def pause(self, req: p.Request, paused: bool) -> None:
         """The subscriber's subscriptions (or the one on Topic) stop or start being pushed."""
         topics = self._topology.topics_of_subscriber(req, "PAUSE" if paused else "RESUME")
+        sub = req.subscriber
+        assert sub is not None  # topics_of_subscriber refuses a request without one
         for tc in topics:
-            self._state.subs[tc.name][req.subscriber].paused = paused
+            self._state.subs[tc.name][sub].paused = paused
             if self._events.journaled:
-                self._events.batch(ev.PAUSE if paused else ev.RESUME, tc.name, req.subscriber)
+                self._events.batch(ev.PAUSE if paused else ev.RESUME, tc.name, sub)

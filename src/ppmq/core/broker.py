@@ -429,7 +429,7 @@ class Broker:
         accepted, body = 0, None
         topics = self._topology.topics
         if req.messages is not None:
-            topic = topics.get(req.topic) or self._topology.topic_for(req, "Messages")  # which raises the error
+            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Messages")  # which raises the error
             if is_large(topic, req.messages):
                 if not self._publisher.publish_staged(txn, topic, req, now_ns):
                     return None
@@ -439,10 +439,8 @@ class Broker:
                 self._publisher.publish(txn, topic, prepared, now_ns)
             accepted += len(req.messages)
         if req.acks is not None:
-            topic = topics.get(req.topic) or self._topology.topic_for(req, "Acks")
-            sub = req.subscriber
-            if sub not in topic.subscribers:  # None included
-                self._topology.subscriber_of(sub, topic, "Acks")  # raises the error
+            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Acks")
+            sub = req.subscriber if req.subscriber in topic.subscribers else self._topology.subscriber_of(req.subscriber, topic, "Acks")
             accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
         if req.nacks is not None or req.rejects is not None or req.touch is not None or req.delay is not None:
             accepted += self._control(txn, req)
@@ -472,11 +470,12 @@ class Broker:
 
     def _command(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None) -> dict | None:
         """The Body of the request's Command (PROTOCOL §2, §8, §9), None if it has none."""
-        match req.command.upper():
+        match (req.command or "").upper():  # set: the caller asks only then
             case "TAKE":
                 return self._pull.take(txn, req, taker, now_ns)
             case "RECONNECT" | "CONNECT":
-                self._settlement.reconnect(txn, req.subscriber, self._topology.topics_of_subscriber(req, "RECONNECT"), now_ns)
+                topics = self._topology.topics_of_subscriber(req, "RECONNECT")  # which refuses a request without Subscriber
+                self._settlement.reconnect(txn, req.subscriber or "", topics, now_ns)
                 return None
             case "STATUS":
                 return self._status(txn, req, now_ns)

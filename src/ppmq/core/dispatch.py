@@ -7,8 +7,10 @@ filled per lane (core/laning.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ppmq.config import TopicConfig
-from ppmq.core.events import StepEvents
+from ppmq.core.events import Column, StepEvents
 from ppmq.core.lanes import Lanes, room
 from ppmq.core.laning import LaneRouter
 from ppmq.core.ops import Delivery
@@ -81,7 +83,7 @@ class Dispatcher:
         below what is in flight, and while it is paused (PROTOCOL §8). Read from
         the counters alone, so the writer can ask it between steps; they are read
         first, since after a batch there is mostly nothing ready."""
-        stats = self._state.subs.peek(topic.name)[sub]
+        stats = self._state.subs.peek(topic.name)[sub]  # type: ignore[index]  # a topic of the config in force
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology
@@ -158,7 +160,10 @@ class Dispatcher:
             if not pulled.entries:
                 return None
             taken = pulled.entries if not own else [self._with_own_expiry(txn, t, entry, own) for entry in pulled.entries]
-        ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*taken)
+        pub_ns: Column
+        attempts: Column
+        fragments: Sequence[bytes]
+        ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*taken)  # type: ignore[misc]  # taken is a list here
         if fresh:
             pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
         if self._events.journaled:

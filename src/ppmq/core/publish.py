@@ -82,9 +82,11 @@ class Publisher:
                     journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
                     continue
                 try:
-                    journaled.extend(zip(*self._store_new(txn, topic, t, [msg], now_ns, subs, make_room=True), repeat(False)))
+                    stored = self._store_new(txn, topic, t, [msg], now_ns, subs, make_room=True)
                 except StoreFull as exc:
                     raise StoreFull(f"Messages[{i}]: {exc}") from None
+                assert stored is not None  # make_room: stored, or StoreFull raised
+                journaled.extend(zip(*stored, repeat(False)))
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
         self._state.topics[topic.name].published += len(prepared)
@@ -102,7 +104,9 @@ class Publisher:
 
         def store_run() -> None:
             if run:
-                journaled.extend(zip(*self._store_new(txn, topic, t, run, now_ns, subs), repeat(False)))
+                stored = self._store_new(txn, topic, t, run, now_ns, subs)
+                assert stored is not None  # there is room for all of the publish (_room_for_all_new)
+                journaled.extend(zip(*stored, repeat(False)))
                 run.clear()
                 keys.clear()
 
@@ -249,8 +253,7 @@ class Publisher:
         """The message at the head of the lowest non-empty priority of any of the
         topic's queues (the smallest position among them); None if all are empty."""
         for prio in reversed(range(topic.priorities)):
-            heads = [txn.first_ready(t, self._state.sub_ids[name], prio) for name in topic.subscribers]
-            heads = [h for h in heads if h is not None]
+            heads = [h for name in topic.subscribers if (h := txn.first_ready(t, self._state.sub_ids[name], prio)) is not None]
             if heads:
                 return min(heads, key=lambda h: h.pos).msg
         return None
@@ -260,6 +263,7 @@ class Publisher:
         decides where it goes (Queue.requeue_version). Returns the size of the new
         version's JSON."""
         key, prio, expires_ns, _, due_ns, _ = msg
+        assert key is not None  # only a message with a key replaces another
         self._queues.settle_topic(txn, topic.name)  # the old version may be fresh: its place must be a row
         stats = self._state.topics[topic.name]
         stats.replaced += 1
@@ -311,7 +315,9 @@ def _not_given(*args: object) -> list[SubStats]:
 def fragment_expiring(body: Body, expires_ns: int) -> bytes:
     """The JSON a stored message is delivered as, with another Expires (0: none)."""
     payload, origin = p.fragment_parts(body.fragment)
-    return _fragment(body.key, prepared(body.key, body.priority, expires_ns, payload, origin=origin and msgspec.json.encode(origin)))
+    return _fragment(
+        body.key, prepared(body.key, body.priority, expires_ns, payload, origin=None if origin is None else msgspec.json.encode(origin))
+    )
 
 
 def _fragment(key: bytes, msg: Prepared) -> bytes:

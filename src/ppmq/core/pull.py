@@ -78,7 +78,7 @@ class Pull:
             raise BadRequest("Command: TAKE is answered on ServerSocket only")
         if req.id is UNSET:
             raise BadRequest("Id: required with TAKE, whose reply carries the messages")
-        count = _within(req.count, "Count", 1, MAX_COUNT)
+        count = int(_within(req.count, "Count", 1, MAX_COUNT))  # Count is an int on the wire
         _within(req.wait, "Wait", 0, MAX_WAIT_S)
         topic = self._topology.topic_for(req, "TAKE")
         sub = self._topology.subscriber_of(req.subscriber, topic, "TAKE")

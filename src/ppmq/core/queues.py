@@ -71,7 +71,7 @@ class Queue:
         ready = self.stats.ready
         if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
             _count(ready, msgs, 1)
-            if caught_up:
+            if caught_up and fresh is not None:
                 fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
             else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
                 self._txn.push_fresh(self.t, self.s, msgs, self.keep_tail, start=False)
@@ -81,7 +81,7 @@ class Queue:
             m, prio = f[0], f[1]
             if due is not None and due[i]:
                 self._delay(Delayed(prio, m, m, 0, due[i]))
-            elif caught_up and may:
+            elif caught_up and may and fresh is not None:
                 fresh.append(f)
             else:
                 caught_up = False
@@ -167,11 +167,11 @@ class Queue:
 
     # --- leaving flight ----------------------------------------------------------------------
 
-    def ack(self, ms: list[int | None]) -> list[int]:
+    def ack(self, ms: Sequence[int | None]) -> list[int]:
         """The subscriber is done with ms (None: a key that names no message);
         returns those that were in flight. Acks of anything else are counted as
         ignored (PROTOCOL §3 Acks)."""
-        named = ms if None not in ms else [m for m in ms if m is not None]
+        named: list[int] = ms if None not in ms else [m for m in ms if m is not None]  # type: ignore[assignment]  # checked: no None (a list)
         acked = self._txn.ack_flights(self.t, self.s, named)
         self.stats.inflight -= len(acked)
         self.stats.acked += len(acked)
@@ -254,7 +254,7 @@ class Queue:
         if place is not None and not due_ns and prio >= place[0] and self._txn.restart_ready(self.t, self.s, *place):
             return place  # ready, and stays where it is: the usual replacement of a message waiting in a backlog
         kept = place is not None and self._leave_place(m, place) and prio >= place[0]
-        place = place if kept else (prio, new_pos())
+        place = place if kept and place is not None else (prio, new_pos())
         if due_ns:
             self._delay(Delayed(place[0], place[1], m, 0, due_ns))
         else:
@@ -277,7 +277,12 @@ class Queue:
     def drop_all(self) -> list[int]:
         """Every message of the subscription leaves it (the subscription is dropped)."""
         msgs: list[int] = []
-        self._txn.pull_ready(self.t, self.s, 1 << 62, lambda entry: msgs.append(entry.msg) or True)
+
+        def drop(entry: ReadyEntry) -> bool:
+            msgs.append(entry.msg)
+            return True
+
+        self._txn.pull_ready(self.t, self.s, 1 << 62, drop)
         for flight in self.in_flight():
             self.unflight(flight.m)
             msgs.append(flight.m)

@@ -10,6 +10,7 @@ deletes it, once, with its index entries and its topic's counters.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Sequence
 
 import msgspec
 
@@ -56,7 +57,7 @@ class Settlement:
         msgs = self.msgs_of(txn, topic, keys) if topic.dedupe else generated_ids(keys)
         return self.ack_msgs(txn, topic.name, sub, msgs)
 
-    def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> list[int | None]:
+    def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
         if not topic.dedupe:
             return generated_ids(keys)
@@ -64,7 +65,7 @@ class Settlement:
         encoded = [key if len(key) <= MAX_KEY_BYTES else None for key in map(str.encode, keys)]
         return txn.dedupe_ids(self._state.topic_ids[topic.name], encoded)
 
-    def ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: list[int | None], reason: str | None = None) -> int:
+    def ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: Sequence[int | None], reason: str | None = None) -> int:
         queue = self._queues.of(txn, topic, sub)
         ids = queue.ack(msgs)
         if not ids:
@@ -127,6 +128,7 @@ class Settlement:
     def _delivered_event(self, kind: str, topic: str, sub: str, flight: Flight) -> ev.Event:
         """The event of `kind` for sub, with the flight's message added to its columns."""
         event = self._events.batch(kind, topic, sub)
+        assert event.pub_ns is not None and event.attempts is not None  # the columns of a nack's, reject's kind
         event.ids.append(flight.m)
         event.pub_ns.append(flight.publish_ns)
         event.attempts.append(flight.attempts)
@@ -179,7 +181,9 @@ class Settlement:
         if given; `to_end`: a new place at the end of its priority), or, after
         its MaxAttempts-th delivery, given up on. Returns its flight and whether
         it was given up on; None if it was not in flight."""
-        queue = Queue(txn, t, s, self._stats(t, s))
+        stats = self._stats(t, s)
+        assert stats is not None  # a subscription the config names: the callers checked
+        queue = Queue(txn, t, s, stats)
         flight = queue.unflight(m)
         if flight is None:
             return None
@@ -219,7 +223,7 @@ class Settlement:
         [m] = self.msgs_of(txn, topic, [op.key])
         t, s = self._state.topic_ids[topic.name], self._state.sub_ids[sub]
         back = None if m is None else self.requeue(txn, t, s, m, now_ns, "Requeue", to_end=True)
-        if back is None:
+        if m is None or back is None:
             self._state.subs[topic.name][sub].ignored_acks += 1
             return p.Reply(status=200, accepted=0)
         if not back[1]:
@@ -273,6 +277,8 @@ class Settlement:
 
     def _stats(self, t: int, s: int) -> SubStats | None:
         topic, sub = self._topology.topic_by_id.get(t), self._topology.sub_by_id.get(s)
+        if topic is None or sub is None:
+            return None
         return self._state.subs.get(topic, {}).get(sub)
 
     def return_batch(self, txn: Txn, op: Returned) -> None:
@@ -342,7 +348,7 @@ class Settlement:
         for why (expire, overflow), and the DeadLetterReasons word too."""
         return self.remove_copies(txn, topic, t, m, kind, None)
 
-    def remove_copies(self, txn: Txn, topic: str, t: int, m: int, kind: str | None, only: set[str] | None) -> list[SubStats]:
+    def remove_copies(self, txn: Txn, topic: str, t: int, m: int, kind: str | None, only: Collection[str | None] | None) -> list[SubStats]:
         """Remove m from the queues of `only` (None: every subscriber), ready,
         delayed or in flight, copying each to DeadLetter if the topic keeps
         dead letters for `kind` (the journal's word for the removal; None: not
@@ -375,8 +381,8 @@ class Settlement:
             if self._events.journaled and kind is not None:
                 event = self._events.batch(kind, topic, name)
                 event.ids.append(m)
-                event.pub_ns.append(body.publish_ns)
-                event.delivered.append(in_flight or attempts > 0)
+                event.pub_ns.append(body.publish_ns)  # type: ignore[union-attr]  # the columns of a removal's kind (events.COLUMNS)
+                event.delivered.append(in_flight or attempts > 0)  # type: ignore[union-attr]
         txn.put_holders(t, m, holders)
         if not holders:
             self._delete_messages(txn, topic, t, [m])
@@ -387,7 +393,7 @@ class Settlement:
         return max(now_ns, min(c for c in candidates if c is not None))
 
 
-def generated_ids(keys: list[str]) -> list[int | None]:
+def generated_ids(keys: list[str]) -> Sequence[int | None]:
     """generated_id of each key, checked for a whole ack wrapper at once: when
     every key is ASCII digits, none starts with 0 and none is too long, each
     names the id it spells: a few C-level passes over the keys, and the ints

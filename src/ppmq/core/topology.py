@@ -37,13 +37,13 @@ class Topology:
     )
 
     def __init__(self) -> None:
-        self.config: Config | None = None  # None until the broker opens
+        self.config: Config  # set by install, before anything reads it
         self.topics: dict[str, TopicConfig] = {}
         self.sub_configs: dict[str, SubscriberConfig] = {}
         self.sub_topics: dict[str, list[TopicConfig]] = {}  # subscriber -> the topics it takes
         self.topic_by_id: dict[int, str] = {}
         self.sub_by_id: dict[int, str] = {}
-        self.rules: Rules | None = None  # the access rules of config
+        self.rules: Rules  # the access rules of config, set by install
         self.topic_order: dict[str, int] = {}  # topic -> its place in the config: the order subscribers are filled in
         self.windows: dict[str, int] = {}  # subscriber -> its Window a connection (PROTOCOL §3)
         self.in_flight_max: dict[str, int] = {}  # subscriber -> what all its connections' Windows hold, a topic

@@ -5,6 +5,7 @@ rows (`FlightIndex`), and which messages left flight in one transaction
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from itertools import compress, repeat
 
 
@@ -46,7 +47,7 @@ class FlightWatch:
     links of subscribers with parallel connections free room by (core/lanes.py).
     A log rather than a set, so that a savepoint rolled back takes back its part."""
 
-    def __init__(self, subs: set[tuple[int, int]]) -> None:
+    def __init__(self, subs: AbstractSet[tuple[int, int]]) -> None:
         self.subs = subs  # (t, s) watched
         # (left, t, s, ms), in order: an entry a batch, since a batch enters and
         # leaves flight whole, mostly, and gone() reads them message by message in C.
