@@ -1,0 +1,1 @@
+"""LMDB only: the schema, a transaction made of tables, the reader, migration and fsck."""
