@@ -123,16 +123,9 @@ class Queue:
             limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
         taken, self.fresh = fresh[:limit], fresh[limit:]
         self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
-        stats, n = self.stats, len(taken)
-        if n == 1:
-            stats.ready[taken[0][1]] -= 1
-        else:
-            _count_in_order(stats.ready, taken, -1)
-        stats.inflight += n
-        stats.delivered += n
-        if self.fresh:  # the rest settle
-            self.settle()
-        self.fresh = None
+        _count_in_order(self.stats.ready, taken, -1)
+        self._count_delivered(len(taken), 0)
+        self.settle()  # the rest
         return taken
 
     def pull(

@@ -54,8 +54,7 @@ class Settlement:
     # --- acks --------------------------------------------------------------------------------
 
     def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        msgs = self.msgs_of(txn, topic, keys) if topic.dedupe else generated_ids(keys)
-        return self.ack_msgs(txn, topic.name, sub, msgs)
+        return self.ack_msgs(txn, topic.name, sub, self.msgs_of(txn, topic, keys))
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""

@@ -16,25 +16,11 @@ from ppmq.errors import BadRequest, NotFound
 from ppmq.protocol import messages as p
 from ppmq.store.state import State
 
-Snapshot = tuple[Any, ...]
+Snapshot = dict[str, Any]
 
 
 class Topology:
     """Topics and subscribers of the config in force, by name and by store id."""
-
-    __slots__ = (
-        "config",
-        "topics",
-        "sub_configs",
-        "sub_topics",
-        "topic_by_id",
-        "sub_by_id",
-        "rules",
-        "topic_order",
-        "windows",
-        "in_flight_max",
-        "laned",
-    )
 
     def __init__(self) -> None:
         self.config: Config  # set by install, before anything reads it
@@ -70,36 +56,13 @@ class Topology:
         )
 
     def snapshot(self) -> Snapshot:
-        """What `restore` puts back: taken at every step and every undoable request, so one tuple."""
-        return (
-            self.config,
-            self.topics,
-            self.sub_configs,
-            self.sub_topics,
-            self.topic_by_id,
-            self.sub_by_id,
-            self.rules,
-            self.topic_order,
-            self.windows,
-            self.in_flight_max,
-            self.laned,
-        )
+        """What `restore` puts back: every field, in one C-level copy (taken at
+        every step and every undoable request)."""
+        return self.__dict__.copy()
 
     def restore(self, snapshot: Snapshot) -> None:
         """Back to what `snapshot` held: an undone reload never happened."""
-        (
-            self.config,
-            self.topics,
-            self.sub_configs,
-            self.sub_topics,
-            self.topic_by_id,
-            self.sub_by_id,
-            self.rules,
-            self.topic_order,
-            self.windows,
-            self.in_flight_max,
-            self.laned,
-        ) = snapshot
+        self.__dict__.update(snapshot)
 
     # --- names in requests, looked up in the config in force ------------------------------
 

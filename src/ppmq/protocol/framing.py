@@ -48,7 +48,7 @@ class Framer:
         # What is buffered of a frame not yet complete; read-only to callers, for
         # whom an empty one means nothing is pending (the usual case, after a
         # lone line) without asking `pending`.
-        self.buffer = self._buf = bytearray()
+        self.buffer = bytearray()
         self._no_newline_before = 0  # the buffer has no newline before this index
         self._no_seam_before = 0  # ... and no `}{` seam starting before this index
         self._scan = _Scanner()
@@ -57,7 +57,7 @@ class Framer:
     @property
     def pending(self) -> bool:
         """True while a partial frame is buffered (the peer is mid-frame)."""
-        return bool(self._buf.strip(_SPACE))
+        return bool(self.buffer.strip(_SPACE))
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the complete frames they finish, in order.
@@ -68,7 +68,7 @@ class Framer:
         """
         if self.too_large is not None:
             return []
-        if not self._buf and type(data) is bytes and data[:1] == b"{" and data.find(b"\n") == len(data) - 1:
+        if not self.buffer and type(data) is bytes and data[:1] == b"{" and data.find(b"\n") == len(data) - 1:
             # The read is one whole NDJSON object and its newline, as a client that
             # waits for each reply sends it: the frame the buffer would give,
             # without going through it, once it is known to be one JSON value.
@@ -79,21 +79,21 @@ class Framer:
                     return [line]
                 except (msgspec.DecodeError, RecursionError):
                     pass  # the buffer takes it
-        self._buf += data
+        self.buffer += data
         frames: list[bytes] = []
         while (frame := self._next_frame()) is not None:
             if len(frame) > self.max_frame_bytes:
                 break
             frames.append(frame)
         else:
-            if len(self._buf) <= self.max_frame_bytes:
+            if len(self.buffer) <= self.max_frame_bytes:
                 return frames
         self.too_large = TooLarge(f"frame exceeds MaxFrameBytes ({self.max_frame_bytes} bytes)")
-        self._buf.clear()
+        self.buffer.clear()
         return frames
 
     def _next_frame(self) -> bytes | None:
-        buf = self._buf
+        buf = self.buffer
         if buf[:1] in _SPACE_BYTES:
             blanks = _LEADING_SPACE.match(buf)
             assert blanks is not None, "buf starts with one"
@@ -123,18 +123,18 @@ class Framer:
     def _whole_line(self, nl: int) -> bytes | None:
         """The NDJSON fast path: the first line, if it is one whole object."""
         end = nl
-        while end and self._buf[end - 1] in _SPACE:
+        while end and self.buffer[end - 1] in _SPACE:
             end -= 1
-        if self._buf[end - 1 : end] != b"}":
+        if self.buffer[end - 1 : end] != b"}":
             return None
-        line = bytes(self._buf[:end])
+        line = bytes(self.buffer[:end])
         if not _is_one_value(line) and not _looks_whole(line):
             return None
         self._take(nl + 1)
         return line
 
     def _take_line(self, nl: int) -> bytes:
-        line = bytes(self._buf[:nl]).rstrip(_SPACE)
+        line = bytes(self.buffer[:nl]).rstrip(_SPACE)
         self._take(nl + 1)
         return line
 
@@ -148,7 +148,7 @@ class Framer:
         return False
 
     def _take(self, n: int) -> None:
-        del self._buf[:n]
+        del self.buffer[:n]
         self._no_newline_before = max(0, self._no_newline_before - n)
         self._no_seam_before = max(0, self._no_seam_before - n)
         self._scan = _Scanner()

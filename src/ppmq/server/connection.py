@@ -193,7 +193,7 @@ class ReplyChannel:
 
     async def admit(self, frame_bytes: int, alone: bool) -> None:
         """Wait until a request of `frame_bytes` fits."""
-        while not self._fits(frame_bytes, alone):
+        while self.outstanding and not self._fits(frame_bytes, alone):
             await self._replied.wait()
         # Not drain() alone: a delivery connection drains only when its buffer is
         # empty (see delivery), and its acks must not wait for a batch in transit.
@@ -201,8 +201,7 @@ class ReplyChannel:
             await self.out.drain()
 
     def _fits(self, frame_bytes: int, alone: bool) -> bool:
-        if not self.outstanding:
-            return True
+        """Beside requests outstanding: one that goes alone does not fit, another within the budget does."""
         if alone:
             return False
         return self.outstanding < MAX_OUTSTANDING_REQUESTS and self.outstanding_bytes + frame_bytes <= MAX_OUTSTANDING_BYTES

@@ -51,9 +51,7 @@ class Lines:
 def fold(event: Event) -> None:
     """Write each column whose entries are all equal as its first entry only:
     a batch's messages usually share their publish time, attempt, priority and expiry."""
-    n = len(event.ids)
-    if n < 2:
-        return
+    n = len(event.ids)  # at least 2: encode folds no event of one message
     for name in COLUMNS.get(event.event, ()):
         column = getattr(event, name)
         # Its middle and last entries first: a column of mixed entries (priorities
