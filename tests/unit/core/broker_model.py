@@ -162,8 +162,12 @@ class TopicModel:
         or room for all of it) takes its ids by priority, then by place in the
         publish (docs/protocol.md Keys)."""
         order = list(range(len(entries)))
-        if not self.config.dedupe and self._fits([msg for _, msg, _ in entries]):
-            order.sort(key=lambda i: entries[i][1].prio)
+        if not self.config.dedupe:
+            by_prio = sorted(order, key=lambda i: entries[i][1].prio)
+            for m, i in enumerate(by_prio, self.seq + 1):  # MaxBytes counts the key each would be delivered with
+                entries[i][1].key = str(m)
+            if self._fits([msg for _, msg, _ in entries]):
+                order = by_prio
         return next((i for i in order if not self.publish(*entries[i])), None)
 
     def _replace(self, ident: object, msg: Msg, due_ns: int) -> None:

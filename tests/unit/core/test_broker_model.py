@@ -41,7 +41,6 @@ import shutil
 import tempfile
 
 import msgspec
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -725,11 +724,6 @@ BrokerMachine.TestCase.settings = settings(
 test_broker_agrees_with_the_reference_model = BrokerMachine.TestCase
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="StoredBytes 123 against the model's 158: after restarts, MaxBytes with drop-oldest keeps a different message "
-    "than the model says; whether the broker or the model is wrong is not settled yet",
-)
 def test_a_publish_over_max_bytes_after_restarts_keeps_what_the_model_keeps() -> None:
     # Given a refused publish (more than MaxMessages), time passing, and ten restarts
     machine = BrokerMachine()
