@@ -9,14 +9,37 @@ from pathlib import Path
 
 import pytest
 
+import ppmq.pipeline.session
 import ppmq.pipeline.submit
 from ppmq.cli.main import main
 
 
-def test_ppmq_report_names_a_path_that_does_not_exist(tmp_path, capsys) -> None:
+@pytest.fixture
+def no_spark(monkeypatch):
+    """Starting a session fails the test: the paths are judged before Spark starts."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Spark started")
+
+    monkeypatch.setattr(ppmq.pipeline.session, "local_session", refuse)
+
+
+def test_ppmq_report_names_a_path_that_does_not_exist(tmp_path, capsys, no_spark) -> None:
     assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("ppmq report: ") and "nowhere" in err
+    assert err.startswith("ppmq report: ") and "nowhere: no such file or directory" in err
+
+
+def test_ppmq_report_on_a_path_without_a_journal_says_so_before_starting_spark(tmp_path, capsys, no_spark) -> None:
+    journals = tmp_path / "journals"
+    (journals / "web1").mkdir(parents=True)
+    (journals / "web1" / "notes.txt").write_text("not a journal")
+    (tmp_path / "db1").mkdir()
+    (tmp_path / "db1" / "0001.jsonl.gz").write_bytes(b"")
+    assert main(["report", str(tmp_path / "db1"), str(journals), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"ppmq report: {journals}: no journal here (no *.jsonl or *.jsonl.gz file, searched recursively)\n"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # a JVM of its own: `make test-slow`

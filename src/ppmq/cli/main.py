@@ -409,6 +409,7 @@ def _report(args: argparse.Namespace) -> int:
         from pyspark.errors import AnalysisException
         from pyspark.sql import SparkSession
 
+        from ppmq.pipeline.inputs import without_journals
         from ppmq.pipeline.progress import Progress
         from ppmq.pipeline.report import report
         from ppmq.pipeline.session import REPORT_CONF, local_session, stderr_to
@@ -418,6 +419,8 @@ def _report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if problems := without_journals(args.paths):  # before Spark's start-up, which takes seconds
+        raise Failure("; ".join(problems))
     logging.getLogger("py4j").setLevel(logging.WARNING)
     running = SparkSession.getActiveSession()
     with _spark_log(args.verbose) as log:

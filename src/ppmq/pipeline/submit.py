@@ -15,6 +15,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from ppmq.pipeline.inputs import without_journals
 from ppmq.pipeline.report import report
 
 
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", required=True, help="output directory (any URI Spark writes)")
     args = ap.parse_args(argv)
+    if problems := without_journals(args.paths):
+        print(f"ppmq-report: {'; '.join(problems)}", file=sys.stderr)
+        return 1
     spark = SparkSession.builder.appName("ppmq report").getOrCreate()
     summary = report(spark, args.paths, args.out)
     print(summary.line(args.out))
