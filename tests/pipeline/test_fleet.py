@@ -4,6 +4,7 @@ charts render in headless Chromium and whose host filter hides the other hosts."
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from pyspark.sql import SparkSession
 from ppmq.cli.main import main
 from ppmq.core import events as ev
 from ppmq.core.events import Event
+from ppmq.pipeline.multiples import PANEL_H, PANEL_W
 from ppmq.server.journal import Journal
 
 NS = 1_000_000_000
@@ -23,6 +25,8 @@ HOSTS = [f"h{i:02d}" for i in range(50)]
 MINUTES = 5
 BATCH = 10  # messages published per host in its busiest minute
 REDELIVERED = 5  # of them, delivered again on every host whose number ends in 3
+QUIET_MINUTE = 2  # hosts whose number ends in 5 publish nothing then
+LATE = 1  # hosts whose number ends in 8 begin their journal at this minute
 PANEL_COLOUR = (44, 160, 44)  # the ack line of a host's panel, drawn over the others, #2ca02c
 BAR_COLOUR = (214, 39, 40)  # a top-N chart's bars, #d62728
 
@@ -30,6 +34,12 @@ BAR_COLOUR = (214, 39, 40)  # a top-N chart's bars, #d62728
 def _ack_s(i: int) -> float:
     """Host i acks every message this long after its publish: h49 is the slowest."""
     return 0.01 * (i + 1)
+
+
+def _active(i: int) -> list[int]:
+    """The minutes host i publishes in: all, but a quiet one in the middle or a few at the start."""
+    skipped = {QUIET_MINUTE} if i % 10 == 5 else set(range(LATE)) if i % 10 == 8 else set()
+    return [m for m in range(MINUTES) if m not in skipped]
 
 
 def _size(i: int, m: int) -> int:
@@ -69,7 +79,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("fleet")
     for i, host in enumerate(HOSTS):
         journal = Journal(base / "journals" / host, 1 << 20, 1 << 30, host=host).start()
-        for m in range(MINUTES):
+        for m in _active(i):
             for event in _minute(i, m):
                 journal.put([event])
         journal.close()
@@ -82,11 +92,37 @@ def test_every_host_has_one_row_with_its_latency_and_redelivery_rate(spark: Spar
     assert sorted(hosts) == HOSTS
     for i, host in enumerate(HOSTS):
         row = hosts[host]
-        published = sum(_size(i, m) for m in range(MINUTES))
-        delivered = published + (MINUTES * REDELIVERED if i % 10 == 3 else 0)
-        assert (row["published"], row["acked"], row["delivered"]) == (published, published, delivered), host
-        assert row["redelivery_rate"] == pytest.approx(MINUTES * REDELIVERED / delivered if i % 10 == 3 else 0.0), host
+        published = sum(_size(i, m) for m in _active(i))
+        redelivered = len(_active(i)) * REDELIVERED if i % 10 == 3 else 0
+        assert (row["published"], row["acked"], row["delivered"]) == (published, published, published + redelivered), host
+        assert row["redelivery_rate"] == pytest.approx(redelivered / (published + redelivered)), host
         assert row["ack_p99_s"] == pytest.approx(_ack_s(i), rel=0.01), host
+
+
+def test_per_minute_series_are_zero_filled_over_their_hosts_journal(spark: SparkSession, out: Path) -> None:
+    """A quiet minute has rows of 0 messages; minutes before a host's journal begins have none."""
+    series: dict[tuple[str, str], dict[int, int]] = {}
+    for r in spark.read.parquet(str(out / "throughput")).collect():
+        # minutes since T0's (collect() gives local time, as timestamp() reads it)
+        minute = (round(r["minute"].timestamp()) - T0 // NS // 60 * 60) // 60
+        series.setdefault((r["host"], r["event"]), {})[minute] = r["messages"]
+    assert {event for _, event in series} == {"publish", "deliver", "ack"}
+    for (host, event), counts in series.items():
+        i = HOSTS.index(host)
+        assert sorted(counts) == list(range(min(_active(i)), MINUTES)), (host, event)
+        assert {m for m, n in counts.items() if n == 0} == ({QUIET_MINUTE} if i % 10 == 5 else set()), (host, event)
+
+
+def test_a_hosts_panel_falls_to_zero_in_a_quiet_minute_and_begins_with_its_journal(out: Path) -> None:
+    page = (out / "report.html").read_text()
+    step = PANEL_W / (MINUTES - 1)
+    for host, first, zero in (("h05", 0, QUIET_MINUTE), ("h08", LATE, None)):
+        panel = re.search(rf'<figure class="multiple" data-host="{host}">.*?</figure>', page)
+        assert panel is not None, host
+        for line in re.findall(r'points="([^"]+)"', panel.group()):
+            points = [tuple(map(float, p.split(","))) for p in line.split()]
+            assert [x for x, _ in points] == [pytest.approx(m * step) for m in range(first, MINUTES)], host
+            assert [m for m, (_, y) in zip(range(first, MINUTES), points) if y == PANEL_H - 2] == ([] if zero is None else [zero]), host
 
 
 def _page(out: Path, fragment: str = "") -> str:

@@ -44,9 +44,10 @@ def throughput(rows: list[Row], event: str, title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(10, 3.6))
     minutes = sorted({t for name in busiest for t in series[name]})
     for name in busiest:
-        # a minute without a record of this series had none of its messages
+        # each series over its own minutes, which the table zero-fills over its host's journal
+        own = sorted(series[name])
         # matplotlib's stubs leave out what its units registry converts, datetimes among them (matplotlib#27140)
-        ax.plot(minutes, [series[name].get(t, 0) for t in minutes], marker="o", markersize=3, label=name)  # type: ignore[arg-type]
+        ax.plot(own, [series[name][t] for t in own], marker="o", markersize=3, label=name)  # type: ignore[arg-type]
     ax.set_title(title)
     ax.set_ylabel("messages / minute")
     ax.set_ylim(bottom=0)

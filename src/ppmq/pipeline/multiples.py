@@ -39,11 +39,11 @@ def legend() -> str:
     return f'<p class="legend">messages per minute: {keys}</p>'
 
 
-def panel(host: str, series: Series, minutes: list[datetime], caption: str) -> str:
-    """One host's panel: a line per event over the fleet's minutes (shared x, so panels
+def panel(host: str, series: Series, span: tuple[datetime, datetime] | None, caption: str) -> str:
+    """One host's panel: a line per event over the fleet's time span (shared x, so panels
     line up in time), scaled to the host's own busiest minute, which the panel states."""
     peak = max((n for s in series.values() for n in s.values()), default=0)
-    lines = "".join(_line(series.get(e, {}), minutes, peak, c) for e, c in EVENTS.items())
+    lines = "".join(_line(series.get(e, {}), span, peak, c) for e, c in EVENTS.items())
     name = html.escape(host)
     return (
         f'<figure class="multiple" data-host="{name}"><figcaption><b>{name}</b> peak {peak:,}/min<br>{html.escape(caption)}</figcaption>'
@@ -52,12 +52,15 @@ def panel(host: str, series: Series, minutes: list[datetime], caption: str) -> s
     )
 
 
-def _line(counts: dict[datetime, int], minutes: list[datetime], peak: int, colour: str) -> str:
-    """A polyline over all `minutes`: a minute without a record had none of the messages."""
-    if not counts or not minutes:
+def _line(counts: dict[datetime, int], span: tuple[datetime, datetime] | None, peak: int, colour: str) -> str:
+    """A polyline through the minutes the series has (the throughput table zero-fills
+    them over the host's journal), each placed by its time within `span`."""
+    if not counts or span is None:
         return ""
-    step = PANEL_W / max(len(minutes) - 1, 1)
-    points = " ".join(f"{i * step:.1f},{PANEL_H - 2 - (PANEL_H - 4) * counts.get(t, 0) / (peak or 1):.1f}" for i, t in enumerate(minutes))
+    start, end = span
+    width = (end - start).total_seconds() or 1
+    x = lambda t: PANEL_W * (t - start).total_seconds() / width  # noqa: E731
+    points = " ".join(f"{x(t):.1f},{PANEL_H - 2 - (PANEL_H - 4) * counts[t] / (peak or 1):.1f}" for t in sorted(counts))
     return f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>'
 
 

@@ -146,8 +146,8 @@ def _fleet_sections(hosts: list[Row], flow: list[Row]) -> list[tuple[str, str]]:
         hosts, "redelivery_rate", "Hosts by redelivery rate (redeliveries per delivered message)", ""
     )
     series = multiples.per_host(flow)
-    minutes = sorted({r["minute"] for r in flow})
-    panels = "".join(multiples.panel(h["host"] or "", series.get(h["host"] or "", {}), minutes, _caption(h)) for h in hosts)
+    span = (flow[0]["minute"], flow[-1]["minute"]) if flow else None  # flow is in time order
+    panels = "".join(multiples.panel(h["host"] or "", series.get(h["host"] or "", {}), span, _caption(h)) for h in hosts)
     return [
         ("Fleet", fleet_wide(table(fleet.summary(hosts), ["figure", "fleet", "median_host", "worst_hosts"]) + worst)),
         ("Hosts", table(hosts, HOST_COLUMNS)),

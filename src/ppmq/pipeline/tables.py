@@ -251,13 +251,26 @@ def slowest(subs: DataFrame, n: int = SLOWEST) -> DataFrame:
 
 
 def throughput(rolled: DataFrame) -> DataFrame:
-    """Messages and bytes per minute: published per topic, first deliveries and acks per subscriber."""
-    return (
+    """Messages and bytes per minute: published per topic, first deliveries and acks per
+    subscriber. Zero-filled: a series has a row for every minute of its host's journal,
+    from the host's first record to its last, 0 where the series had no record, so
+    that a chart drawn from it falls to 0 rather than running straight across a
+    quiet minute. Minutes outside the host's journal are left out: a journal that
+    begins later (older segments deleted, or not collected) or ends sooner says
+    nothing about them, and the next host's may cover them."""
+    series = ["host", "topic", "subscriber", "event"]
+    counts = (
         known(rolled)
         .where(F.col("event").isin("publish", "deliver", "ack"))
-        .groupBy("host", "topic", "subscriber", "event", "minute")
+        .groupBy(*series, "minute")
         .agg(F.sum("first").alias("messages"), F.sum("bytes").alias("bytes"))
     )
+    span = rolled.groupBy("host").agg(F.min("minute").alias("start"), F.max("minute").alias("end"))
+    journal = span.select("host", F.explode(F.sequence("start", "end", F.expr("INTERVAL 1 MINUTE"))).alias("minute"))
+    zero = F.lit(0).cast("long")
+    zeros = counts.select(*series).distinct().join(journal, "host").select(*series, "minute", zero.alias("messages"), zero.alias("bytes"))
+    sums = (F.sum(c).alias(c) for c in ("messages", "bytes"))
+    return counts.unionByName(zeros).groupBy(*series, "minute").agg(*sums)
 
 
 def hosts(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
