@@ -136,10 +136,10 @@ def _screenshot(out: Path, tmp_path: Path, fragment: str = "") -> Image.Image:
     return Image.open(png).convert("RGB")
 
 
-def _chromium(out: Path, fragment: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run headless Chromium on report.html; `make test` installs it."""
+def _chromium(out: Path, fragment: str, *args: str, page: str = "report.html") -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium on report.html (or another page in `out`); `make test` installs it."""
     browser = shutil.which("chromium") or pytest.skip("no chromium (make test installs it)")
-    url = (out / "report.html").resolve().as_uri() + fragment
+    url = (out / page).resolve().as_uri() + fragment
     command = [
         browser,
         "--headless",
@@ -174,6 +174,39 @@ def test_the_charts_render_in_chromium(out: Path, tmp_path: Path) -> None:
     assert _count(image, BAR_COLOUR) > 1000
     panels = _screenshot(out, tmp_path, "#hosts=h0*")
     assert _count(panels, PANEL_COLOUR) > 10 * 200  # ten panels, each line at least as long as one is wide
+
+
+# Run in the page once it has loaded: what a reader would have to scroll, written into the DOM.
+MEASURE = """<script>
+const boxes = [...document.querySelectorAll("div.table")];
+const wide = boxes.filter(b => b.scrollWidth > b.clientWidth + 1);
+document.body.insertAdjacentHTML("beforeend", `<pre id="measured">page ${document.documentElement.scrollWidth} window ${innerWidth} ` +
+  `tables ${document.querySelectorAll("table").length} boxed ${boxes.length} scrolling ${wide.map(b => b.previousElementSibling?.textContent)}</pre>`);
+</script>"""
+
+
+def test_tables_fit_the_page_and_scroll_inside_it(out: Path, tmp_path: Path) -> None:
+    """In a window narrower than the subscribers table, the page does not scroll sideways:
+    the wide tables do, each inside its box."""
+    measured = out / "measured.html"
+    measured.write_text((out / "report.html").read_text().replace("</body>", MEASURE + "</body>"))
+    done = _chromium(out, "", "--window-size=1000,1400", "--dump-dom", page="measured.html")
+    found = re.search(r'<pre id="measured">page (\d+) window (\d+) tables (\d+) boxed (\d+) scrolling (.*)</pre>', done.stdout)
+    assert found is not None, done.stdout[-2000:]
+    page, window, tables, boxed, scrolling = found.groups()
+    assert int(page) <= int(window)
+    assert tables == boxed
+    assert "Subscribers" in scrolling.split(",") and "Hosts" in scrolling.split(",")
+
+
+def test_the_fleet_summary_gives_the_fleets_own_percentiles(out: Path) -> None:
+    """The fleet's p99 of publish to ack comes from the latencies of all hosts: h49's
+    0.5 s are 1 in 50 of them, so the fleet's p99 is about 0.49 s."""
+    fleet = _page(out).split("<h2>Fleet</h2>")[1].split("<h2>")[0]
+    cells = re.search(r'<td class="text">ack_p99_s</td><td>([^<]+)</td><td>([^<]+)</td>', fleet)
+    assert cells is not None
+    assert re.fullmatch(r"0\.(49|5) s", cells.group(1)) and cells.group(2) == "0.255 s"  # the median host's is h24's and h25's
+    assert re.search(r'<td class="text">redelivery_rate</td><td>[0-9.]+%</td><td>0%</td>', fleet)
 
 
 def test_the_host_filter_hides_the_other_hosts(out: Path, tmp_path: Path) -> None:

@@ -95,7 +95,30 @@ def test_hosts_table_counts_what_was_read(spark, out) -> None:
 
 
 def test_the_output_directory_holds_the_tables_and_the_page(out) -> None:
-    assert sorted(p.name for p in out.iterdir()) == ["hosts", "records", "report.html", "slowest", "subscribers", "throughput", "topics"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "fleet", "hosts", "records", "report.html", "slowest", "subscribers", "throughput", "topics",
+    ]  # fmt: skip
+
+
+def test_the_fleet_table_has_the_percentiles_of_all_hosts_together(spark, out) -> None:
+    """The slow subscriber's 20 late acks are an eighth of the fleet's 155 (60 + 60 + 10
+    on alpha, 25 on beta): the fleet's p95 is one of them, its p50 a prompt one."""
+    (fleet,) = rows(spark, out, "fleet")
+    slow = by_sub(spark, out)[("alpha", "orders", "slow")]
+    assert fleet["ack_p95_s"] >= 0.6 > fleet["ack_p50_s"]
+    assert fleet["ack_p99_s"] == slow["ack_p99_s"]
+
+
+def test_an_empty_latency_or_rate_cell_says_why(out) -> None:
+    """`away` was delivered nothing: its messages expired or were replaced first."""
+    page = (out / "report.html").read_text()
+    away = re.search(
+        r'<tr data-host="alpha"><td class="text">alpha</td><td class="text">cache</td><td class="text">away</td>.*?</tr>', page
+    )
+    assert away is not None
+    cells = re.findall(r"<td>([^<]*)</td>", away.group())
+    assert cells.count("no acks") == 3 and cells.count("no deliveries") == 3 and cells.count("nothing delivered") == 3
+    assert "-" not in cells
 
 
 def test_report_html_is_one_self_contained_page_with_charts(out) -> None:

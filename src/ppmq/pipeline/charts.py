@@ -34,12 +34,15 @@ def _label(row: Row) -> str:
     return f"{row['host']} {row['topic']}" + (f" -> {sub}" if sub else "")
 
 
-def throughput(rows: list[Row], event: str, title: str) -> bytes:
-    """Messages per minute of one event kind, one line per (host, topic, subscriber)."""
+def throughput(rows: list[Row], event: str, title: str) -> bytes | None:
+    """Messages per minute of one event kind, one line per (host, topic, subscriber);
+    None without a message of that kind."""
     series: dict[str, dict[datetime, int]] = defaultdict(dict)
     for r in rows:
         if r["event"] == event:
             series[_label(r)][r["minute"]] = r["messages"]
+    if not any(any(s.values()) for s in series.values()):
+        return None
     busiest = sorted(series, key=lambda k: -sum(series[k].values()))[:MAX_SERIES]
     fig, ax = plt.subplots(figsize=(10, 3.6))
     minutes = sorted({t for name in busiest for t in series[name]})
@@ -59,9 +62,12 @@ def throughput(rows: list[Row], event: str, title: str) -> bytes:
     return _png(fig)
 
 
-def latency(subs: list[Row]) -> bytes:
-    """Publish-to-ack p50 / p95 / p99 per subscriber, slowest at the top."""
+def latency(subs: list[Row]) -> bytes | None:
+    """Publish-to-ack p50 / p95 / p99 per subscriber, slowest at the top; None if no
+    subscriber has them."""
     rows = sorted((r for r in subs if r.get("ack_p95_s") is not None), key=lambda r: r["ack_p95_s"])[-2 * MAX_SERIES :]
+    if not rows:
+        return None
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.2))
     y = list(range(len(rows)))
     for offset, key, color in ((-0.27, "ack_p50_s", "#1f77b4"), (0, "ack_p95_s", "#ff7f0e"), (0.27, "ack_p99_s", "#d62728")):
@@ -75,8 +81,11 @@ def latency(subs: list[Row]) -> bytes:
     return _png(fig)
 
 
-def losses(subs: list[Row]) -> bytes:
-    """Per subscriber: share of deliveries that were redeliveries, and messages lost to expiry or replaced."""
+def losses(subs: list[Row]) -> bytes | None:
+    """Per subscriber: share of deliveries that were redeliveries, and messages lost to
+    expiry or replaced; None if no subscriber has any."""
+    if not any(r["redelivery_rate"] or r["expired_before_delivery"] or r["replaced"] for r in subs):
+        return None
     # the worst by redelivery, then by losses: with a fleet's subscribers, those are the ones to show
     worst = sorted(subs, key=lambda r: (-(r["redelivery_rate"] or 0), -(r["expired_before_delivery"] + (r["replaced"] or 0))))
     rows = sorted(worst[: 2 * MAX_SERIES], key=_label)

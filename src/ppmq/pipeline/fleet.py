@@ -18,9 +18,9 @@ WORST = 3  # hosts named per figure
 
 class Figure(NamedTuple):
     column: str  # of the hosts table
-    fleet: (
-        Callable[[list[Row], str], float | int] | None
-    )  # the fleet's value from the hosts'; None for a percentile, which hosts' do not give
+    # the fleet's value from the hosts'; None for a percentile, which the hosts' do not
+    # give: the fleet table has it, from the latency histograms of all hosts together
+    fleet: Callable[[list[Row], str], float | int | None] | None
     high_is_bad: bool  # worst hosts are those with the highest value
 
 
@@ -28,11 +28,12 @@ def _sum(hosts: list[Row], column: str) -> int:
     return sum(r.get(column) or 0 for r in hosts)
 
 
-def _rate(hosts: list[Row], column: str) -> float:
+def _rate(hosts: list[Row], column: str) -> float | None:
     """The fleet's redeliveries per delivered message, not a mean of the hosts' rates,
-    so that a quiet host weighs what it delivered."""
+    so that a quiet host weighs what it delivered; None if nothing was delivered, as
+    a host's rate is then."""
     delivered = _sum(hosts, "delivered")
-    return _sum(hosts, "redelivered") / delivered if delivered else 0.0
+    return _sum(hosts, "redelivered") / delivered if delivered else None
 
 
 FIGURES = [
@@ -47,17 +48,23 @@ FIGURES = [
 ]
 
 
-def summary(hosts: list[Row]) -> list[Row]:
-    """One row per figure: the fleet's value, the median host's, and the worst hosts."""
-    return [_row(hosts, f) for f in FIGURES]
+def summary(hosts: list[Row], latencies: Row) -> list[Row]:
+    """One row per figure: the fleet's value, the median host's, and the worst hosts;
+    `latencies` is the fleet table's row, with the fleet's percentiles."""
+    return [_row(hosts, f, latencies) for f in FIGURES]
 
 
-def _row(hosts: list[Row], figure: Figure) -> Row:
+def totals(hosts: list[Row]) -> Row:
+    """The fleet's counts that say why a figure of the fleet is empty (page.why_empty)."""
+    return {c: _sum(hosts, c) for c in ("acked", "delivered")}
+
+
+def _row(hosts: list[Row], figure: Figure, latencies: Row) -> Row:
     known = [r for r in hosts if r.get(figure.column) is not None]
     values = [r[figure.column] for r in known]
     return {
         "figure": figure.column,
-        "fleet": figure.fleet(hosts, figure.column) if figure.fleet else None,
+        "fleet": figure.fleet(hosts, figure.column) if figure.fleet else latencies.get(figure.column),
         "median_host": median(values) if values else None,
         "worst_hosts": ", ".join(r["host"] for r in worst(known, figure.column)) if figure.high_is_bad else "",
     }

@@ -15,6 +15,8 @@ from datetime import datetime
 from statistics import median
 from typing import Any
 
+from ppmq.pipeline.page import figure, none
+
 Row = dict[str, Any]
 EVENTS = {"publish": "#1f77b4", "deliver": "#ff7f0e", "ack": "#2ca02c"}  # line colour per journal event
 PANEL_W, PANEL_H = 250, 64  # px of one host's plot area
@@ -44,6 +46,8 @@ def panel(host: str, series: Series, span: tuple[datetime, datetime] | None, cap
     line up in time), scaled to the host's own busiest minute, which the panel states."""
     peak = max((n for s in series.values() for n in s.values()), default=0)
     lines = "".join(_line(series.get(e, {}), span, peak, c) for e, c in EVENTS.items())
+    if not peak:
+        lines += f'<text x="{PANEL_W / 2}" y="{PANEL_H / 2 + 4}" text-anchor="middle" fill="#666">none</text>'
     name = html.escape(host)
     return (
         f'<figure class="multiple" data-host="{name}"><figcaption><b>{name}</b> peak {peak:,}/min<br>{html.escape(caption)}</figcaption>'
@@ -64,7 +68,7 @@ def _line(counts: dict[datetime, int], span: tuple[datetime, datetime] | None, p
     return f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>'
 
 
-def top(hosts: list[Row], column: str, title: str, unit: str, n: int = TOP) -> str:
+def top(hosts: list[Row], column: str, title: str, n: int = TOP) -> str:
     """The `n` hosts highest in `column` by name (if above 0), then one bar for all the
     others at their median: a fleet of any size is at most n + 1 bars."""
     known = sorted((r for r in hosts if r.get(column) is not None), key=lambda r: (-r[column], r["host"]))
@@ -73,18 +77,20 @@ def top(hosts: list[Row], column: str, title: str, unit: str, n: int = TOP) -> s
     rest = [r[column] for r in known[len(named) :]]
     if rest:
         bars.append((f"others ({len(rest)}), median", median(rest)))
-    return _bars(bars, title, unit)
+    return _bars(bars, title, column)
 
 
-def _bars(bars: list[tuple[str, float]], title: str, unit: str) -> str:
-    if not bars:
-        return '<p class="note">no host has this figure</p>'
+def _bars(bars: list[tuple[str, float]], title: str, column: str) -> str:
+    """Labelled bars, each value written as the page writes `column`."""
+    if not any(v for _, v in bars):
+        why = "every host at 0" if bars else "no host has this figure"
+        return f'<figure class="top"><figcaption>{html.escape(title)}</figcaption>{none(why)}</figure>'
     scale = BAR_W / (max(v for _, v in bars) or 1)
     height = BAR_H * len(bars) + 4
     rows = "".join(
         f'<g transform="translate(0,{i * BAR_H + 2})"><text x="{LABEL_W - 6}" y="13" text-anchor="end">{html.escape(name)}</text>'
         f'<rect x="{LABEL_W}" width="{max(v * scale, 1):.1f}" height="{BAR_H - 5}" fill="#d62728"/>'
-        f'<text x="{LABEL_W + v * scale + 4:.1f}" y="13">{v:.3g} {unit}</text></g>'
+        f'<text x="{LABEL_W + v * scale + 4:.1f}" y="13">{html.escape(figure(column, v))}</text></g>'
         for i, (name, v) in enumerate(bars)
     )
     width = LABEL_W + BAR_W + 90

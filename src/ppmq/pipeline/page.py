@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -20,9 +21,10 @@ Row = dict[str, Any]
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+div.table { overflow: auto; max-width: 100%; max-height: 36em; margin: 0.5em 0; border: 1px solid #eee; }
+table { border-collapse: collapse; font-size: 0.85em; }
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
-th { background: #f5f5f5; } td.text, th.text { text-align: left; }
+th { background: #f5f5f5; position: sticky; top: 0; } td.text, th.text { text-align: left; }
 img { max-width: 100%; } .note { color: #666; font-size: 0.85em; }
 [hidden] { display: none !important; }
 #filter { position: sticky; top: 0; background: #fff; padding: 0.5em 0; border-bottom: 1px solid #ddd; z-index: 1; }
@@ -56,27 +58,66 @@ _SCRIPT = """
 """
 
 
-def _cell(value: Any) -> str:
+def figure(column: str, value: Any) -> str:
+    """A figure as the page writes it wherever it appears (tables, captions, bar labels),
+    by the name of its column: a rate (`*_rate`, a count per delivered message) as a
+    percentage, seconds (`*_s`) with their unit, both to 3 significant digits; counts
+    with thousands separators; times to the second, in UTC. Plain text, not escaped."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
+    if column.endswith("_rate"):
+        return f"{100 * value:.3g}%"
+    if column.endswith("_s"):
+        return f"{_number(value)} s"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
-    return html.escape(str(value))
+    if isinstance(value, (int, float)):
+        return _number(value)
+    return str(value)
 
 
-def table(rows: list[Row], columns: list[str]) -> str:
-    """An HTML table of `columns`; text columns left-aligned, numbers right."""
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def shown(column: str, value: Any, counts: Row) -> str:
+    """A figure in its format, or, empty, why: from `counts`, the row it is a figure of."""
+    return figure(column, value) if value is not None else why_empty(counts, column)
+
+
+def why_empty(row: Row, column: str) -> str:
+    """What an empty cell of `column` says, from the counts of its row: a latency or a
+    rate is empty because there was nothing to measure, and the row tells what."""
+    if column.startswith("ack_p"):
+        # acks whose publish is older than the journals read have no latency (ack_latency.py)
+        return "no acks" if not row.get("acked") else "publishes not read"
+    if column.startswith("deliver_p"):
+        return "no deliveries" if not row.get("delivered") else "no first deliveries"
+    if column.endswith("_rate"):
+        return "nothing delivered"
+    return "-"
+
+
+def table(rows: list[Row], columns: list[str], cell: Callable[[Row, str], str] | None = None) -> str:
+    """An HTML table of `columns`, in a box of the page's width that scrolls a wide or
+    long table inside it, with its header row kept in view; text columns
+    left-aligned, numbers right. `cell` writes a cell (plain text) in place of each
+    figure's own format and an empty one's reason."""
     if not rows:
-        return '<p class="note">nothing in the journals</p>'
+        return none("nothing in the journals")
+    write = cell or (lambda r, c: shown(c, r.get(c), r))
     text = {c for c in columns if any(isinstance(r.get(c), str) for r in rows)}
     cls = lambda c: ' class="text"' if c in text else ""  # noqa: E731
     head = "".join(f"<th{cls(c)}>{html.escape(c)}</th>" for c in columns)
-    body = "".join(f"<tr{_host(r)}>" + "".join(f"<td{cls(c)}>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join(f"<tr{_host(r)}>" + "".join(f"<td{cls(c)}>{html.escape(write(r, c))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def none(why: str) -> str:
+    """What stands for a chart or table with nothing to show, and why."""
+    return f'<p class="note none">none: {html.escape(why)}</p>'
 
 
 def _host(row: Row) -> str:

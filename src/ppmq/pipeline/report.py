@@ -18,7 +18,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from ppmq.pipeline import charts, fleet, multiples, tables
-from ppmq.pipeline.page import fleet_wide, image, page, table
+from ppmq.pipeline.page import fleet_wide, image, none, page, shown, table
 from ppmq.pipeline.progress import Progress
 
 Row = dict[str, Any]
@@ -65,6 +65,7 @@ def report(spark: SparkSession, paths: Sequence[str], out: str, progress: Progre
             ("topics", lambda: tables.topics(rolled)),
             ("throughput", lambda: tables.throughput(rolled)),
             ("subscribers", lambda: tables.subscribers(rolled, histogram)),
+            ("fleet", lambda: tables.fleet(histogram)),
             ("slowest", lambda: tables.slowest(spark.read.parquet(f"{base}/subscribers"))),
         ):
             with step(name):
@@ -109,24 +110,25 @@ def render(rows: dict[str, list[Row]]) -> str:
     flow = sorted(rows["throughput"], key=lambda r: r["minute"])
     slowest = sorted(rows["slowest"], key=lambda r: -r["ack_p95_s"])
     hosts = sorted(rows["hosts"], key=lambda r: r["host"] or "")
+    per_minute = (
+        ("Published per minute", "publish", "Messages published, busiest hosts and topics", "published"),
+        ("Delivered per minute", "deliver", "First deliveries, busiest subscribers", "delivered"),
+        ("Acknowledged per minute", "ack", "Acks, busiest subscribers", "acked"),
+    )
     sections = [
-        *_fleet_sections(hosts, flow),
-        (
-            "Published per minute",
-            fleet_wide(image(charts.throughput(flow, "publish", "Messages published, busiest hosts and topics"), "published per minute")),
+        *_fleet_sections(hosts, flow, rows["fleet"][0] if rows["fleet"] else {}),
+        *(
+            (heading, _chart(charts.throughput(flow, event, title), f"{verb} per minute", f"nothing {verb}"))
+            for heading, event, title, verb in per_minute
         ),
-        (
-            "Delivered per minute",
-            fleet_wide(image(charts.throughput(flow, "deliver", "First deliveries, busiest subscribers"), "delivered per minute")),
-        ),
-        ("Acknowledged per minute", fleet_wide(image(charts.throughput(flow, "ack", "Acks, busiest subscribers"), "acked per minute"))),
         (
             "Slowest subscribers",
-            fleet_wide(image(charts.latency(subs), "latency per subscriber")) + table(slowest, list(slowest[0]) if slowest else []),
+            _chart(charts.latency(subs), "latency per subscriber", "no ack with its publish in the journals")
+            + (table(slowest, list(slowest[0])) if slowest else ""),
         ),
         (
             "Redeliveries and messages never delivered",
-            fleet_wide(image(charts.losses(subs), "redeliveries and losses")) if subs else table([], []),
+            _chart(charts.losses(subs), "redeliveries and losses", "no redelivery, expiry or replacement"),
         ),
         ("Subscribers", table(subs, SUBSCRIBER_COLUMNS)),
         (
@@ -140,16 +142,31 @@ def render(rows: dict[str, list[Row]]) -> str:
     return page("ppmq delivery report", sections, datetime.now(UTC), [h["host"] for h in hosts if h["host"]])
 
 
-def _fleet_sections(hosts: list[Row], flow: list[Row]) -> list[tuple[str, str]]:
+def _chart(png: bytes | None, alt: str, empty: str) -> str:
+    """A chart across hosts, or "none" and why when it has nothing to draw."""
+    return fleet_wide(none(empty) if png is None else image(png, alt))
+
+
+def _fleet_sections(hosts: list[Row], flow: list[Row], latencies: Row) -> list[tuple[str, str]]:
     """The fleet summary with its worst hosts, one row per host, one small panel per host."""
-    worst = multiples.top(hosts, "ack_p99_s", "Hosts by publish-to-ack p99", "s") + multiples.top(
-        hosts, "redelivery_rate", "Hosts by redelivery rate (redeliveries per delivered message)", ""
+    worst = multiples.top(hosts, "ack_p99_s", "Hosts by publish-to-ack p99") + multiples.top(
+        hosts, "redelivery_rate", "Hosts by redelivery rate (redeliveries per delivered message)"
     )
     series = multiples.per_host(flow)
     span = (flow[0]["minute"], flow[-1]["minute"]) if flow else None  # flow is in time order
     panels = "".join(multiples.panel(h["host"] or "", series.get(h["host"] or "", {}), span, _caption(h)) for h in hosts)
+    totals = fleet.totals(hosts)
+
+    def cell(row: Row, column: str) -> str:
+        """The fleet's and the median host's value in the format of the row's figure."""
+        value = row[column]
+        if column not in ("fleet", "median_host"):
+            return str(value)
+        return shown(row["figure"], value, totals)
+
+    summary = table(fleet.summary(hosts, latencies), ["figure", "fleet", "median_host", "worst_hosts"], cell)
     return [
-        ("Fleet", fleet_wide(table(fleet.summary(hosts), ["figure", "fleet", "median_host", "worst_hosts"]) + worst)),
+        ("Fleet", fleet_wide(summary + worst)),
         ("Hosts", table(hosts, HOST_COLUMNS)),
         ("Per host: messages per minute", multiples.legend() + panels),
     ]
@@ -157,5 +174,6 @@ def _fleet_sections(hosts: list[Row], flow: list[Row]) -> list[tuple[str, str]]:
 
 def _caption(host: Row) -> str:
     """A panel's figures, so that a filtered page still shows the host's latency and losses."""
-    p99, rate = host.get("ack_p99_s"), host.get("redelivery_rate")
-    return f"ack p99 {'-' if p99 is None else f'{p99:.3g} s'}, redelivered {'-' if rate is None else f'{100 * rate:.2g}%'}"
+    return ", ".join(
+        f"{name} {shown(column, host.get(column), host)}" for name, column in (("ack p99", "ack_p99_s"), ("redelivered", "redelivery_rate"))
+    )

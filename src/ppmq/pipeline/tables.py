@@ -273,6 +273,12 @@ def throughput(rolled: DataFrame) -> DataFrame:
     return counts.unionByName(zeros).groupBy(*series, "minute").agg(*sums)
 
 
+def fleet(histogram: DataFrame) -> DataFrame:
+    """One row: the latency percentiles of every host's subscribers together, which the
+    hosts' own percentiles do not give; null where the fleet has no such latency."""
+    return percentiles(histogram, [])
+
+
 def hosts(rolled: DataFrame, histogram: DataFrame) -> DataFrame:
     """Per host: what was read, the time it covers, what the journal itself lost, and
     the host's key figures (messages, redelivery rate, latencies over all its
