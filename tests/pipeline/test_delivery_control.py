@@ -4,6 +4,7 @@ events the broker's state machine reports, counted per topic and subscriber."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,14 @@ def test_records_without_messages_count_as_one_event_each(spark: SparkSession, o
 
 
 def test_the_subscribers_table_of_the_page_shows_the_rates_and_redrives(out: Path) -> None:
-    page = (out / "report.html").read_text()
+    """Rates as percentages; idle's, which are unknown, say why."""
+    page = (out / "report.html").read_text().split("<h2>Subscribers</h2>")[1].split("<h2>")[0]
     for column in ("nack_rate", "reject_rate", "redriven", "pauses"):
         assert f"<th>{column}</th>" in page
+    row = {
+        sub: re.findall(r"<td>([^<]*)</td>", found.group())
+        for sub in ("a", "idle")
+        if (found := re.search(rf'<tr data-host="dc">(<td class="text">[^<]*</td>){{2}}<td class="text">{sub}</td>.*?</tr>', page))
+    }
+    assert row["a"].count("21.4%") == 2 and row["a"].count("7.14%") == 1  # redeliveries and nacks, rejects: of 14
+    assert row["idle"].count("nothing delivered") == 3
