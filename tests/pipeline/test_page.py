@@ -31,7 +31,7 @@ def _section(page: str, heading: str) -> str:
 def test_a_fleet_that_only_publishes_has_charts_that_say_none_and_cells_that_say_why() -> None:
     page = render(
         {
-            "hosts": [_host("web1")],
+            "hosts": [_host("web1"), _host("idle1", events=1, published=0)],
             "topics": [{"host": "web1", "topic": "orders", "published": 3, "published_bytes": 120, "replaced": 0}],
             "throughput": [{"host": "web1", "topic": "orders", "subscriber": None, "event": "publish", "minute": MINUTE, "messages": 3}],
             "subscribers": [],
@@ -53,7 +53,11 @@ def test_a_fleet_that_only_publishes_has_charts_that_say_none_and_cells_that_say
     for figure, why in (("ack_p99_s", "no acks"), ("deliver_p99_s", "no deliveries"), ("redelivery_rate", "nothing delivered")):
         assert f'<td class="text">{figure}</td><td>{why}</td><td>{why}</td>' in fleet, figure
     assert "<td>no acks</td>" in _section(page, "Hosts")
-    assert "ack p99 no acks, redelivered nothing delivered" in _section(page, "Per host: messages per minute")
+    panels = _section(page, "Per host: messages per minute")
+    assert "ack p99 no acks, redelivered nothing delivered" in panels
+    idle, web = (re.findall(rf'<figure class="multiple" data-host="{h}">.*?</figure>', panels)[0] for h in ("idle1", "web1"))
+    assert ">none</text>" in idle and "<polyline" not in idle
+    assert ">none</text>" not in web and "<polyline" in web
 
 
 def test_a_figure_has_one_format_wherever_it_appears() -> None:

@@ -21,7 +21,7 @@ Row = dict[str, Any]
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-div.table { overflow: auto; max-width: 100%; max-height: 36em; margin: 0.5em 0; border: 1px solid #eee; }
+div.table { overflow: auto; width: fit-content; max-width: 100%; max-height: 36em; margin: 0.5em 0; border: 1px solid #eee; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f5f5f5; position: sticky; top: 0; } td.text, th.text { text-align: left; }
