@@ -42,6 +42,11 @@ def test_ppmq_report_on_a_path_without_a_journal_says_so_before_starting_spark(t
     assert not (tmp_path / "out").exists()
 
 
+def test_the_entry_script_says_so_too_before_starting_spark(tmp_path, capsys) -> None:
+    assert ppmq.pipeline.submit.main(["--out", str(tmp_path / "out"), str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"ppmq-report: {tmp_path}: no journal here (no *.jsonl or *.jsonl.gz file, searched recursively)\n"
+
+
 @pytest.mark.slow  # a JVM of its own: `make test-slow`
 def test_spark_submit_runs_the_entry_script(workload, tmp_path) -> None:
     """The README's spark-submit command, on a local master."""
