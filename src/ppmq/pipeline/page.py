@@ -62,7 +62,7 @@ def figure(column: str, value: Any) -> str:
     """A figure as the page writes it wherever it appears (tables, captions, bar labels),
     by the name of its column: a rate (`*_rate`, a count per delivered message) as a
     percentage, seconds (`*_s`) with their unit, both to 3 significant digits; counts
-    with thousands separators; times to the second, in UTC. Plain text, not escaped."""
+    with thousands separators; times to the second. Plain text, not escaped."""
     if value is None:
         return "-"
     if column.endswith("_rate"):
