@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ppmq.client.library import AsyncClient, Client
+from ppmq.client import AsyncClient, Client, Status
 from ppmq.errors import ClientError
 
 
@@ -14,13 +14,13 @@ def test_the_asyncio_client_publishes_acks_reconnects_and_reads_status(broker_fa
     b = broker_factory([{"Name": "t", "Priorities": 2, "Subscribers": ["s"]}], ["s"])
     sub = broker_factory.subscriber(b, "s", ack=None)
 
-    async def scenario() -> dict:
+    async def scenario() -> Status:
         async with await AsyncClient.connect(b.socket) as c:
             # concurrent requests on one connection each get their own reply
-            counts = await asyncio.gather(*(c.publish("t", [{"Payload": i, "Priority": 1}]) for i in range(5)))
-            assert counts == [1] * 5
+            results = await asyncio.gather(*(c.publish("t", [{"Payload": i, "Priority": 1}]) for i in range(5)))
+            assert [r.accepted for r in results] == [1] * 5
             keys = [m["Key"] for m in await asyncio.to_thread(sub.wait_messages, 5)]
-            assert await c.ack("t", "s", keys[:2]) == 2
+            assert (await c.ack("t", "s", keys[:2])).accepted == 2
             await c.reconnect("s", "t")
             await asyncio.to_thread(sub.wait_messages, 8)
             with pytest.raises(ClientError) as err:
@@ -28,9 +28,8 @@ def test_the_asyncio_client_publishes_acks_reconnects_and_reads_status(broker_fa
             assert err.value.status == 400 and "Messages[0].Priority" in err.value.error
             return await c.status()
 
-    status = asyncio.run(scenario())
-    s = status["Topics"]["t"]["Subscribers"]["s"]
-    assert (s["Acked"], s["InFlight"], s["Redelivered"]) == (2, 3, 3)
+    s = asyncio.run(scenario()).topics["t"].subscribers["s"]
+    assert (s.acked, s.in_flight, s.redelivered) == (2, 3, 3)
     assert sorted(sub.payloads()[5:]) == [2, 3, 4]
 
 
@@ -43,7 +42,7 @@ def test_the_blocking_client_raises_client_error_with_the_brokers_status(broker_
         with pytest.raises(ClientError) as err:
             c.ack("t", "nobody", ["k"])
         assert err.value.status == 404
-        assert c.publish("t", [{"Payload": 1, "Key": "k"}]) == 1  # the connection is still good
+        assert c.publish("t", [{"Payload": 1, "Key": "k"}]).accepted == 1  # the connection is still good
 
 
 @pytest.mark.parametrize("connect", [lambda p: Client(p), lambda p: asyncio.run(AsyncClient.connect(p))])
