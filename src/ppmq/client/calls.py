@@ -77,25 +77,17 @@ class Exchange:
         """The reply to request `rid`, None for a line answering an earlier request
         (one whose caller stopped waiting). A status other than 200 raises
         ClientError, also one without Id: the broker's answer to a frame it
-        could not read (413, 408) or a connection it refuses (503)."""
+        could not read (413, 408) or a connection it refuses (503). A line
+        that is no reply raises msgspec.DecodeError: not the broker's error but
+        something else answering on its socket."""
         if not line:
             raise ClientError(0, "the broker closed the connection")
-        try:
-            reply = _envelope.decode(line)
-        except msgspec.DecodeError as exc:
-            raise ClientError(0, f"not a reply of a broker: {exc}") from None
+        reply = _envelope.decode(line)
         if reply.id is not UNSET and reply.id != rid:
             return None
         if reply.status != 200:
             raise ClientError(reply.status, reply.error or "")
         return reply
-
-    @staticmethod
-    def result(call: Call[R], reply: Envelope) -> R:
-        try:
-            return call.result(reply)
-        except msgspec.DecodeError as exc:  # ValidationError included
-            raise ClientError(0, f"a reply of another shape than expected: {exc}") from None
 
 
 def _body(kind: type[R]) -> Callable[[Envelope], R]:

@@ -57,7 +57,7 @@ class Client:
                 pass
         except OSError as exc:
             raise ClientError(0, f"connection to the broker failed: {exc}") from None
-        return self._exchange.result(call, reply)
+        return call.result(reply)
 
     def request(self, wrapper: dict[str, Any]) -> Reply:
         """Any wrapper, as it is (PROTOCOL §2): the reply with its Body as plain JSON values."""
@@ -150,7 +150,7 @@ class AsyncClient:
                     pass
             except (OSError, TimeoutError) as exc:
                 raise ClientError(0, f"connection to the broker failed: {exc!r}") from None
-        return self._exchange.result(call, reply)
+        return call.result(reply)
 
     async def _line(self, timeout_s: float) -> bytes:
         """The next reply line; one too long leaves the rest of it unread, so the
