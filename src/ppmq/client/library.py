@@ -17,7 +17,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ppmq.client import calls
+import ppmq.client.calls as calls
 from ppmq.client.calls import Call, Exchange, Messages
 from ppmq.client.results import Message, PeekResult, PingResult, PublishResult, PurgeResult, RedriveResult, SettleResult, Status
 from ppmq.errors import ClientError
