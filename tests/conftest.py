@@ -187,8 +187,9 @@ class BrokerProcess:
         return Client(self.socket, timeout_s=WAIT_S)
 
     def status(self) -> dict:
+        """The STATUS Body as the broker sent it."""
         with self.client() as c:
-            return c.status()
+            return c.request({"Command": "STATUS"}).body
 
     def sub_status(self, topic: str, sub: str) -> dict:
         return self.status()["Topics"][topic]["Subscribers"][sub]

@@ -61,7 +61,7 @@ def start(tmp: Path) -> tuple[subprocess.Popen, str]:
 
 def waiting(path: str) -> int:
     with Client(path) as c:
-        return c.status()["Topics"]["t"]["Subscribers"]["w"]["WaitingTakes"]
+        return c.status().topics["t"].subscribers["w"].waiting_takes or 0
 
 
 def latency(path: str, n: int) -> list[float]:
@@ -72,7 +72,7 @@ def latency(path: str, n: int) -> list[float]:
         acks: list[str] = []
         with Client(path, timeout_s=60) as c:
             for _ in range(n):
-                acks = [m["Key"] for m in c.take("t", "w", count=10, wait_s=30, acks=acks)]
+                acks = [m.key for m in c.take("t", "w", count=10, wait_s=30, acks=acks)]
                 answered.append(time.monotonic())
 
     worker = threading.Thread(target=work)

@@ -47,7 +47,7 @@ def systemctl(*args: str) -> dict[str, Any]:
 def status() -> dict[str, Any]:
     try:
         with Client(SERVER_SOCKET, timeout_s=WAIT_S) as c:
-            return c.status()
+            return c.request({"Command": "STATUS"}).body
     except ClientError as exc:
         return {"error": str(exc)}
 

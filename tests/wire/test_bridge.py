@@ -157,8 +157,8 @@ def take_until(broker, topic: str, distinct: int) -> list:
 
     def more() -> bool:
         batch = c.take(topic, "nb", 10000, 0, acks)
-        acks[:] = [m["Key"] for m in batch]
-        payloads.extend(m["Payload"] for m in batch)
+        acks[:] = [m.key for m in batch]
+        payloads.extend(m.payload for m in batch)
         return len(set(map(str, payloads))) >= distinct
 
     with broker.client() as c:

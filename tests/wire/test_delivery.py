@@ -17,7 +17,7 @@ def test_every_subscriber_of_a_topic_receives_every_message_once_acked_it_is_gon
     with b.client() as c:
         for start in (0, 100, 200):
             n = min(100, 250 - start)
-            assert c.publish("t", [{"Payload": f"m{i}"} for i in range(start, start + n)]) == n
+            assert c.publish("t", [{"Payload": f"m{i}"} for i in range(start, start + n)]).accepted == n
     # Then both receive all of them, in publish order, and the store ends empty
     for sub in (a, bb):
         sub.wait_messages(250)
@@ -85,8 +85,8 @@ def test_a_message_replaced_while_in_flight_is_delivered_again_and_the_ack_appli
         sub.wait_messages(1)
         c.publish("t", [{"Key": "k", "Payload": "v2"}])
         assert [m["Payload"] for m in sub.wait_messages(2)] == ["v1", "v2"]
-        assert c.ack("t", "s", ["k"]) == 1
-        assert c.ack("t", "s", ["k"]) == 0  # already acknowledged: ignored and counted
+        assert c.ack("t", "s", ["k"]).accepted == 1
+        assert c.ack("t", "s", ["k"]).accepted == 0  # already acknowledged: ignored and counted
     st = b.status()["Topics"]["t"]
     assert st["Stored"] == 0
     assert st["Subscribers"]["s"]["IgnoredAcks"] == 1
@@ -209,7 +209,7 @@ def test_requests_that_arrive_during_a_commit_share_the_next_one(broker_factory)
     def produce() -> None:
         with b.client() as c:
             for i in range(25):
-                assert c.publish("t", [{"Payload": i}]) == 1
+                assert c.publish("t", [{"Payload": i}]).accepted == 1
 
     threads = [threading.Thread(target=produce) for _ in range(16)]
     for t in threads:

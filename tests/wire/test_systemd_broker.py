@@ -76,7 +76,7 @@ def test_watchdog_pings_at_half_the_interval_and_stop_while_the_writer_is_stuck(
     env = lmdb.open(str(b.tmp / "data"), max_dbs=16)
     blocker = env.begin(write=True)
     replies: list[int] = []
-    publisher = threading.Thread(target=lambda: replies.append(b.client().publish("jobs", [{"Payload": 1}])))
+    publisher = threading.Thread(target=lambda: replies.append(b.client().publish("jobs", [{"Payload": 1}]).accepted))
     publisher.start()
     # The watchdog says so at each round it withholds its ping: from the first on
     # (once every ping sent before it is read), five more rounds go by without one
@@ -148,8 +148,8 @@ def test_a_broken_config_on_sighup_keeps_the_old_one_and_says_so(broker_factory,
     assert "Priorities: must be 1..256" in b.log and "still running the previous config" in b.log
 
     with b.client() as c:  # the old config still serves, and has no topic "extra"
-        assert c.publish("jobs", [{"Payload": "after"}]) == 1
-        assert "extra" not in c.status()["Topics"]
+        assert c.publish("jobs", [{"Payload": "after"}]).accepted == 1
+        assert "extra" not in c.status().topics
     assert sub.wait_messages(1)[0]["Payload"] == "after"
 
     b.reload(good)  # fixed: the error goes away
@@ -160,7 +160,7 @@ def test_a_broken_config_on_sighup_keeps_the_old_one_and_says_so(broker_factory,
 def test_sigterm_answers_what_committed_and_exits_zero_quickly(broker_factory, notify_socket: NotifyListener):
     b = broker_factory(TOPIC, ["worker"], start=False).start(env=notify_socket.env())
     with b.client() as c:
-        assert c.publish("jobs", [{"Payload": i} for i in range(100)]) == 100
+        assert c.publish("jobs", [{"Payload": i} for i in range(100)]).accepted == 100
     started = time.monotonic()
     assert b.stop() == 0
     assert time.monotonic() - started < 5
@@ -194,8 +194,8 @@ def test_broker_started_by_systemd_socket_activate_serves_a_producer_that_connec
         wait_for(lambda: f"Listening on {b.socket}" in b.log, what="the activator to listen")
         # The producer connects before any broker runs; systemd's socket holds it.
         with Client(b.socket, timeout_s=WAIT_S) as c:
-            assert c.publish("jobs", [{"Payload": "early"}]) == 1
-            assert c.status()["Topics"]["jobs"]["Subscribers"]["worker"]["Ready"] == [1]
+            assert c.publish("jobs", [{"Payload": "early"}]).accepted == 1
+            assert c.status().topics["jobs"].subscribers["worker"].ready == [1]
         assert f"serving on {b.socket} (from systemd)" in b.log
         activator.send_signal(signal.SIGTERM)  # the activator exec'd the broker: same pid
         assert activator.wait(WAIT_S) == 0
@@ -211,7 +211,7 @@ def test_listen_fds_for_another_pid_are_ignored(broker_factory):
     wait_for(lambda: "serving on" in b.log, what="the start to be logged")
     assert "(from systemd)" not in b.log
     with b.client() as c:
-        assert c.publish("jobs", [{"Payload": 1}]) == 1
+        assert c.publish("jobs", [{"Payload": 1}]).accepted == 1
 
 
 # --- logging under journald ------------------------------------------------------------------

@@ -44,13 +44,13 @@ def test_take_answers_up_to_count_messages_in_flight_as_a_push_batch_carries_the
         # When a worker takes two
         taken = c.take("t", "w", count=2)
         # Then it gets the first two, as a push batch carries them, now in flight
-        assert [(m["Key"], m["Payload"], m["Attempt"]) for m in taken] == [("1", "a", 1), ("2", "b", 1)]
-        assert taken[0]["Published"].endswith("Z")
+        assert [(m.key, m.payload, m.attempt) for m in taken] == [("1", "a", 1), ("2", "b", 1)]
+        assert taken[0].published is not None and taken[0].published.endswith("Z")
         s = b.sub_status("t", "w")
         assert (s["Ready"], s["InFlight"], s["Delivered"], s["Takers"], s["WaitingTakes"], s["Connected"]) == ([1], 2, 2, 1, 0, True)
         # And Count defaults to 1, and acks work as for any subscriber
-        assert [m["Key"] for m in c.take("t", "w")] == ["3"]
-        assert c.ack("t", "w", ["1", "2", "3"]) == 3
+        assert [m.key for m in c.take("t", "w")] == ["3"]
+        assert c.ack("t", "w", ["1", "2", "3"]).accepted == 3
     s = b.sub_status("t", "w")
     assert (s["InFlight"], s["Acked"], s["Takers"], s["Connected"]) == (0, 3, 0, False)
 
@@ -117,7 +117,7 @@ def test_a_waiting_take_returns_as_soon_as_a_message_is_published(broker_factory
         worker.join(10)
     # Then the TAKE answers with it at once
     ((messages, answered),) = got
-    assert [m["Payload"] for m in messages] == ["late"]
+    assert [m.payload for m in messages] == ["late"]
     assert answered - published < 2.0
 
 
@@ -135,7 +135,7 @@ def test_a_waiting_take_is_answered_by_the_publishs_own_step(broker_factory):
         publish(b, "a", "b")
         worker.join(10)
         # Then the TAKE got them in the publish's step: one commit besides the STATUS, not one more to take them
-        assert [[m["Payload"] for m in ms] for ms in got] == [["a", "b"]]
+        assert [[m.payload for m in ms] for ms in got] == [["a", "b"]]
         assert b.status()["Commits"] - before == 2
 
 
@@ -150,10 +150,10 @@ def test_a_waiting_take_on_a_full_window_gets_the_room_an_ack_makes(broker_facto
         worker.start()
         wait_for(lambda: b.sub_status("t", "w")["WaitingTakes"] == 1, what="a waiting TAKE")
         # When the first worker acks
-        one.ack("t", "w", [first["Key"]])
+        one.ack("t", "w", [first.key])
         worker.join(10)
     # Then the waiting one gets the next message
-    assert [[m["Payload"] for m in ms] for ms in got] == [["b"]]
+    assert [[m.payload for m in ms] for ms in got] == [["b"]]
 
 
 def test_a_take_that_waits_in_vain_answers_with_nothing_when_its_wait_ends(broker_factory):
@@ -177,7 +177,7 @@ def test_what_a_closed_connection_took_is_ready_again_at_once_at_its_place(broke
     wait_for(lambda: b.sub_status("t", "w")["Ready"] == [3], what="taken messages back in ready")
     with b.client() as other:
         again = other.take("t", "w", count=3)
-    assert [(m["Payload"], m["Attempt"]) for m in again] == [("a", 2), ("b", 2), ("c", 1)]
+    assert [(m.payload, m.attempt) for m in again] == [("a", 2), ("b", 2), ("c", 1)]
 
 
 def test_a_waiting_connection_that_closes_takes_nothing_and_stops_waiting(broker_factory):
@@ -296,7 +296,7 @@ def test_taken_unacked_messages_are_ready_again_after_a_restart(broker_factory):
     # Then they are ready, at their places
     assert b.sub_status("t", "w")["Ready"] == [2]
     with b.client() as c:
-        assert [m["Payload"] for m in c.take("t", "w", count=5)] == ["a", "b"]
+        assert [m.payload for m in c.take("t", "w", count=5)] == ["a", "b"]
 
 
 WORKER = """
@@ -310,9 +310,9 @@ while True:
         print(json.dumps({"acked": acks}), flush=True)
     if not batch:
         break
-    print(json.dumps({"took": [m["Payload"] for m in batch]}), flush=True)
+    print(json.dumps({"took": [m.payload for m in batch]}), flush=True)
     time.sleep(0.02)  # the work: a kill -9 lands mid-batch
-    acks = [m["Key"] for m in batch]
+    acks = [m.key for m in batch]
 """
 
 

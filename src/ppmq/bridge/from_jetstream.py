@@ -21,6 +21,7 @@ import msgspec
 
 from ppmq.bridge.link import Link, Nats, log, nats_link, ppmq_link
 from ppmq.client.library import DEFAULT_TIMEOUT_S, AsyncClient
+from ppmq.client.results import PublishResult
 
 FETCH_COUNT = 256  # messages per fetch, published to ppmq in one request
 FETCH_WAIT_S = 5.0  # how long a fetch waits for a first message before asking again
@@ -52,7 +53,7 @@ class FromBridge:
             await self.ppmq.attempt(partial(self._publish, messages=messages))
             await _ack(batch)
 
-    def _publish(self, client: AsyncClient, messages: list[dict[str, Any]]) -> Awaitable[int]:
+    def _publish(self, client: AsyncClient, messages: list[dict[str, Any]]) -> Awaitable[PublishResult]:
         return client.publish(self.topic, messages)
 
 

@@ -21,6 +21,7 @@ import msgspec
 
 from ppmq.bridge.link import Link, Nats, nats_link, ppmq_link
 from ppmq.client.library import DEFAULT_TIMEOUT_S, AsyncClient
+from ppmq.client.results import Message
 from ppmq.config import Config, TopicConfig
 
 TAKE_COUNT = 256  # messages per TAKE: one round of PubAcks waited for together
@@ -42,24 +43,22 @@ class TopicBridge:
             batch = await self.ppmq.attempt(partial(self._take, acks=acks))
             if batch:
                 await self.nats.attempt(partial(self._publish, batch=batch))
-            acks = [m["Key"] for m in batch]
+            acks = [m.key for m in batch]
 
-    def _take(self, client: AsyncClient, acks: list[str]) -> Awaitable[list[dict[str, Any]]]:
+    def _take(self, client: AsyncClient, acks: list[str]) -> Awaitable[list[Message]]:
         """The next batch, with the last one's acks."""
         return client.take(self.topic.name, self.subscriber, TAKE_COUNT, TAKE_WAIT_S, acks)
 
-    async def _publish(self, conn: Nats, batch: list[dict[str, Any]]) -> None:
+    async def _publish(self, conn: Nats, batch: list[Message]) -> None:
         """Every message at once, then every PubAck: an exception if any is missing."""
-        await asyncio.gather(
-            *(conn.js.publish(self.subject, _encode(m["Payload"]), headers={"Nats-Msg-Id": self.msg_id(m)}) for m in batch)
-        )
+        await asyncio.gather(*(conn.js.publish(self.subject, _encode(m.payload), headers={"Nats-Msg-Id": self.msg_id(m)}) for m in batch))
 
-    def msg_id(self, message: dict[str, Any]) -> str:
+    def msg_id(self, message: Message) -> str:
         """`topic:key`; on a Dedupe topic a key names every version of a message, so
         the version's Published instant (Metadata: true) is added, in nanoseconds."""
-        msg_id = f"{self.topic.name}:{message['Key']}"
-        if self.topic.dedupe and "Published" in message:
-            msg_id += f":{published_ns(message['Published'])}"
+        msg_id = f"{self.topic.name}:{message.key}"
+        if self.topic.dedupe and message.published is not None:
+            msg_id += f":{published_ns(message.published)}"
         return msg_id
 
 
@@ -78,7 +77,7 @@ async def run(config: Config, url: str, subscriber: str, prefix: str) -> None:
     """Bridge every topic `subscriber` is on, until cancelled."""
     nats = nats_link(url)
     bridges = [
-        TopicBridge(t, subscriber, prefix + t.name, ppmq_link(config.server_socket, TAKE_WAIT_S + DEFAULT_TIMEOUT_S), nats)
+        TopicBridge(t, subscriber, prefix + t.name, ppmq_link(config.server_socket, DEFAULT_TIMEOUT_S), nats)
         for t in subscribed_topics(config, subscriber)
     ]
     try:

@@ -21,6 +21,7 @@ from ppmq import sockets
 from ppmq.cli import bridge
 from ppmq.cli import control as cli_control
 from ppmq.cli.control import align, config_options, open_client, seconds
+from ppmq.client import calls
 from ppmq.client.library import Client
 from ppmq.config import default_config_path, load_config
 from ppmq.errors import ClientError, ConfigError, Failure, FsckError, ListenError, StoreError
@@ -244,7 +245,7 @@ def _publish(args: argparse.Namespace) -> int:
         if args.payloads == ["-"]:
             total = _publish_stdin(client, args.topic)
         else:
-            total = client.publish(args.topic, [_message(args, payload) for payload in args.payloads])
+            total = client.publish(args.topic, [_message(args, payload) for payload in args.payloads]).accepted
     print(f"published {total}")
     return 0
 
@@ -279,16 +280,16 @@ def _publish_stdin(client: Client, topic: str) -> int:
             raise Failure(f"stdin line {n}: not a JSON object: {exc}") from None
         batch.append(msgspec.Raw(line.strip()))
         if len(batch) >= STDIN_BATCH:
-            total += client.publish(topic, batch)
+            total += client.publish(topic, batch).accepted
             batch = []
     if batch:
-        total += client.publish(topic, batch)
+        total += client.publish(topic, batch).accepted
     return total
 
 
 def _ack(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        done = client.ack(args.topic, args.subscriber, args.keys)
+        done = client.ack(args.topic, args.subscriber, args.keys).accepted
     print(f"acked {done}")
     return 0
 
@@ -301,7 +302,7 @@ def _reconnect(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        body = client.status(args.topic)
+        body = _status_body(client, args.topic)
     if args.json:
         print(msgspec.json.encode(body).decode())
     else:
@@ -313,9 +314,15 @@ def _metrics(args: argparse.Namespace) -> int:
     """From STATUS, like `ppmq status`: the one view of the counters a client may
     ask for (StatusUsers applies), rendered as the daemon renders its textfile."""
     with open_client(args) as client:
-        body = client.status()
+        body = _status_body(client)
     sys.stdout.write(exposition(body).decode())
     return 0
+
+
+def _status_body(client: Client, topic: str | None = None) -> dict[str, Any]:
+    """The STATUS Body as the broker sent it, keys the client library does not know included."""
+    body: dict[str, Any] = client.request(calls.status(topic).wrapper).body
+    return body
 
 
 _SUB_COLUMNS = ("SUBSCRIBER", "READY", "DELAYED", "INFLIGHT", "OLDEST", "DELIVERED", "ACKED", "REDELIVERED", "EXPIRED", "DEADLETTERED")

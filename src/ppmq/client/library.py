@@ -1,8 +1,10 @@
-"""Client library: publish with confirmation, ack, reconnect, status.
+"""Client library: every request the broker answers, each with a typed result.
 
 `Client` blocks, `AsyncClient` is for asyncio; both send one wrapper per call
 with an `Id` and return once the broker has committed it (PROTOCOL §4). A
-status other than 200 raises ClientError with the broker's message.
+status other than 200 raises ClientError with the broker's status and message.
+What each request sends and returns is defined once, in ppmq.client.calls;
+the two classes only carry it over their connection.
 
     with Client("/run/ppmq/ppmq.sock") as c:
         c.publish("filescan", [{"Key": "k", "Payload": "hello", "Priority": 1}])
@@ -11,75 +13,31 @@ status other than 200 raises ClientError with the broker's message.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
-import msgspec
-
+import ppmq.client.calls as calls
+from ppmq.client.calls import Call, Exchange, Messages
+from ppmq.client.results import Message, PeekResult, PingResult, PublishResult, PurgeResult, RedriveResult, SettleResult, Status
 from ppmq.errors import ClientError
 from ppmq.protocol.messages import Reply
 
-_encoder = msgspec.json.Encoder()
-_reply_decoder = msgspec.json.Decoder(Reply)
+__all__ = ["DEFAULT_TIMEOUT_S", "AsyncClient", "Client", "Messages"]
+
+R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 30.0
 # The longest reply line AsyncClient reads: more than any reply of a broker, whose
 # largest (a TAKE) holds at most MaxFrameBytes of messages, or one message.
 REPLY_LIMIT_BYTES = 1 << 30
-# A publish's messages: objects, or each one's JSON object already encoded
-Messages: TypeAlias = list[dict[str, Any]] | list[msgspec.Raw]
 
 
-class _Calls:
-    """What both flavours share: building wrappers and reading replies."""
-
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-
-    def _frame(self, wrapper: dict[str, Any]) -> tuple[bytes, msgspec.Raw]:
-        rid = msgspec.Raw(b"%d" % next(self._ids))
-        # Id first: the broker can find it even in a frame it cannot parse
-        return _encoder.encode({"Id": rid, **wrapper}) + b"\n", rid
-
-    @staticmethod
-    def _check(line: bytes) -> Reply:
-        if not line:
-            raise ClientError(0, "the broker closed the connection")
-        reply = _reply_decoder.decode(line)
-        if reply.status != 200:
-            raise ClientError(reply.status, reply.error or "")
-        return reply
-
-    @staticmethod
-    def publish_wrapper(topic: str, messages: Messages) -> dict[str, Any]:
-        return {"Topic": topic, "Messages": messages}
-
-    @staticmethod
-    def ack_wrapper(topic: str, subscriber: str, keys: list[str]) -> dict[str, Any]:
-        return {"Topic": topic, "Subscriber": subscriber, "Acks": keys}
-
-    @staticmethod
-    def reconnect_wrapper(subscriber: str, topic: str | None) -> dict[str, Any]:
-        wrapper = {"Subscriber": subscriber, "Command": "RECONNECT"}
-        return {**wrapper, "Topic": topic} if topic else wrapper
-
-    @staticmethod
-    def take_wrapper(topic: str, subscriber: str, count: int, wait_s: float, acks: list[str] | None) -> dict[str, Any]:
-        """PROTOCOL §9 TAKE, with the previous batch's Acks applied first when given."""
-        wrapper = {"Topic": topic, "Subscriber": subscriber, "Command": "TAKE", "Count": count, "Wait": wait_s}
-        return {**wrapper, "Acks": acks} if acks else wrapper
-
-    @staticmethod
-    def status_wrapper(topic: str | None) -> dict[str, Any]:
-        """STATUS of every topic, or of `topic` only (PROTOCOL §8)."""
-        return {"Command": "STATUS", "Topic": topic} if topic else {"Command": "STATUS"}
-
-
-class Client(_Calls):
-    """Blocking client on the broker's server socket."""
+class Client:
+    """Blocking client on the broker's server socket. A TAKE that waits may take
+    `wait_s` longer than `timeout_s` to answer."""
 
     def __init__(self, path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().__init__()
+        self._exchange, self._timeout_s = Exchange(), timeout_s
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -89,34 +47,70 @@ class Client(_Calls):
             raise ClientError(0, f"cannot connect to {path}: {exc.strerror or exc}") from None
         self._lines = self._sock.makefile("rb")
 
-    def request(self, wrapper: dict[str, Any]) -> Reply:
-        frame, rid = self._frame(wrapper)
+    def call(self, call: Call[R]) -> R:
+        """Send one request and wait for its reply."""
+        frame, rid = self._exchange.frame(call)
         try:
+            self._sock.settimeout(self._timeout_s + call.wait_s)
             self._sock.sendall(frame)
-            while True:
-                line = self._lines.readline()
-                reply = self._check(line)
-                if reply.id == rid:
-                    return reply
+            while (reply := self._exchange.reply(self._lines.readline(), rid)) is None:
+                pass
         except OSError as exc:
             raise ClientError(0, f"connection to the broker failed: {exc}") from None
+        return call.result(reply)
 
-    def publish(self, topic: str, messages: Messages) -> int:
-        return self.request(self.publish_wrapper(topic, messages)).accepted or 0
+    def request(self, wrapper: dict[str, Any]) -> Reply:
+        """Any wrapper, as it is (PROTOCOL §2): the reply with its Body as plain JSON values."""
+        return self.call(calls.request(wrapper))
 
-    def ack(self, topic: str, subscriber: str, keys: list[str]) -> int:
-        return self.request(self.ack_wrapper(topic, subscriber, keys)).accepted or 0
+    def publish(self, topic: str, messages: Messages) -> PublishResult:
+        return self.call(calls.publish(topic, messages))
+
+    def ack(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        return self.call(calls.settle("Acks", topic, subscriber, keys))
+
+    def nack(self, topic: str, subscriber: str, keys: Sequence[str], delay_s: float | None = None) -> SettleResult:
+        """Back to their queue, to be delivered again no sooner than `delay_s` from now."""
+        return self.call(calls.settle("Nacks", topic, subscriber, keys, delay_s))
+
+    def reject(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        """Given up: to the topic's DeadLetter, or dropped."""
+        return self.call(calls.settle("Rejects", topic, subscriber, keys))
+
+    def touch(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        """Their ack deadline (AckRetry) starts again now."""
+        return self.call(calls.settle("Touch", topic, subscriber, keys))
+
+    def take(self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: Sequence[str] | None = None) -> list[Message]:
+        """Up to `count` messages for a Pull subscriber, waiting up to `wait_s` for one; `acks` are acked first."""
+        return self.call(calls.take(topic, subscriber, count, wait_s, acks))
 
     def reconnect(self, subscriber: str, topic: str | None = None) -> None:
-        self.request(self.reconnect_wrapper(subscriber, topic))
+        return self.call(calls.reconnect(subscriber, topic))
 
-    def status(self, topic: str | None = None) -> dict[str, Any]:
-        return self.request(self.status_wrapper(topic)).body
+    def status(self, topic: str | None = None) -> Status:
+        return self.call(calls.status(topic))
 
-    def take(self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: list[str] | None = None) -> list[dict[str, Any]]:
-        """Up to `count` messages for a Pull subscriber, waiting up to `wait_s` for
-        one (the client's timeout must be longer); `acks` are acked first."""
-        return self.request(self.take_wrapper(topic, subscriber, count, wait_s, acks)).body["Messages"]
+    def peek(
+        self, topic: str, subscriber: str | None = None, state: str | None = None, limit: int | None = None, after: str | None = None
+    ) -> PeekResult:
+        """A page of what waits; `state` "ready" or "inflight", `after` the last page's `next`."""
+        return self.call(calls.peek(topic, subscriber, state, limit, after))
+
+    def purge(self, topic: str, subscriber: str | None = None, keys: Sequence[str] | None = None) -> PurgeResult:
+        return self.call(calls.purge(topic, subscriber, keys))
+
+    def redrive(self, topic: str, keys: Sequence[str] | None = None) -> RedriveResult:
+        return self.call(calls.redrive(topic, keys))
+
+    def pause(self, subscriber: str, topic: str | None = None) -> None:
+        return self.call(calls.pause("PAUSE", subscriber, topic))
+
+    def resume(self, subscriber: str, topic: str | None = None) -> None:
+        return self.call(calls.pause("RESUME", subscriber, topic))
+
+    def ping(self) -> PingResult:
+        return self.call(calls.ping())
 
     def close(self) -> None:
         self._lines.close()
@@ -129,11 +123,12 @@ class Client(_Calls):
         self.close()
 
 
-class AsyncClient(_Calls):
-    """asyncio client; `await AsyncClient.connect(path)`."""
+class AsyncClient:
+    """asyncio client; `await AsyncClient.connect(path)`. Its methods are Client's,
+    awaited; concurrent calls on one client each get their own reply."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float) -> None:
-        super().__init__()
+        self._exchange = Exchange()
         self._reader, self._writer, self._timeout_s = reader, writer, timeout_s
         self._lock = asyncio.Lock()
 
@@ -145,45 +140,74 @@ class AsyncClient(_Calls):
             raise ClientError(0, f"cannot connect to {path}: {exc.strerror or exc}") from None
         return cls(reader, writer, timeout_s)
 
-    async def request(self, wrapper: dict[str, Any]) -> Reply:
-        frame, rid = self._frame(wrapper)
+    async def call(self, call: Call[R]) -> R:
+        frame, rid = self._exchange.frame(call)
         async with self._lock:
             try:
                 self._writer.write(frame)
                 await self._writer.drain()
-                while True:
-                    line = await self._line()
-                    reply = self._check(line)
-                    if reply.id == rid:
-                        return reply
+                while (reply := self._exchange.reply(await self._line(self._timeout_s + call.wait_s), rid)) is None:
+                    pass
             except (OSError, TimeoutError) as exc:
                 raise ClientError(0, f"connection to the broker failed: {exc!r}") from None
+        return call.result(reply)
 
-    async def _line(self) -> bytes:
+    async def _line(self, timeout_s: float) -> bytes:
         """The next reply line; one too long leaves the rest of it unread, so the
         connection is of no further use (ClientError with status 0)."""
         try:
-            return await asyncio.wait_for(self._reader.readline(), self._timeout_s)
+            return await asyncio.wait_for(self._reader.readline(), timeout_s)
         except ValueError:
             raise ClientError(0, f"a reply longer than {REPLY_LIMIT_BYTES} bytes") from None
 
-    async def publish(self, topic: str, messages: Messages) -> int:
-        return (await self.request(self.publish_wrapper(topic, messages))).accepted or 0
+    async def request(self, wrapper: dict[str, Any]) -> Reply:
+        return await self.call(calls.request(wrapper))
 
-    async def ack(self, topic: str, subscriber: str, keys: list[str]) -> int:
-        return (await self.request(self.ack_wrapper(topic, subscriber, keys))).accepted or 0
+    async def publish(self, topic: str, messages: Messages) -> PublishResult:
+        return await self.call(calls.publish(topic, messages))
 
-    async def reconnect(self, subscriber: str, topic: str | None = None) -> None:
-        await self.request(self.reconnect_wrapper(subscriber, topic))
+    async def ack(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        return await self.call(calls.settle("Acks", topic, subscriber, keys))
 
-    async def status(self, topic: str | None = None) -> dict[str, Any]:
-        return (await self.request(self.status_wrapper(topic))).body
+    async def nack(self, topic: str, subscriber: str, keys: Sequence[str], delay_s: float | None = None) -> SettleResult:
+        return await self.call(calls.settle("Nacks", topic, subscriber, keys, delay_s))
+
+    async def reject(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        return await self.call(calls.settle("Rejects", topic, subscriber, keys))
+
+    async def touch(self, topic: str, subscriber: str, keys: Sequence[str]) -> SettleResult:
+        return await self.call(calls.settle("Touch", topic, subscriber, keys))
 
     async def take(
-        self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: list[str] | None = None
-    ) -> list[dict[str, Any]]:
-        """As Client.take: the timeout given to connect must be longer than `wait_s`."""
-        return (await self.request(self.take_wrapper(topic, subscriber, count, wait_s, acks))).body["Messages"]
+        self, topic: str, subscriber: str, count: int = 1, wait_s: float = 0.0, acks: Sequence[str] | None = None
+    ) -> list[Message]:
+        return await self.call(calls.take(topic, subscriber, count, wait_s, acks))
+
+    async def reconnect(self, subscriber: str, topic: str | None = None) -> None:
+        return await self.call(calls.reconnect(subscriber, topic))
+
+    async def status(self, topic: str | None = None) -> Status:
+        return await self.call(calls.status(topic))
+
+    async def peek(
+        self, topic: str, subscriber: str | None = None, state: str | None = None, limit: int | None = None, after: str | None = None
+    ) -> PeekResult:
+        return await self.call(calls.peek(topic, subscriber, state, limit, after))
+
+    async def purge(self, topic: str, subscriber: str | None = None, keys: Sequence[str] | None = None) -> PurgeResult:
+        return await self.call(calls.purge(topic, subscriber, keys))
+
+    async def redrive(self, topic: str, keys: Sequence[str] | None = None) -> RedriveResult:
+        return await self.call(calls.redrive(topic, keys))
+
+    async def pause(self, subscriber: str, topic: str | None = None) -> None:
+        return await self.call(calls.pause("PAUSE", subscriber, topic))
+
+    async def resume(self, subscriber: str, topic: str | None = None) -> None:
+        return await self.call(calls.pause("RESUME", subscriber, topic))
+
+    async def ping(self) -> PingResult:
+        return await self.call(calls.ping())
 
     async def close(self) -> None:
         self._writer.close()

@@ -61,6 +61,7 @@ import msgspec
 
 from ppmq import sockets
 from ppmq.client.library import AsyncClient
+from ppmq.client.results import Message
 from ppmq.config import default_config_path, load_config
 from ppmq.errors import ClientError, ConfigError, ListenError, SubscriberError
 from ppmq.protocol.framing import Framer
@@ -75,15 +76,6 @@ FD_NAME = "ppmq"  # FileDescriptorName= of ppmq-subscriber@.socket
 ACTIVATED_IDLE_EXIT_S = 60.0
 RECONNECT_TIMEOUT_S = 10.0
 READ_CHUNK = 1 << 16
-
-
-class Message(msgspec.Struct, rename="pascal"):
-    """One delivered message (PROTOCOL §5); `payload` is the decoded JSON value."""
-
-    key: str
-    payload: Any
-    priority: int = 0
-    expires: str | None = None  # RFC 3339, present only when the producer set one
 
 
 class Batch(msgspec.Struct, rename="pascal"):

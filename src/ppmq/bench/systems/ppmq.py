@@ -171,8 +171,8 @@ class Taker:
     def batches(self) -> Iterator[list[bytes]]:
         while True:
             taken = self.client.take(TOPIC, PULLED, self.count, IDLE_S, self.acks)
-            self.acks = [m["Key"] for m in taken]
-            yield [m["Payload"].encode() for m in taken]
+            self.acks = [m.key for m in taken]
+            yield [m.payload.encode() for m in taken]
 
     def close(self) -> None:
         if self.acks:
