@@ -47,6 +47,17 @@ def published(b) -> dict[str, int]:
     return {name: t["Published"] for name, t in b.status()["Topics"].items()}
 
 
+# --- version ------------------------------------------------------------------------------
+
+
+def test_version_prints_the_version_the_broker_answers_ping_with(broker):
+    r = ppmq("--version")
+    assert r.returncode == 0, r.stderr
+    with broker.client() as c:
+        version = c.request({"Command": "PING"}).body["Version"]
+    assert r.stdout == f"ppmq {version}\n"
+
+
 # --- check ------------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from ppmq.store.fsck import fsck
 from ppmq.store.schema import SCHEMA_VERSION
 from ppmq.store.store import Store, missing_store
 from ppmq.systemd import configure_logging, listening_unix_socket
+from ppmq.version import ppmq_version
 
 log = logging.getLogger("ppmq")
 STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
@@ -99,6 +100,7 @@ def _is_utf8(text: str) -> bool:
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ppmq", description="Persistent, prioritized message broker for one host.")
+    parser.add_argument("--version", action="version", version=f"ppmq {ppmq_version()}", help="print the version of ppmq and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
 
