@@ -184,6 +184,39 @@ def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_n
 
 
 @pytest.mark.parametrize(
+    ("args", "stdin"),
+    [(["t", "x" * 100_000], None), (["t", "-"], json.dumps({"Payload": "x" * 3_000_000}) + "\n")],
+    ids=["read whole before the reply", "refused while still being sent"],
+)
+def test_a_publish_over_max_frame_bytes_exits_1_with_the_brokers_413(broker_factory, args, stdin):
+    # Given a broker that takes frames of 64 KiB at most
+    b = broker_factory(TOPICS, ["s"], MaxFrameBytes="64KiB")
+    # When a publish sends a larger one
+    r = ppmq("publish", "-c", b.config_path, *args, stdin=stdin)
+    # Then the command says what the broker said, not how the connection ended, and nothing is stored
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr == "ppmq publish: 413: frame exceeds MaxFrameBytes (65536 bytes)\n"
+    assert published(b) == {"t": 0, "d": 0, "u": 0}
+
+
+@pytest.mark.skipif(os.path.exists("/etc/ppmq/ppmq.yaml"), reason="this host has a config at the default path")
+@pytest.mark.parametrize(
+    ("args", "env", "where"),
+    [
+        ([], {}, "/etc/ppmq/ppmq.yaml (the default)"),
+        ([], {"PPMQ_CONFIG": "/nonexistent/ppmq.yaml"}, "/nonexistent/ppmq.yaml (from PPMQ_CONFIG)"),
+        (["-c", "/nonexistent/c.yaml"], {}, "/nonexistent/c.yaml (given with -c)"),
+    ],
+    ids=["default", "PPMQ_CONFIG", "-c"],
+)
+@pytest.mark.parametrize(("command", "status"), [("status", 1), ("check", 1), ("serve", 1), ("fsck", 2)])
+def test_a_missing_config_says_where_it_was_looked_for_and_how_to_name_one(args, env, where, command, status):
+    r = ppmq(command, *args, env={**ENV, **env})
+    assert r.returncode == status, (r.stdout, r.stderr)
+    assert r.stderr == f"ppmq {command}: no config file at {where}; name one with -c FILE or PPMQ_CONFIG=FILE\n"
+
+
+@pytest.mark.parametrize(
     "args",
     [
         [],

@@ -17,8 +17,8 @@ from typing import Any
 
 from ppmq.bridge import from_jetstream as bridge_from
 from ppmq.bridge import to_jetstream as bridge_to
-from ppmq.cli.control import Command, config_options
-from ppmq.config import Config, default_config_path, load_config
+from ppmq.cli.control import Command, config_of, config_options
+from ppmq.config import Config
 
 log = logging.getLogger("ppmq.bridge")
 
@@ -48,7 +48,7 @@ def _direction(
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config or default_config_path())
+    config = config_of(args)
     if args.socket:
         config.server_socket = args.socket
     return config

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import msgspec
 
 from ppmq.client.library import Client
-from ppmq.config import default_config_path, load_config
+from ppmq.config import Config, default_config_path, load_config
+from ppmq.errors import ClientError, ConfigError
 from ppmq.protocol.messages import Reply
 
 # cli/main.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
@@ -31,11 +33,54 @@ def config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
 
 
+def config_path(args: argparse.Namespace) -> str:
+    """The config file of a command: -c, else $PPMQ_CONFIG, else /etc/ppmq/ppmq.yaml.
+    One that does not exist is an error that says where the path came from and how
+    to name another, since a newcomer's first command usually has neither."""
+    path = args.config or default_config_path()
+    if not os.path.exists(path):
+        origin = "given with -c" if args.config else "from PPMQ_CONFIG" if os.environ.get("PPMQ_CONFIG") else "the default"
+        raise ConfigError([f"no config file at {path} ({origin}); name one with -c FILE or PPMQ_CONFIG=FILE"])
+    return path
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    """The config of a command, loaded and checked (see config_path)."""
+    return load_config(config_path(args))
+
+
+class CommandClient(Client):
+    """A Client that reports the broker's refusal of a request it could not finish
+    sending: a frame over MaxFrameBytes is answered 413 and the connection closed
+    while the rest is still being written, so the write fails, and the reason is
+    the reply line waiting to be read, not the broken pipe."""
+
+    def request(self, wrapper: dict[str, Any]) -> Reply:
+        try:
+            return super().request(wrapper)
+        except ClientError as exc:
+            if exc.status or not isinstance(exc.__context__, (BrokenPipeError, ConnectionResetError)):
+                raise
+            refusal = self._last_words()
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    def _last_words(self) -> ClientError | None:
+        """The error reply the broker wrote before it closed, if it wrote one."""
+        try:
+            self._check(self._lines.readline())
+        except ClientError as exc:
+            return exc if exc.status else None
+        except (OSError, ValueError):  # nothing left to read, or not a reply
+            return None
+        return None
+
+
 def open_client(args: argparse.Namespace) -> Client:
     """The broker named by -s, or by ServerSocket of the config. Here rather than in
     cli/main.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
-    path = args.socket or load_config(args.config or default_config_path()).server_socket
-    return Client(path)
+    return CommandClient(args.socket or config_of(args).server_socket)
 
 
 def seconds(text: str) -> float:

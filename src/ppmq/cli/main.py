@@ -20,9 +20,9 @@ import uvloop
 from ppmq import sockets
 from ppmq.cli import bridge
 from ppmq.cli import control as cli_control
-from ppmq.cli.control import align, config_options, open_client, seconds
+from ppmq.cli.control import align, config_of, config_options, config_path, open_client, seconds
 from ppmq.client.library import Client
-from ppmq.config import default_config_path, load_config
+from ppmq.config import load_config
 from ppmq.errors import ClientError, ConfigError, Failure, FsckError, ListenError, StoreError
 from ppmq.protocol.framing import Framer
 from ppmq.server import daemon
@@ -167,7 +167,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def _serve(args: argparse.Namespace) -> int:
-    path = args.config or default_config_path()
+    path = config_path(args)
     config = load_config(path)
     if args.socket:
         config.server_socket = args.socket
@@ -183,7 +183,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    path = args.config or default_config_path()
+    path = config_path(args)
     config = load_config(path)
     print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
     return 0
@@ -204,7 +204,7 @@ def _reload(args: argparse.Namespace) -> int:
 def _fsck(args: argparse.Namespace) -> int:
     """One line per problem on stdout; exit 0 clean, 1 problems, 2 cannot check."""
     try:
-        config = load_config(args.config or default_config_path())
+        config = config_of(args)
         problems, snap = fsck(config)
     except (ConfigError, FsckError) as exc:
         print(f"ppmq fsck: {exc}", file=sys.stderr)
@@ -220,7 +220,7 @@ def _fsck(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    config = load_config(args.config or default_config_path())
+    config = config_of(args)
     if config.in_memory:
         print("DataPath is mem: there is no store to convert")
         return 0
