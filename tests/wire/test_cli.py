@@ -143,13 +143,14 @@ def test_publish_waits_for_the_broker_and_the_subscriber_receives_what_was_given
     assert all(m["Topic"] == args[0] for m in got)
 
 
-def test_publish_with_ttl_delivers_a_message_that_expires_that_many_seconds_later(broker, broker_factory):
+@pytest.mark.parametrize(("ttl", "seconds"), [("60", 60), ("5m", 300), ("1h30m", 5400), ("90.5s", 90.5)])
+def test_publish_with_ttl_delivers_a_message_that_expires_that_long_later(broker, broker_factory, ttl, seconds):
     sub = broker_factory.subscriber(broker, "s")
-    r = ppmq("publish", "-c", broker.config_path, "t", "short-lived", "--ttl", "60")
+    r = ppmq("publish", "-c", broker.config_path, "t", "short-lived", "--ttl", ttl)
     assert r.returncode == 0, r.stderr
     (m,) = sub.wait_messages(1)
     expires = dt.datetime.fromisoformat(m["Expires"].replace("Z", "+00:00")).timestamp()
-    assert abs(expires - (time.time() + 60)) < 10, m
+    assert abs(expires - (time.time() + seconds)) < 10, m
 
 
 @pytest.mark.parametrize(
@@ -224,6 +225,8 @@ def test_a_missing_config_says_where_it_was_looked_for_and_how_to_name_one(args,
         ["publish"],
         ["publish", "-c", "x.yaml", "t", "x", "--priority", "high"],
         ["publish", "-c", "x.yaml", "t", "x", "--ttl"],
+        ["publish", "-c", "x.yaml", "t", "x", "--ttl", "5 minutes"],
+        ["publish", "-c", "x.yaml", "t", "x", "--ttl", "inf"],
         ["ack", "-c", "x.yaml", "t", "s"],
         ["reconnect", "-c", "x.yaml"],
         ["status", "-c", "x.yaml", "--bogus"],
@@ -235,6 +238,8 @@ def test_a_missing_config_says_where_it_was_looked_for_and_how_to_name_one(args,
         "publish without topic",
         "priority not a number",
         "ttl without value",
+        "ttl not a duration",
+        "ttl endless",
         "ack without keys",
         "reconnect without subscriber",
         "unknown option",

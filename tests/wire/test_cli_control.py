@@ -111,6 +111,7 @@ def _read_pty(fd: int, until: str | None = None) -> str:
         ["resume", "-c", "x.yaml", "s", "--topic"],
         ["ping", "-c", "x.yaml", "extra"],
         ["publish", "-c", "x.yaml", "u", "x", "--delay", "nan"],
+        ["publish", "-c", "x.yaml", "u", "x", "--delay", "90 s"],
         ["status", "-c", "x.yaml", "--topic"],
     ],
     ids=[
@@ -129,6 +130,7 @@ def _read_pty(fd: int, until: str | None = None) -> str:
         "topic without value",
         "ping with an argument",
         "publish delay nan",
+        "publish delay with a space",
         "status topic without value",
     ],
 )
@@ -176,12 +178,13 @@ def test_nack_gives_messages_in_flight_back_and_they_are_delivered_again(broker,
     assert sub.wait_messages(3)[2]["Payload"] == "a"
 
 
-def test_nack_with_a_delay_holds_the_message_back_that_long(broker, broker_factory):
+@pytest.mark.parametrize("delay", ["1.5", "1500ms"])
+def test_nack_with_a_delay_holds_the_message_back_that_long(broker, broker_factory, delay):
     # Given a message in flight to s
     sub = held(broker, broker_factory, "u", "a")
     # When s nacks it with a delay of 1.5 s
     started = time.monotonic()
-    run(broker, "nack", "u", "s", sub.messages[0]["Key"], "--delay", "1.5")
+    run(broker, "nack", "u", "s", sub.messages[0]["Key"], "--delay", delay)
     # Then it is delivered again, but not before the delay has passed
     sub.wait_messages(2)
     assert time.monotonic() - started >= 1.5
@@ -320,12 +323,13 @@ def test_status_with_a_topic_shows_only_that_topic(broker):
     assert run(broker, "status", "-t", "v").stdout.startswith("v: stored 0")
 
 
-def test_publish_with_a_delay_delivers_the_message_no_earlier(broker, broker_factory):
+@pytest.mark.parametrize("delay", ["1.5", "1s500ms"])
+def test_publish_with_a_delay_delivers_the_message_no_earlier(broker, broker_factory, delay):
     # Given a subscriber that acks
     sub = broker_factory.subscriber(broker, "s")
     # When one message is published with a delay of 1.5 s, then one without
     started = time.monotonic()
-    run(broker, "publish", "u", "later", "--delay", "1.5")
+    run(broker, "publish", "u", "later", "--delay", delay)
     run(broker, "publish", "u", "now")
     # Then the one without comes first, the delayed one only after its delay
     assert sub.wait_messages(1)[0]["Payload"] == "now"

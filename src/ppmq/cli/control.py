@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from ppmq.client.library import Client
-from ppmq.config import Config, default_config_path, load_config
+from ppmq.config import Config, default_config_path, load_config, parse_duration
 from ppmq.errors import ClientError, ConfigError
 from ppmq.protocol.messages import Reply
 
@@ -83,15 +83,21 @@ def open_client(args: argparse.Namespace) -> Client:
     return CommandClient(args.socket or config_of(args).server_socket)
 
 
-def seconds(text: str) -> float:
-    """An argparse type for delays: a wait cannot be negative, NaN or endless, and
-    saying so before asking the broker makes it a usage error (exit 2)."""
+def duration(text: str) -> float:
+    """An argparse type for --ttl, --delay and --wait: seconds, written as the config
+    writes a duration ("90s", "5m", "1h30m", "250ms") or as a plain number. The
+    config's parser decides what is a duration; a wait cannot be NaN or endless
+    either, and saying so before asking the broker makes it a usage error (exit 2)."""
     try:
-        value = float(text)
+        number: float | str = float(text)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+        number = text
+    try:
+        value = parse_duration(number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite duration: {text!r}")
     return value
 
 
@@ -119,7 +125,9 @@ def add_commands(command: Command) -> None:
     """This module's subcommands, made by cli/main.py's factory so that they take -c/-s
     and the man page shows them like every other command."""
     nack = _in_flight_command(command, "nack", _nack, "give messages in flight back to their queue, to be delivered again")
-    nack.add_argument("--delay", type=seconds, help="seconds before they may be delivered again (default 0)")
+    nack.add_argument(
+        "--delay", type=duration, metavar="DURATION", help='how long before they may be delivered again: "90s", "5m" or seconds (default 0)'
+    )
     _in_flight_command(command, "reject", _reject, "give up on messages in flight: dead-letter them, or drop them without a DeadLetter")
     peek = command("peek", _peek, "show messages of a topic in delivery order, ready ones first, without changing anything")
     peek.add_argument("topic")

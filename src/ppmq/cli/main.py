@@ -20,7 +20,7 @@ import uvloop
 from ppmq import sockets
 from ppmq.cli import bridge
 from ppmq.cli import control as cli_control
-from ppmq.cli.control import align, config_of, config_options, config_path, open_client, seconds
+from ppmq.cli.control import align, config_of, config_options, config_path, duration, open_client
 from ppmq.client.library import Client
 from ppmq.config import load_config
 from ppmq.errors import ClientError, ConfigError, Failure, FsckError, ListenError, StoreError
@@ -127,8 +127,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     pub.add_argument("--key", "-k")
     pub.add_argument("--priority", "-p", type=int, default=0)
-    pub.add_argument("--ttl", type=float, help="seconds until the message expires")
-    pub.add_argument("--delay", type=seconds, help="seconds before the message may be delivered")
+    pub.add_argument("--ttl", type=duration, metavar="DURATION", help='how long until the message expires: "90s", "5m", "1h30m" or seconds')
+    pub.add_argument(
+        "--delay", type=duration, metavar="DURATION", help='how long before the message may be delivered: "90s", "5m" or seconds'
+    )
     pub.add_argument("--json", action="store_true", help="PAYLOAD is a JSON value rather than a string")
     ack = command("ack", _ack, "acknowledge messages")
     ack.add_argument("topic")
