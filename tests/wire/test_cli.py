@@ -311,6 +311,7 @@ def test_ack_acknowledges_the_keys_given_and_ignores_unknown_ones(broker, broker
     k0, k1, _ = (m["Key"] for m in sub.messages)
     r = ppmq("ack", "-c", broker.config_path, "u", "s", k0, k1, "999999")
     assert (r.returncode, r.stdout.strip()) == (0, "acked 2"), r.stderr
+    assert "not in flight to subscriber 's' on topic 'u', so ignored: 1 of the 3 keys" in r.stderr
     st = broker.status()["Topics"]["u"]
     assert (st["Stored"], st["Subscribers"]["s"]["Acked"], st["Subscribers"]["s"]["InFlight"]) == (1, 2, 1)
 
@@ -324,6 +325,8 @@ def test_reconnect_redelivers_what_is_in_flight_to_the_subscriber(broker, broker
     sub = in_flight(broker, broker_factory, {"t": 2, "u": 3})
     r = ppmq("reconnect", "-c", broker.config_path, "s", *args)
     assert r.returncode == 0, r.stderr
+    where = "on topic 't'" if args else "on every topic it is on"
+    assert r.stdout == f"requeued what was in flight to subscriber 's' {where}, to be delivered again\n"
     # One transaction requeues every topic named, so when t's are back, u's would be too
     wait_for(lambda: broker.sub_status("t", "s")["Redelivered"] == 2, what="t redelivered")
     assert {topic: broker.sub_status(topic, "s")["Redelivered"] for topic in redelivered} == redelivered

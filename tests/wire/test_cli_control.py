@@ -157,8 +157,8 @@ def test_purge_on_a_terminal_asks_first_and_anything_but_y_or_yes_exits_1_with_n
     publish(broker, "u", "a", "b", "c")
     # When purge asks on a terminal and the answer is not a yes
     status, seen = on_a_terminal(["purge", "-c", broker.config_path, "u", "--subscriber", "s"], answer)
-    # Then the question said what would go, the command exits 1, and nothing is gone
-    assert "purge every message of topic 'u' for subscriber 's'" in seen, seen
+    # Then the question said what would go and how many, the command exits 1, and nothing is gone
+    assert "purge every message of topic 'u' for subscriber 's', ready and in flight (3 now)? [y/N]" in seen, seen
     assert status == 1, seen
     assert "nothing purged" in seen
     assert stored(broker)["u"] == 3
@@ -173,8 +173,9 @@ def test_nack_gives_messages_in_flight_back_and_they_are_delivered_again(broker,
     a = next(m["Key"] for m in sub.messages if m["Payload"] == "a")
     # When s nacks one of them, and a key that is not in flight
     r = run(broker, "nack", "u", "s", a, "999999")
-    # Then the one in flight is counted and delivered again
+    # Then the one in flight is counted and delivered again, and the other is said to be ignored
     assert r.stdout.strip() == "nacked 1"
+    assert "ppmq nack: not in flight to subscriber 's' on topic 'u', so ignored: 1 of the 2 keys" in r.stderr
     assert sub.wait_messages(3)[2]["Payload"] == "a"
 
 
@@ -188,6 +189,21 @@ def test_nack_with_a_delay_holds_the_message_back_that_long(broker, broker_facto
     # Then it is delivered again, but not before the delay has passed
     sub.wait_messages(2)
     assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.parametrize("command", ["ack", "nack", "reject"])
+def test_settling_keys_not_in_flight_names_them_and_changes_nothing(broker, broker_factory, command):
+    # Given a message in flight to s, and one acked already
+    sub = held(broker, broker_factory, "u", "a", "b")
+    run(broker, "ack", "u", "s", sub.messages[1]["Key"])
+    # When s settles the acked one and an unknown key
+    r = run(broker, command, "u", "s", sub.messages[1]["Key"], "424242")
+    # Then none is counted, both are named, and the one in flight stays so
+    assert r.stdout == f"{command}ed 0\n"
+    assert r.stderr.startswith(
+        f"ppmq {command}: not in flight to subscriber 's' on topic 'u', so ignored: {sub.messages[1]['Key']}, 424242 "
+    )
+    assert broker.settled_status()["Topics"]["u"]["Subscribers"]["s"]["InFlight"] == 1
 
 
 def test_reject_dead_letters_the_message_and_redrive_brings_it_back(broker, broker_factory):
@@ -273,6 +289,26 @@ def test_purge_on_a_terminal_purges_when_the_answer_is_yes(broker, answer):
     assert stored(broker)["u"] == 0
 
 
+@pytest.mark.parametrize(
+    ("args", "count"),
+    [([], 6), (["--subscriber", "r"], 3), (["-k", "KEY0", "-k", "KEY1"], 4), (["-k", "KEY0", "--subscriber", "s"], 1)],
+    ids=["every copy", "one subscriber's", "two keys", "a key of one subscriber"],
+)
+def test_purge_on_a_terminal_says_how_many_copies_it_would_remove(broker, broker_factory, args, count):
+    # Given three messages on v, one in flight to s, and each ready for r
+    sub = broker_factory.subscriber(broker, "s", ack=None)
+    publish(broker, "v", "a")
+    sub.wait_messages(1)
+    publish(broker, "v", "b", "c")
+    keys = [m["Key"] for m in json.loads(run(broker, "peek", "v", "--subscriber", "r", "--json").stdout)["Messages"]]
+    args = [keys[int(a[3:])] if a.startswith("KEY") else a for a in args]
+    # When purge asks, and is told no
+    status, seen = on_a_terminal(["purge", "-c", broker.config_path, "v", *args], b"n\n")
+    # Then its question counted the copies it would remove, as PURGE counts them
+    assert re.search(rf"ready and in flight \({count} now\)\? \[y/N\]", seen), seen
+    assert status == 1
+
+
 def test_purge_with_yes_removes_only_the_subscriber_and_keys_given(broker, broker_factory):
     # Given three messages on v, each held by s and by r
     publish(broker, "v", "a", "b", "c")
@@ -291,7 +327,7 @@ def test_purge_with_yes_removes_only_the_subscriber_and_keys_given(broker, broke
 
 def test_pause_stops_deliveries_to_the_subscriber_until_resume(broker, broker_factory):
     # Given s paused on u
-    run(broker, "pause", "s", "--topic", "u")
+    assert run(broker, "pause", "s", "--topic", "u").stdout == "paused subscriber 's' on topic 'u'\n"
     sub = broker_factory.subscriber(broker, "s")
     # When a message is published on u, and one on v
     publish(broker, "u", "held back")
@@ -305,9 +341,18 @@ def test_pause_stops_deliveries_to_the_subscriber_until_resume(broker, broker_fa
     assert re.search(r"^  s \(paused\) ", on_u, re.M), on_u
     assert "(paused)" not in others
     # When s is resumed
-    run(broker, "resume", "s", "--topic", "u")
+    assert run(broker, "resume", "s", "--topic", "u").stdout == "resumed subscriber 's' on topic 'u'\n"
     # Then the message held back goes out
     assert sub.wait_messages(2)[1]["Payload"] == "held back"
+
+
+def test_pause_and_resume_without_a_topic_say_they_act_on_every_topic_of_the_subscriber(broker):
+    assert run(broker, "pause", "s").stdout == "paused subscriber 's' on every topic it is on\n"
+    body = json.loads(run(broker, "status", "--json").stdout)["Topics"]
+    assert [body[t]["Subscribers"]["s"]["Paused"] for t in ("u", "v")] == [True, True]
+    assert run(broker, "resume", "s").stdout == "resumed subscriber 's' on every topic it is on\n"
+    body = json.loads(run(broker, "status", "--json").stdout)["Topics"]
+    assert [body[t]["Subscribers"]["s"]["Paused"] for t in ("u", "v")] == [False, False]
 
 
 def test_ping_prints_the_brokers_version_and_uptime(broker):

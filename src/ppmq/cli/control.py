@@ -124,11 +124,11 @@ def align(rows: Sequence[Sequence[str]]) -> list[str]:
 def add_commands(command: Command) -> None:
     """This module's subcommands, made by cli/main.py's factory so that they take -c/-s
     and the man page shows them like every other command."""
-    nack = _in_flight_command(command, "nack", _nack, "give messages in flight back to their queue, to be delivered again")
+    nack = in_flight_command(command, "nack", "give messages in flight back to their queue, to be delivered again")
     nack.add_argument(
         "--delay", type=duration, metavar="DURATION", help='how long before they may be delivered again: "90s", "5m" or seconds (default 0)'
     )
-    _in_flight_command(command, "reject", _reject, "give up on messages in flight: dead-letter them, or drop them without a DeadLetter")
+    in_flight_command(command, "reject", "give up on messages in flight: dead-letter them, or drop them without a DeadLetter")
     peek = command("peek", _peek, "show messages of a topic in delivery order, ready ones first, without changing anything")
     peek.add_argument("topic")
     peek.add_argument("--subscriber", help="only this subscriber's copies")
@@ -155,9 +155,9 @@ def add_commands(command: Command) -> None:
     command("ping", _ping, "show that the broker answers, its version and its uptime")
 
 
-def _in_flight_command(command: Command, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-    """nack and reject name the same things: keys in flight to a subscriber."""
-    sub = command(name, func, help)
+def in_flight_command(command: Command, name: str, help: str) -> argparse.ArgumentParser:
+    """ack, nack and reject name the same things: keys in flight to a subscriber."""
+    sub = command(name, settle, help)
     sub.add_argument("topic")
     sub.add_argument("subscriber")
     sub.add_argument("keys", nargs="+", metavar="KEY")
@@ -174,15 +174,27 @@ def _request(args: argparse.Namespace, **keys: Any) -> Reply:
         return client.request({name: value for name, value in keys.items() if value is not None})
 
 
-def _nack(args: argparse.Namespace) -> int:
-    reply = _request(args, Topic=args.topic, Subscriber=args.subscriber, Nacks=args.keys, Delay=args.delay)
-    print(f"nacked {reply.accepted or 0}")
-    return 0
+_SETTLEMENTS = {"ack": ("Acks", "acked"), "nack": ("Nacks", "nacked"), "reject": ("Rejects", "rejected")}
 
 
-def _reject(args: argparse.Namespace) -> int:
-    reply = _request(args, Topic=args.topic, Subscriber=args.subscriber, Rejects=args.keys)
-    print(f"rejected {reply.accepted or 0}")
+def settle(args: argparse.Namespace) -> int:
+    """ack, nack or reject the keys given. The broker ignores a key that is not in
+    flight to the subscriber (unknown, settled already, or another subscriber's)
+    and counts only those it applied, so the difference is said on stderr: when
+    none applied, naming the keys; the request itself succeeded (exit 0)."""
+    field, done = _SETTLEMENTS[args.command]
+    keys = list(dict.fromkeys(args.keys))  # a key given twice is settled once
+    applied = (
+        _request(args, Topic=args.topic, Subscriber=args.subscriber, Delay=getattr(args, "delay", None), **{field: keys}).accepted or 0
+    )
+    print(f"{done} {applied}")
+    if applied < len(keys):
+        which = ", ".join(keys) if applied == 0 else f"{len(keys) - applied} of the {len(keys)} keys"
+        print(
+            f"ppmq {args.command}: not in flight to subscriber {args.subscriber!r} on topic {args.topic!r}, so ignored: {which}"
+            " (unknown, settled already, or in flight to another subscriber)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -211,7 +223,7 @@ def _purge(args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             print("ppmq purge: standard input is not a terminal, so nobody can be asked; pass --yes to purge", file=sys.stderr)
             return 2
-        if not _confirmed(f"purge {_purge_scope(args)}? [y/N] "):
+        if not _confirmed(f"purge {_purge_scope(args)} ({_purge_count(args)} now)? [y/N] "):
             print("ppmq purge: nothing purged", file=sys.stderr)
             return 1
     body = _request(args, Command="PURGE", Topic=args.topic, Subscriber=args.subscriber, Keys=args.keys).body
@@ -223,6 +235,23 @@ def _purge_scope(args: argparse.Namespace) -> str:
     what = "the messages with key " + ", ".join(map(repr, args.keys)) if args.keys else "every message"
     whose = f" for subscriber {args.subscriber!r}" if args.subscriber else ""
     return f"{what} of topic {args.topic!r}{whose}, ready and in flight"
+
+
+def _purge_count(args: argparse.Namespace) -> int:
+    """How many copies PURGE would remove now, as it counts them (a message held by
+    two subscribers is two): from STATUS without keys; with keys, from PEEK, page by
+    page, since only the messages themselves show their keys."""
+    if not args.keys:
+        subscribers = _request(args, Command="STATUS", Topic=args.topic).body["Topics"][args.topic]["Subscribers"]
+        held = [s for name, s in subscribers.items() if args.subscriber in (None, name)]
+        return sum(sum(s["Ready"]) + s.get("Delayed", 0) + s["InFlight"] for s in held)
+    count, after, keys = 0, None, set(args.keys)
+    while True:
+        body = _request(args, Command="PEEK", Topic=args.topic, Subscriber=args.subscriber, Limit=1000, After=after).body
+        count += sum(m["Key"] in keys for m in body["Messages"])
+        after = body["Next"]
+        if after is None:
+            return count
 
 
 def _confirmed(question: str) -> bool:
@@ -240,7 +269,13 @@ def _redrive(args: argparse.Namespace) -> int:
 
 def _pause_or_resume(args: argparse.Namespace) -> int:
     _request(args, Command=args.command.upper(), Subscriber=args.subscriber, Topic=args.topic)
+    print(f"{args.command}d subscriber {args.subscriber!r} {topics_named(args)}")
     return 0
+
+
+def topics_named(args: argparse.Namespace) -> str:
+    """The topics a command for a subscriber acts on, in words: --topic, or all of its."""
+    return f"on topic {args.topic!r}" if args.topic else "on every topic it is on"
 
 
 def _ping(args: argparse.Namespace) -> int:

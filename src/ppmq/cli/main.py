@@ -132,10 +132,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--delay", type=duration, metavar="DURATION", help='how long before the message may be delivered: "90s", "5m" or seconds'
     )
     pub.add_argument("--json", action="store_true", help="PAYLOAD is a JSON value rather than a string")
-    ack = command("ack", _ack, "acknowledge messages")
-    ack.add_argument("topic")
-    ack.add_argument("subscriber")
-    ack.add_argument("keys", nargs="+", metavar="KEY")
+    cli_control.in_flight_command(command, "ack", "acknowledge messages in flight: they are done")
     rec = command("reconnect", _reconnect, "redeliver everything in flight to a subscriber")
     rec.add_argument("subscriber")
     rec.add_argument("--topic", "-t")
@@ -290,16 +287,10 @@ def _publish_stdin(client: Client, topic: str) -> int:
     return total
 
 
-def _ack(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
-        done = client.ack(args.topic, args.subscriber, args.keys)
-    print(f"acked {done}")
-    return 0
-
-
 def _reconnect(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         client.reconnect(args.subscriber, args.topic)
+    print(f"requeued what was in flight to subscriber {args.subscriber!r} {cli_control.topics_named(args)}, to be delivered again")
     return 0
 
 
