@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ppmq.client.library import Client
+from ppmq.client.library import DEFAULT_TIMEOUT_S, Client
 from ppmq.config import Config, default_config_path, load_config, parse_duration
 from ppmq.errors import ClientError, ConfigError
 from ppmq.protocol.messages import Reply
@@ -77,10 +77,10 @@ class CommandClient(Client):
         return None
 
 
-def open_client(args: argparse.Namespace) -> Client:
+def open_client(args: argparse.Namespace, timeout_s: float = DEFAULT_TIMEOUT_S) -> Client:
     """The broker named by -s, or by ServerSocket of the config. Here rather than in
     cli/main.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
-    return CommandClient(args.socket or config_of(args).server_socket)
+    return CommandClient(args.socket or config_of(args).server_socket, timeout_s)
 
 
 def duration(text: str) -> float:
@@ -101,8 +101,8 @@ def duration(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    """An argparse type for -n: a peek at no messages would show nothing."""
+def positive(text: str) -> int:
+    """An argparse type for -n: a peek at or a take of no messages would do nothing."""
     try:
         value = int(text)
     except ValueError:
@@ -133,7 +133,7 @@ def add_commands(command: Command) -> None:
     peek.add_argument("topic")
     peek.add_argument("--subscriber", help="only this subscriber's copies")
     peek.add_argument("--state", choices=("ready", "inflight"), help="only ready or only in-flight copies")
-    peek.add_argument("-n", "--limit", type=_positive, default=10, metavar="N", help="at most N messages (default 10, at most 1000)")
+    peek.add_argument("-n", "--limit", type=positive, default=10, metavar="N", help="at most N messages (default 10, at most 1000)")
     peek.add_argument("--json", action="store_true", help="print the PEEK body as JSON")
     purge = command("purge", _purge, "remove ready and in-flight messages of a topic")
     purge.add_argument("topic")

@@ -18,7 +18,7 @@ import msgspec
 import uvloop
 
 from ppmq import sockets
-from ppmq.cli import bridge
+from ppmq.cli import bridge, take
 from ppmq.cli import control as cli_control
 from ppmq.cli.control import align, config_of, config_options, config_path, duration, open_client
 from ppmq.client.library import Client
@@ -104,9 +104,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
 
-    def command(name: str, func, help: str, config: bool = True) -> argparse.ArgumentParser:
-        """`func` None: the command's own subcommands set it (`bridge to`)."""
-        sub = commands.add_parser(name, help=help, description=help)
+    def command(name: str, func, help: str, config: bool = True, example: str | None = None) -> argparse.ArgumentParser:
+        """`func` None: the command's own subcommands set it (`bridge to`); `example`
+        closes its --help, as written."""
+        sub = commands.add_parser(name, help=help, description=help, epilog=example, formatter_class=argparse.RawDescriptionHelpFormatter)
         if config:
             config_options(sub)
         if func is not None:
@@ -136,6 +137,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     rec = command("reconnect", _reconnect, "redeliver everything in flight to a subscriber")
     rec.add_argument("subscriber")
     rec.add_argument("--topic", "-t")
+    take.add_command(command)
     cli_control.add_commands(command)
     bridge.add_commands(command)
     st = command("status", _status, "show the broker's counters")
