@@ -417,3 +417,59 @@ def test_a_request_the_broker_refuses_exits_1_with_its_error_on_stderr(broker, a
     assert f"ppmq {args[0]}: {error}" in r.stderr
     assert r.stdout == ""
     assert stored(broker) == {"u": 1, "v": 0, "dlq": 0}
+
+
+# --- --json, --help ---------------------------------------------------------------------------------
+
+
+def json_of(b, *args: object) -> dict:
+    """`ppmq ARGS... --json`: exit 0 and one JSON object on stdout."""
+    r = run(b, *args, "--json")
+    assert r.stdout.count("\n") == 1, r.stdout
+    return json.loads(r.stdout)
+
+
+def test_every_command_that_prints_a_result_prints_it_as_json_with_json(broker, broker_factory):
+    # Given two messages in flight to s on u
+    sub = held(broker, broker_factory, "u", "a", "b")
+    a, b = (m["Key"] for m in sub.messages)
+    assert json_of(broker, "nack", "u", "s", a, "999999") == {"Nacked": 1, "NotInFlight": 1}
+    a = sub.wait_messages(3)[2]["Key"]
+    assert json_of(broker, "ack", "u", "s", a) == {"Acked": 1, "NotInFlight": 0}
+    assert json_of(broker, "reject", "u", "s", b) == {"Rejected": 1, "NotInFlight": 0}
+    assert json_of(broker, "redrive", "dlq") == {"Redriven": 1, "Skipped": 0}
+    for command in ("pause", "resume", "reconnect"):
+        assert json_of(broker, command, "s", "--topic", "u") == {"Command": command.upper(), "Subscriber": "s", "Topic": "u"}
+    assert json_of(broker, "pause", "r")["Topic"] is None
+    publish(broker, "v", "x")
+    assert json_of(broker, "purge", "v", "--subscriber", "r", "--yes") == {"Purged": 1}
+    assert set(json_of(broker, "ping")) == {"Version", "UptimeSeconds"}
+    assert json_of(broker, "check") == {"Path": str(broker.config_path), "Topics": 3, "Subscribers": 3}
+    fsck = json_of(broker, "fsck")
+    assert (fsck["DataPath"], fsck["Problems"], fsck["Messages"], fsck["Queued"] + fsck["InFlight"]) == (
+        broker.config["DataPath"],
+        [],
+        2,
+        2,
+    )
+    # And migrate, once the broker has stopped and left its store
+    broker.stop()
+    assert json_of(broker, "migrate")["Converted"] is False
+
+
+@pytest.mark.parametrize("command", ["check", "reload", "fsck", "migrate"])
+def test_a_command_that_never_asks_the_broker_refuses_s(command):
+    r = ppmq(command, "-c", "x.yaml", *(["1"] if command == "reload" else []), "-s", "x.sock")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "unrecognized arguments: -s x.sock" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["serve", "check", "reload", "fsck", "migrate", "publish", "ack", "reconnect", "take", "nack", "reject", "peek", "purge"]
+    + ["redrive", "pause", "resume", "ping", "bridge", "bridge to", "bridge from", "status", "metrics", "listen", "report"],
+)
+def test_help_of_every_command_ends_with_an_example(command):
+    r = ppmq(*command.split(), "--help")
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"\nexample:\n  .*ppmq {command}\b", r.stdout), r.stdout

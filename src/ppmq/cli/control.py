@@ -21,16 +21,34 @@ from ppmq.config import Config, default_config_path, load_config, parse_duration
 from ppmq.errors import ClientError, ConfigError
 from ppmq.protocol.messages import Reply
 
-# cli/main.py's factory of a subcommand: (name, handler, help) -> its parser, with -c/-s
-Command = Callable[..., argparse.ArgumentParser]  # also config=False: no -c/-s; a None handler: its subcommands set one
+# cli/main.py's factory of a subcommand: (name, handler, help, example) -> its parser, with -c/-s;
+# also config=False: no -c/-s, socket=False: no -s, result=...: --json; a None handler: its subcommands set one
+Command = Callable[..., argparse.ArgumentParser]
 PAYLOAD_CHARS = 40  # of a payload's JSON in peek's table; a longer one is cut and ends in "…"
 _PEEK_COLUMNS = ("SUBSCRIBER", "STATE", "KEY", "PRIORITY", "ATTEMPT", "PUBLISHED", "DEADLINE", "PAYLOAD")
 
 
-def config_options(parser: argparse.ArgumentParser) -> None:
-    """-c and -s, which every command that talks to the broker or reads its config takes."""
+def config_options(parser: argparse.ArgumentParser, socket: bool = True) -> None:
+    """-c, which every command that reads the config takes, and -s, which those that
+    talk to the broker take (`socket` False: a command that never does)."""
     parser.add_argument("-c", "--config", default=None, help="config file (default: $PPMQ_CONFIG, then /etc/ppmq/ppmq.yaml)")
-    parser.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
+    if socket:
+        parser.add_argument("-s", "--socket", default=None, help="server socket (default: ServerSocket of the config)")
+
+
+def examples(*lines: str) -> str:
+    """The end of a command's --help: how it is typed, a line each."""
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def json_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--json: the command prints its result as one JSON object, for scripts and jq."""
+    parser.add_argument("--json", action="store_true", help=f"print the result as JSON: {what}")
+
+
+def show(args: argparse.Namespace, line: str, result: Any) -> None:
+    """A command's result on stdout: `line` for a person, `result` as JSON with --json."""
+    print(msgspec.json.encode(result).decode() if args.json else line)
 
 
 def config_path(args: argparse.Namespace) -> str:
@@ -124,24 +142,51 @@ def align(rows: Sequence[Sequence[str]]) -> list[str]:
 def add_commands(command: Command) -> None:
     """This module's subcommands, made by cli/main.py's factory so that they take -c/-s
     and the man page shows them like every other command."""
-    nack = in_flight_command(command, "nack", "give messages in flight back to their queue, to be delivered again")
+    nack = in_flight_command(
+        command,
+        "nack",
+        "give messages in flight back to their queue, to be delivered again",
+        examples("ppmq nack jobs worker 42 --delay 30s   # due again in 30 s"),
+    )
     nack.add_argument(
         "--delay", type=duration, metavar="DURATION", help='how long before they may be delivered again: "90s", "5m" or seconds (default 0)'
     )
-    in_flight_command(command, "reject", "give up on messages in flight: dead-letter them, or drop them without a DeadLetter")
-    peek = command("peek", _peek, "show messages of a topic in delivery order, ready ones first, without changing anything")
-    peek.add_argument("topic")
+    in_flight_command(
+        command,
+        "reject",
+        "give up on messages in flight: dead-letter them, or drop them without a DeadLetter",
+        examples("ppmq reject jobs worker 43   # to the topic's DeadLetter, Reason rejected"),
+    )
+    peek = command(
+        "peek",
+        _peek,
+        "show messages of a topic in delivery order, ready ones first, without changing anything",
+        examples("ppmq peek jobs --subscriber worker --state inflight", "ppmq peek jobs-dead -n 100 --json | jq '.Messages[].Origin'"),
+        result="the PEEK body",
+    )
+    peek.add_argument("topic", help="the topic whose messages to show")
     peek.add_argument("--subscriber", help="only this subscriber's copies")
     peek.add_argument("--state", choices=("ready", "inflight"), help="only ready or only in-flight copies")
     peek.add_argument("-n", "--limit", type=positive, default=10, metavar="N", help="at most N messages (default 10, at most 1000)")
-    peek.add_argument("--json", action="store_true", help="print the PEEK body as JSON")
-    purge = command("purge", _purge, "remove ready and in-flight messages of a topic")
-    purge.add_argument("topic")
+    purge = command(
+        "purge",
+        _purge,
+        "remove ready and in-flight messages of a topic",
+        examples("ppmq purge jobs --subscriber worker   # asks first", "ppmq purge jobs --key 42 --key 43 --yes"),
+        result="how many copies were removed",
+    )
+    purge.add_argument("topic", help="the topic whose messages to remove")
     purge.add_argument("--subscriber", help="only this subscriber's copies")
     purge.add_argument("--key", "-k", action="append", dest="keys", metavar="K", help="only messages with key K (repeat for more keys)")
     purge.add_argument("--yes", "-y", action="store_true", help="do not ask first (needed when standard input is not a terminal)")
-    redrive = command("redrive", _redrive, "move dead-lettered messages back to the topic and subscriber they came from")
-    redrive.add_argument("topic", metavar="DEADTOPIC")
+    redrive = command(
+        "redrive",
+        _redrive,
+        "move dead-lettered messages back to the topic and subscriber they came from",
+        examples("ppmq redrive jobs-dead", "ppmq redrive jobs-dead --key 7"),
+        result="how many were moved back and how many skipped",
+    )
+    redrive.add_argument("topic", metavar="DEADTOPIC", help="a topic that is the DeadLetter of others")
     redrive.add_argument(
         "--key", "-k", action="append", dest="keys", metavar="K", help="only the message with key K (repeat for more keys)"
     )
@@ -149,18 +194,24 @@ def add_commands(command: Command) -> None:
         ("pause", "deliver nothing more to a subscriber until `ppmq resume` (survives a restart of the broker)"),
         ("resume", "deliver again to a paused subscriber"),
     ):
-        sub = command(name, _pause_or_resume, help)
-        sub.add_argument("subscriber")
+        sub = command(
+            name,
+            _pause_or_resume,
+            help,
+            examples(f"ppmq {name} worker", f"ppmq {name} worker --topic jobs"),
+            result="the subscriber and topic",
+        )
+        sub.add_argument("subscriber", help=f"the subscriber to {name}")
         sub.add_argument("--topic", "-t", help="on this topic only (default: every topic of the subscriber)")
-    command("ping", _ping, "show that the broker answers, its version and its uptime")
+    command("ping", _ping, "show that the broker answers, its version and its uptime", examples("ppmq ping"), result="the PING body")
 
 
-def in_flight_command(command: Command, name: str, help: str) -> argparse.ArgumentParser:
+def in_flight_command(command: Command, name: str, help: str, example: str) -> argparse.ArgumentParser:
     """ack, nack and reject name the same things: keys in flight to a subscriber."""
-    sub = command(name, settle, help)
-    sub.add_argument("topic")
-    sub.add_argument("subscriber")
-    sub.add_argument("keys", nargs="+", metavar="KEY")
+    sub = command(name, settle, help, example, result="how many keys applied and how many were not in flight")
+    sub.add_argument("topic", help="the topic the messages were delivered on")
+    sub.add_argument("subscriber", help="the subscriber they are in flight to")
+    sub.add_argument("keys", nargs="+", metavar="KEY", help="the Key of each message, as delivered")
     return sub
 
 
@@ -187,7 +238,7 @@ def settle(args: argparse.Namespace) -> int:
     applied = (
         _request(args, Topic=args.topic, Subscriber=args.subscriber, Delay=getattr(args, "delay", None), **{field: keys}).accepted or 0
     )
-    print(f"{done} {applied}")
+    show(args, f"{done} {applied}", {done.capitalize(): applied, "NotInFlight": len(keys) - applied})
     if applied < len(keys):
         which = ", ".join(keys) if applied == 0 else f"{len(keys) - applied} of the {len(keys)} keys"
         print(
@@ -201,7 +252,7 @@ def settle(args: argparse.Namespace) -> int:
 def _peek(args: argparse.Namespace) -> int:
     body = _request(args, Command="PEEK", Topic=args.topic, Subscriber=args.subscriber, State=args.state, Limit=args.limit).body
     if args.json:
-        print(msgspec.json.encode(body).decode())
+        show(args, "", body)
         return 0
     print("\n".join(align([_PEEK_COLUMNS, *map(_peek_row, body["Messages"])])))
     if body["Next"] is not None:
@@ -227,7 +278,7 @@ def _purge(args: argparse.Namespace) -> int:
             print("ppmq purge: nothing purged", file=sys.stderr)
             return 1
     body = _request(args, Command="PURGE", Topic=args.topic, Subscriber=args.subscriber, Keys=args.keys).body
-    print(f"purged {body['Purged']}")
+    show(args, f"purged {body['Purged']}", body)
     return 0
 
 
@@ -263,13 +314,13 @@ def _confirmed(question: str) -> bool:
 
 def _redrive(args: argparse.Namespace) -> int:
     body = _request(args, Command="REDRIVE", Topic=args.topic, Keys=args.keys).body
-    print(f"redriven {body['Redriven']}, skipped {body['Skipped']}")
+    show(args, f"redriven {body['Redriven']}, skipped {body['Skipped']}", body)
     return 0
 
 
 def _pause_or_resume(args: argparse.Namespace) -> int:
     _request(args, Command=args.command.upper(), Subscriber=args.subscriber, Topic=args.topic)
-    print(f"{args.command}d subscriber {args.subscriber!r} {topics_named(args)}")
+    show(args, f"{args.command}d subscriber {args.subscriber!r} {topics_named(args)}", subscriber_result(args))
     return 0
 
 
@@ -278,7 +329,12 @@ def topics_named(args: argparse.Namespace) -> str:
     return f"on topic {args.topic!r}" if args.topic else "on every topic it is on"
 
 
+def subscriber_result(args: argparse.Namespace) -> dict[str, Any]:
+    """What pause, resume and reconnect did, as JSON: the command, whom, on which topic (null: every topic)."""
+    return {"Command": args.command.upper(), "Subscriber": args.subscriber, "Topic": args.topic}
+
+
 def _ping(args: argparse.Namespace) -> int:
     body = _request(args, Command="PING").body
-    print(f"ppmq {body['Version']}, up {float(body['UptimeSeconds']):.1f}s")
+    show(args, f"ppmq {body['Version']}, up {float(body['UptimeSeconds']):.1f}s", body)
     return 0

@@ -17,14 +17,22 @@ from typing import Any
 
 import msgspec
 
-from ppmq.cli.control import Command, duration, open_client, positive
+from ppmq.cli.control import Command, duration, examples, open_client, positive
 from ppmq.client.library import DEFAULT_TIMEOUT_S
 
 TAKE_COUNT_MAX = 10_000  # a TAKE's Count at most (PROTOCOL §9); more are taken in several
 
 
+EXAMPLE = examples(
+    "ppmq take jobs worker                     # one message, if one is ready",
+    "ppmq take jobs worker -n 100 --wait 20s   # up to 100, waiting up to 20 s for the first",
+    "ppmq take jobs worker | jq -r .Payload    # just the payload",
+)
+EXAMPLE += "\n\nexit status: 0 when at least one message was printed, 1 when none came (or the request failed)."
+
+
 def add_command(command: Command) -> None:
-    take = command("take", _take, "take messages of a Pull subscriber and print each as a JSON line", example=EXAMPLE)
+    take = command("take", _take, "take messages of a Pull subscriber and print each as a JSON line", EXAMPLE)
     take.add_argument("topic", metavar="TOPIC", help="the topic to take from")
     take.add_argument("subscriber", metavar="SUBSCRIBER", help="a subscriber with Pull: true on TOPIC")
     take.add_argument("-n", "--count", type=positive, default=1, metavar="N", help="take up to N messages (default 1)")
@@ -45,15 +53,6 @@ def add_command(command: Command) -> None:
         action="store_false",
         help="do not ack: the messages go back to the queue when the command exits, a delivery counted",
     )
-
-
-EXAMPLE = """\
-examples:
-  ppmq take jobs worker                     # one message, if one is ready
-  ppmq take jobs worker -n 100 --wait 20s   # up to 100, waiting up to 20 s for the first
-  ppmq take jobs worker | jq -r .Payload    # just the payload
-
-exit status: 0 when at least one message was printed, 1 when none came (or the request failed)."""
 
 
 def _take(args: argparse.Namespace) -> int:
