@@ -200,11 +200,15 @@ def test_a_publish_over_max_frame_bytes_exits_1_with_the_brokers_413(broker_fact
     assert published(b) == {"t": 0, "d": 0, "u": 0}
 
 
-@pytest.mark.skipif(os.path.exists("/etc/ppmq/ppmq.yaml"), reason="this host has a config at the default path")
 @pytest.mark.parametrize(
     ("args", "env", "where"),
     [
-        ([], {}, "/etc/ppmq/ppmq.yaml (the default)"),
+        pytest.param(
+            [],
+            {},
+            "/etc/ppmq/ppmq.yaml (the default)",
+            marks=pytest.mark.skipif(os.path.exists("/etc/ppmq/ppmq.yaml"), reason="this host has a config at the default path"),
+        ),
         ([], {"PPMQ_CONFIG": "/nonexistent/ppmq.yaml"}, "/nonexistent/ppmq.yaml (from PPMQ_CONFIG)"),
         (["-c", "/nonexistent/c.yaml"], {}, "/nonexistent/c.yaml (given with -c)"),
     ],
