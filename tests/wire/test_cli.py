@@ -100,6 +100,21 @@ def test_check_rejects_a_bad_config_naming_file_line_and_key_and_exits_1(tmp_pat
         assert f"{path}:{line}: {text}" in r.stderr, r.stderr
 
 
+def test_check_reports_every_problem_of_a_file_at_once_by_line_in_the_words_of_the_config(tmp_path):
+    # Given a file with a misspelt key, a value of the wrong type and an unknown subscriber
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(CONFIG_HEAD.format(d=tmp_path) + "    Priorites: 2\n    Expire: maybe\n  - Name: u\n    Subscribers: [ghost]\n")
+    # When it is checked
+    r = ppmq("check", "-c", path)
+    # Then every problem is named at once, at its line, in the file's order
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == [
+        f"ppmq check: {path}:9: Topics[0].Priorites: unknown key; did you mean Priorities?",
+        f"{path}:10: Topics[0].Expire: use true or false, not 'maybe'",
+        f"{path}:12: Topics[1].Subscribers[0]: unknown subscriber 'ghost'",
+    ]
+
+
 # --- publish ------------------------------------------------------------------------------
 
 STDIN_MESSAGES = '{"Payload": "low", "Priority": 2}\n\n{"Payload": {"n": 1}}\n{"Payload": "mid", "Priority": 1, "Key": "ignored"}\n'
