@@ -1,5 +1,6 @@
-"""The `ppmq` commands of delivery control and for operators (PROTOCOL §8): nack,
-reject, peek, purge, redrive, pause, resume, ping.
+"""The `ppmq` commands of delivery control and for operators (PROTOCOL §8): ack,
+nack, reject, peek, purge, redrive, pause, resume, ping; and what every command
+shares: -c and -s, the config they name, the client, durations, --json.
 
 Each sends one wrapper and prints what the broker answered; a status other than
 200 raises ClientError, which `ppmq` turns into exit 1 as for the other commands.
