@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -113,6 +114,27 @@ def test_check_reports_every_problem_of_a_file_at_once_by_line_in_the_words_of_t
         f"{path}:10: Topics[0].Expire: use true or false, not 'maybe'",
         f"{path}:12: Topics[1].Subscribers[0]: unknown subscriber 'ghost'",
     ]
+
+
+@pytest.mark.parametrize("command", ["check", "reload"])
+def test_check_and_reload_with_json_print_the_problems_exit_1_and_send_no_signal(tmp_path, command):
+    # Given a file with a misspelt key, and a process that SIGHUP would end
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(CONFIG_HEAD.format(d=tmp_path) + "    Priorites: 2\n")
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        # When it is checked, or reloaded into that process, with --json
+        r = ppmq(command, "-c", path, "--json", *([target.pid] if command == "reload" else []))
+        # Then the problems are the JSON result, and the command exits 1
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert json.loads(r.stdout) == {
+            "Path": str(path),
+            "Problems": [f"{path}:9: Topics[0].Priorites: unknown key; did you mean Priorities?"],
+        }
+    finally:
+        target.terminate()
+    # And the process got no SIGHUP: a pending one would have ended it before the SIGTERM
+    assert target.wait(timeout=WAIT_S) == -signal.SIGTERM
 
 
 # --- publish ------------------------------------------------------------------------------

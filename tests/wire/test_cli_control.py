@@ -444,7 +444,7 @@ def test_every_command_that_prints_a_result_prints_it_as_json_with_json(broker, 
     publish(broker, "v", "x")
     assert json_of(broker, "purge", "v", "--subscriber", "r", "--yes") == {"Purged": 1}
     assert set(json_of(broker, "ping")) == {"Version", "UptimeSeconds"}
-    assert json_of(broker, "check") == {"Path": str(broker.config_path), "Topics": 3, "Subscribers": 3}
+    assert json_of(broker, "check") == {"Path": str(broker.config_path), "Problems": [], "Topics": 3, "Subscribers": 3}
     fsck = json_of(broker, "fsck")
     assert (fsck["DataPath"], fsck["Problems"], fsck["Messages"], fsck["Queued"] + fsck["InFlight"]) == (
         broker.config["DataPath"],

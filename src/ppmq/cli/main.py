@@ -128,7 +128,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "validate a config file",
         examples("ppmq check -c /etc/ppmq/ppmq.yaml", "ppmq check -c ppmq.yaml --json"),
         socket=False,
-        result="the numbers of topics and subscribers",
+        result="the problems (none: the numbers of topics and subscribers too)",
     )
     reload = command(
         "reload",
@@ -136,7 +136,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "validate a config file, then have the broker PID reload it (what `systemctl reload ppmq` runs)",
         examples("ppmq reload -c /etc/ppmq/ppmq.yaml 4242   # 4242: the broker's pid"),
         socket=False,
-        result="the check's numbers of topics and subscribers",
+        result="the check's problems (none: the numbers of topics and subscribers too)",
     )
     reload.add_argument("pid", type=int, metavar="PID", help="the broker's process id ($MAINPID in its unit)")
     command(
@@ -261,10 +261,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """Exit 0 for a file that loads, 1 with its problems; with --json the problems
+    are the result too (`Problems`, the lines as they are printed otherwise)."""
     path = config_path(args)
-    config = load_config(path)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        if not args.json:
+            raise
+        show(args, "", {"Path": path, "Problems": exc.errors})
+        return 1
     topics, subscribers = len(config.topics), len(config.subscribers)
-    show(args, f"{path}: ok ({topics} topics, {subscribers} subscribers)", {"Path": path, "Topics": topics, "Subscribers": subscribers})
+    show(
+        args,
+        f"{path}: ok ({topics} topics, {subscribers} subscribers)",
+        {"Path": path, "Problems": [], "Topics": topics, "Subscribers": subscribers},
+    )
     return 0
 
 
@@ -272,7 +284,8 @@ def _reload(args: argparse.Namespace) -> int:
     """`ppmq check`, then SIGHUP to the broker, with nothing but Python: a
     minimal system has no /bin/kill. A file that fails the check is not
     signalled: the reload fails visibly, and the broker runs on unchanged."""
-    _check(args)
+    if _check(args):
+        return 1
     try:
         os.kill(args.pid, signal.SIGHUP)
     except OSError as exc:
