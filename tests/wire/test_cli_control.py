@@ -309,6 +309,17 @@ def test_purge_on_a_terminal_says_how_many_copies_it_would_remove(broker, broker
     assert status == 1
 
 
+def test_purge_by_an_admin_who_may_not_ask_status_asks_without_a_count(broker_factory):
+    # Given a broker where this user may purge but not ask STATUS, and three messages
+    b = broker_factory(TOPICS, ["s", "r", "ops"], AllowRoot=False, AdminUsers=[os.getuid()], StatusUsers=[])
+    publish(b, "u", "a", "b", "c")
+    # When purge asks on a terminal, and is told yes
+    status, seen = on_a_terminal(["purge", "-c", b.config_path, "u"], b"y\n")
+    # Then it asked what it would remove, without a count, and purged
+    assert "purge every message of topic 'u', ready and in flight? [y/N]" in seen, seen
+    assert status == 0 and "purged 3" in seen, seen
+
+
 def test_purge_with_yes_removes_only_the_subscriber_and_keys_given(broker, broker_factory):
     # Given three messages on v, each held by s and by r
     publish(broker, "v", "a", "b", "c")

@@ -275,7 +275,8 @@ def _purge(args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             print("ppmq purge: standard input is not a terminal, so nobody can be asked; pass --yes to purge", file=sys.stderr)
             return 2
-        if not _confirmed(f"purge {_purge_scope(args)} ({_purge_count(args)} now)? [y/N] "):
+        count = _purge_count(args)
+        if not _confirmed(f"purge {_purge_scope(args)}{'' if count is None else f' ({count} now)'}? [y/N] "):
             print("ppmq purge: nothing purged", file=sys.stderr)
             return 1
     body = _request(args, Command="PURGE", Topic=args.topic, Subscriber=args.subscriber, Keys=args.keys).body
@@ -289,12 +290,19 @@ def _purge_scope(args: argparse.Namespace) -> str:
     return f"{what} of topic {args.topic!r}{whose}, ready and in flight"
 
 
-def _purge_count(args: argparse.Namespace) -> int:
+def _purge_count(args: argparse.Namespace) -> int | None:
     """How many copies PURGE would remove now, as it counts them (a message held by
     two subscribers is two): from STATUS without keys; with keys, from PEEK, page by
-    page, since only the messages themselves show their keys."""
+    page, since only the messages themselves show their keys. None when the peer
+    may purge but not ask STATUS (StatusUsers): the question then goes without."""
     if not args.keys:
-        subscribers = _request(args, Command="STATUS", Topic=args.topic).body["Topics"][args.topic]["Subscribers"]
+        try:
+            status = _request(args, Command="STATUS", Topic=args.topic).body
+        except ClientError as exc:
+            if exc.status == 403:
+                return None
+            raise
+        subscribers = status["Topics"][args.topic]["Subscribers"]
         held = [s for name, s in subscribers.items() if args.subscriber in (None, name)]
         return sum(sum(s["Ready"]) + s.get("Delayed", 0) + s["InFlight"] for s in held)
     count, after, keys = 0, None, set(args.keys)
