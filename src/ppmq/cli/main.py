@@ -205,12 +205,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "print the broker's metrics in the Prometheus text format, as its Metrics textfile has them",
         examples("ppmq metrics | grep ppmq_ready"),
     )
-    commands.add_parser(
-        "bench",
-        help="compare ppmq with peer brokers on named workloads (ppmq bench --help)",
-        epilog=examples("ppmq bench -w fanout-durable -s ppmq,redis -n 1 --scale 0.2"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
     lis = command(
         "listen",
         _listen,
