@@ -1,8 +1,9 @@
 """`ppmq take`: a Pull subscriber's consumer in a shell (PROTOCOL §9 TAKE), one JSON
 line a message, as beanstalk's `reserve` or `nats sub` give them.
 
-By default each message is acked once its line is written to standard output:
-the shell gets every message at most once, and what it printed is done. With
+By default each message is acked once its line is written to standard output,
+so what the shell was given is done and not taken again (a take killed between
+the two leaves it unacked, and the broker gives it back). With
 --no-ack nothing is acked, and since the broker gives back what a connection took
 when the connection closes, the messages go back to their place in the queue as
 the command exits (a delivery counted: MaxAttempts applies), to be taken again.
@@ -21,7 +22,6 @@ from ppmq.cli.control import Command, duration, examples, open_client, positive
 from ppmq.client.library import DEFAULT_TIMEOUT_S
 
 TAKE_COUNT_MAX = 10_000  # a TAKE's Count at most (PROTOCOL §9); more are taken in several
-
 
 EXAMPLE = examples(
     "ppmq take jobs worker                     # one message, if one is ready",
