@@ -9,9 +9,11 @@ whatever the current directory of whoever started the broker.
 
 from __future__ import annotations
 
+import copy
+import difflib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +157,126 @@ def parse_config(text: str, path: Path) -> Config:
     try:
         config = msgspec.convert(data, Config, dec_hook=_decode_unit)
     except msgspec.ValidationError as exc:
-        msg, _, where = str(exc).partition(" - at `$")
-        raise ConfigError([_locate(path, root, where.rstrip("`"), msg)]) from None
+        problems = list(_decode_problems(data, Config, ""))
+        if not problems:  # the walk missed what the decoder saw: say what it said
+            msg, _, where = str(exc).partition(" - at `$")
+            problems = [(where.rstrip("`"), msg)]
+        problems += _checked_around(data, problems, path.parent)
+        raise ConfigError(_sorted_by_line(path, [_locate(path, root, where, msg) for where, msg in problems])) from None
     config = _resolved(config, path.parent)
     errors = [_locate(path, root, where, msg) for where, msg in _check(config)]
     if errors:
-        raise ConfigError(errors)
+        raise ConfigError(_sorted_by_line(path, errors))
     return config
+
+
+def _sorted_by_line(path: Path, errors: list[str]) -> list[str]:
+    """`file:line: ...` errors in the order of their lines, as an editor shows the file."""
+    return sorted(errors, key=lambda error: int(error[len(str(path)) + 1 :].split(":", 1)[0]))
+
+
+def _decode_problems(data: Any, tp: Any, where: str) -> Iterator[tuple[str, str]]:
+    """Every problem decoding `data` as `tp` meets, where the decoder stops at the
+    first: each mapping's keys are checked one by one against the Struct's fields,
+    and each value against its field's type. Paths are written as msgspec writes them."""
+    struct = _struct_in(tp)
+    if struct is not None and isinstance(data, dict):
+        fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+        for key, value in data.items():
+            field = fields.get(key)
+            if field is None:
+                guess = difflib.get_close_matches(str(key), fields, n=1)
+                yield where, f"unknown field `{key}`" + (f"; did you mean {guess[0]}?" if guess else "")
+            else:
+                yield from _decode_problems(value, field.type, f"{where}.{key}")
+        yield from ((f"{where}.{name}", "required, but missing") for name, f in fields.items() if f.required and name not in data)
+        return
+    item = _struct_in(getattr(tp, "__args__", (None,))[0]) if getattr(tp, "__origin__", None) is list else None
+    if item is not None and isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _decode_problems(value, item, f"{where}[{i}]")
+        return
+    try:
+        msgspec.convert(data, tp, dec_hook=_decode_unit)
+    except msgspec.ValidationError as exc:
+        msg, _, inner = str(exc).partition(" - at `$")
+        yield where + inner.rstrip("`"), _in_config_words(msg, data if not inner else None)
+
+
+def _struct_in(tp: Any) -> type[msgspec.Struct] | None:
+    """The Struct a field's type names (`MetricsConfig | None` names MetricsConfig), if any."""
+    for candidate in (tp, *getattr(tp, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
+_TYPE_WORDS = {
+    "bool": "true or false",
+    "int": "a whole number",
+    "float": "a number",
+    "str": "a string",
+    "array": "a list, such as [a, b]",
+    "object": "a mapping of keys",
+}
+_VALUE_WORDS = {
+    "int": "a number",
+    "float": "a number",
+    "str": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "bool": "true or false",
+}
+_EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`")
+
+
+def _in_config_words(msg: str, value: Any) -> str:
+    """The decoder's "Expected `bool`, got `int`" as the file's author reads it: "use
+    true or false, not 4". Other messages (a duration's, a size's) are ours already."""
+    m = _EXPECTED.fullmatch(msg)
+    if m is None:
+        return msg
+    wants = [_TYPE_WORDS.get(w, w) for w in m["want"].split(" | ") if w != "null"]
+    if value is None or isinstance(value, (list, dict)):
+        shown = _VALUE_WORDS.get(m["got"], m["got"])
+    elif isinstance(value, bool):
+        shown = str(value).lower()
+    else:
+        shown = repr(value)
+    return f"use {' or '.join(wants)}, not {shown}"
+
+
+def _checked_around(data: dict[str, Any], problems: list[tuple[str, str]], base: Path) -> list[tuple[str, str]]:
+    """The checks across fields, run on the file without the keys that failed to
+    decode (each takes its default), so that one run reports those problems too.
+    None of them when a failed key cannot be left out (a required one, a list
+    item) or the rest does not decode either; none at a key already reported."""
+    cleaned = copy.deepcopy(data)
+    for where, msg in problems:
+        unknown = re.match(r"unknown field `([^`]+)`", msg)
+        parent, key = (where, unknown[1]) if unknown else where.rpartition(".")[::2]
+        holder = _at(cleaned, parent)
+        if msg == "required, but missing" or not isinstance(holder, dict) or key not in holder:
+            return []
+        del holder[key]
+    try:
+        config = _resolved(msgspec.convert(cleaned, Config, dec_hook=_decode_unit), base)
+    except msgspec.ValidationError:
+        return []
+    reported = {where for where, _ in problems}
+    return [(where, msg) for where, msg in _check(config) if where not in reported]
+
+
+def _at(data: Any, where: str) -> Any:
+    """The value at a msgspec path (`.Topics[0]`), or None when there is none."""
+    for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where):
+        if key and isinstance(data, dict):
+            data = data.get(key)
+        elif index and isinstance(data, list) and int(index) < len(data):
+            data = data[int(index)]
+        else:
+            return None
+    return data
 
 
 def _decode_unit(tp: type, obj: Any) -> Any:
@@ -376,7 +491,7 @@ def _locate(path: Path, root: yaml.Node | None, where: str, msg: str) -> str:
         names.append(unknown[1])
         key_node = _key_node(node, unknown[1])
         line = key_node.start_mark.line + 1 if key_node is not None else line
-        msg = "unknown key"
+        msg = "unknown key" + msg[unknown.end() :]
     label = ".".join(names).replace(".[", "[")
     return f"{path}:{line}: {label}: {msg}" if label else f"{path}:{line}: {msg}"
 

@@ -216,9 +216,9 @@ BAD_CONFIGS = {
     "unknown top-level key": (dict(top="Bogus: 1  # <-"), "Bogus", "unknown key"),
     "unknown subscriber key": (dict(sub="    Bogus: 1  # <-"), "Subscribers[0].Bogus", "unknown key"),
     "unknown topic key": (dict(topic="    Expires: true  # <-"), "Topics[0].Expires", "unknown key"),
-    "wrong type, top level": (dict(top="Sync: maybe  # <-"), "Sync", "bool"),
-    "wrong type, subscriber": (dict(sub="    BatchSize: many  # <-"), "Subscribers[0].BatchSize", "int"),
-    "wrong type, topic": (dict(topic="    Priorities: [2]  # <-"), "Topics[0].Priorities", "int"),
+    "wrong type, top level": (dict(top="Sync: maybe  # <-"), "Sync", "use true or false, not 'maybe'"),
+    "wrong type, subscriber": (dict(sub="    BatchSize: many  # <-"), "Subscribers[0].BatchSize", "use a whole number, not 'many'"),
+    "wrong type, topic": (dict(topic="    Priorities: [2]  # <-"), "Topics[0].Priorities", "use a whole number, not a list"),
     "bad duration, topic": (dict(topic="    AckRetry: 5x  # <-"), "Topics[0].AckRetry", "invalid duration"),
     "negative duration": (dict(top="RetryMax: -1s  # <-"), "RetryMax", "duration"),
     "bad size": (dict(top="MaxFrameBytes: 1.5GiB  # <-"), "MaxFrameBytes", "size"),
@@ -243,7 +243,7 @@ BAD_CONFIGS = {
         "Topics[0].PhpmqDispatchTTL",
         "needs PhpmqSubscriber",
     ),
-    "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "bool"),
+    "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "use true or false, not 4"),
 }
 
 
@@ -269,9 +269,61 @@ def test_a_socket_path_of_107_bytes_is_accepted():
     assert parse_config(config_text().replace("/run/ppmq/a.sock", path), FILE).subscribers[0].socket == path
 
 
-def test_every_problem_found_after_decoding_is_reported_at_once():
+def test_every_problem_found_after_decoding_is_reported_at_once_in_the_order_of_the_lines():
     errors = errors_of(config_text(sub="    BatchSize: 0", topic="    Priorities: 0", topics="  - Name: t"))
-    assert [e.split(": ")[1] for e in errors] == ["Topics[1].Name", "Subscribers[0].BatchSize", "Topics[0].Priorities"]
+    assert [e.split(": ")[1] for e in errors] == ["Subscribers[0].BatchSize", "Topics[0].Priorities", "Topics[1].Name"]
+
+
+def test_every_problem_of_a_file_is_reported_at_once_in_its_words_with_the_checks_across_fields():
+    # Given a file with type errors, misspelt keys and a cross-field problem, in every section
+    text = config_text(
+        top="Sync: 4\nJournal:\n  Enabled: 1\n  SegmentBytes: lots",
+        sub="    BatchSize: 0\n    Pul: true",
+        topic="    Priorites: 2\n    AckRetry: 5 minutes\n    Expire: yes please\n    MaxMessages: many",
+        topics="  - Name: u\n    Subscribers: a\nbogus: 1",
+    )
+    # When it is loaded
+    errors = errors_of(text)
+    # Then each problem is named at its line, in the file's order, in the config's words
+    lines = text.splitlines()
+    assert errors == [
+        f"{FILE}:{lines.index(line) + 1}: {message}"
+        for line, message in [
+            ("Sync: 4", "Sync: use true or false, not 4"),
+            ("  Enabled: 1", "Journal.Enabled: use true or false, not 1"),
+            ("  SegmentBytes: lots", """Journal.SegmentBytes: invalid size 'lots' (use e.g. 16777216, "16MiB", "4GB")"""),
+            ("    BatchSize: 0", "Subscribers[0].BatchSize: must be at least 1, got 0"),
+            ("    Pul: true", "Subscribers[0].Pul: unknown key; did you mean Pull?"),
+            ("    Priorites: 2", "Topics[0].Priorites: unknown key; did you mean Priorities?"),
+            ("    AckRetry: 5 minutes", """Topics[0].AckRetry: invalid duration '5 minutes' (use e.g. "90s", "5m", "1h30m", "250ms")"""),
+            ("    Expire: yes please", "Topics[0].Expire: use true or false, not 'yes please'"),
+            ("    MaxMessages: many", "Topics[0].MaxMessages: use a whole number, not 'many'"),
+            ("    Subscribers: a", "Topics[1].Subscribers: use a list, such as [a, b], not 'a'"),
+            ("bogus: 1", "bogus: unknown key"),
+        ]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("priorities: 2", "Topics[0].priorities: unknown key; did you mean Priorities?"),
+        ("Metrics: 3", "Metrics: use a mapping of keys, not 3"),
+        ("Dedup: true", "Topics[0].Dedup: unknown key; did you mean Dedupe?"),
+        ("Publishers: {a: 1}", "Topics[0].Publishers: use a list, such as [a, b], not a mapping"),
+    ],
+)
+def test_a_key_of_the_wrong_type_or_name_is_said_in_the_words_of_the_config(line, message):
+    text = config_text(top=line) if line.startswith("Metrics") else config_text(topic="    " + line)
+    [error] = errors_of(text)
+    assert error.split(": ", 1)[1] == message
+
+
+def test_a_required_key_of_the_wrong_type_is_reported_without_the_checks_it_would_mislead():
+    # Given a topic whose Name is a list, and a Priorities out of range
+    [error] = errors_of(config_text(topics="  - Name: [u]\n    Subscribers: [a]"))
+    # Then the Name is the one problem named: the checks across fields need every name
+    assert error.split(": ", 1)[1] == "Topics[1].Name: use a string, not a list"
 
 
 def test_a_missing_required_key_is_named():
@@ -282,7 +334,7 @@ def test_a_missing_required_key_is_named():
 def test_an_unknown_key_with_a_block_value_is_reported_at_the_key():
     # The typo `Subscriber:` for `Subscribers:` is a likely one
     text = config_text(top="Subscriber:  # <-\n  - Name: x\n    Socket: /run/x.sock")
-    assert errors_of(text) == [f"{FILE}:3: Subscriber: unknown key"]
+    assert errors_of(text) == [f"{FILE}:3: Subscriber: unknown key; did you mean Subscribers?"]
 
 
 @pytest.mark.parametrize(
@@ -381,7 +433,7 @@ def test_metrics_take_a_textfile_relative_to_the_config_and_an_interval_as_a_dur
     [
         ("{Textfile: /tmp/ppmq.prom, Interval: 0}", "FILE:3: Metrics.Interval: must be positive, got 0s"),
         ("{Textfile: /tmp}", "FILE:3: Metrics.Textfile: /tmp is a directory"),
-        ("{Interval: 15s}", "FILE:3: Metrics: Object missing required field `Textfile`"),
+        ("{Interval: 15s}", "FILE:3: Metrics.Textfile: required, but missing"),
     ],
 )
 def test_bad_metrics_are_config_errors_naming_the_key(metrics, error):

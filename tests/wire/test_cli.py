@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,17 @@ def broker(broker_factory):
 
 def published(b) -> dict[str, int]:
     return {name: t["Published"] for name, t in b.status()["Topics"].items()}
+
+
+# --- version ------------------------------------------------------------------------------
+
+
+def test_version_prints_the_version_the_broker_answers_ping_with(broker):
+    r = ppmq("--version")
+    assert r.returncode == 0, r.stderr
+    with broker.client() as c:
+        version = c.request({"Command": "PING"}).body["Version"]
+    assert r.stdout == f"ppmq {version}\n"
 
 
 # --- check ------------------------------------------------------------------------------
@@ -87,6 +99,42 @@ def test_check_rejects_a_bad_config_naming_file_line_and_key_and_exits_1(tmp_pat
     assert r.returncode == 1, (r.stdout, r.stderr)
     for line, text in errors:
         assert f"{path}:{line}: {text}" in r.stderr, r.stderr
+
+
+def test_check_reports_every_problem_of_a_file_at_once_by_line_in_the_words_of_the_config(tmp_path):
+    # Given a file with a misspelt key, a value of the wrong type and an unknown subscriber
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(CONFIG_HEAD.format(d=tmp_path) + "    Priorites: 2\n    Expire: maybe\n  - Name: u\n    Subscribers: [ghost]\n")
+    # When it is checked
+    r = ppmq("check", "-c", path)
+    # Then every problem is named at once, at its line, in the file's order
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == [
+        f"ppmq check: {path}:9: Topics[0].Priorites: unknown key; did you mean Priorities?",
+        f"{path}:10: Topics[0].Expire: use true or false, not 'maybe'",
+        f"{path}:12: Topics[1].Subscribers[0]: unknown subscriber 'ghost'",
+    ]
+
+
+@pytest.mark.parametrize("command", ["check", "reload"])
+def test_check_and_reload_with_json_print_the_problems_exit_1_and_send_no_signal(tmp_path, command):
+    # Given a file with a misspelt key, and a process that SIGHUP would end
+    path = tmp_path / "ppmq.yaml"
+    path.write_text(CONFIG_HEAD.format(d=tmp_path) + "    Priorites: 2\n")
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        # When it is checked, or reloaded into that process, with --json
+        r = ppmq(command, "-c", path, "--json", *([target.pid] if command == "reload" else []))
+        # Then the problems are the JSON result, and the command exits 1
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert json.loads(r.stdout) == {
+            "Path": str(path),
+            "Problems": [f"{path}:9: Topics[0].Priorites: unknown key; did you mean Priorities?"],
+        }
+    finally:
+        target.terminate()
+    # And the process got no SIGHUP: a pending one would have ended it before the SIGTERM
+    assert target.wait(timeout=WAIT_S) == -signal.SIGTERM
 
 
 # --- publish ------------------------------------------------------------------------------
@@ -132,13 +180,14 @@ def test_publish_waits_for_the_broker_and_the_subscriber_receives_what_was_given
     assert all(m["Topic"] == args[0] for m in got)
 
 
-def test_publish_with_ttl_delivers_a_message_that_expires_that_many_seconds_later(broker, broker_factory):
+@pytest.mark.parametrize(("ttl", "seconds"), [("60", 60), ("5m", 300), ("1h30m", 5400), ("90.5s", 90.5)])
+def test_publish_with_ttl_delivers_a_message_that_expires_that_long_later(broker, broker_factory, ttl, seconds):
     sub = broker_factory.subscriber(broker, "s")
-    r = ppmq("publish", "-c", broker.config_path, "t", "short-lived", "--ttl", "60")
+    r = ppmq("publish", "-c", broker.config_path, "t", "short-lived", "--ttl", ttl)
     assert r.returncode == 0, r.stderr
     (m,) = sub.wait_messages(1)
     expires = dt.datetime.fromisoformat(m["Expires"].replace("Z", "+00:00")).timestamp()
-    assert abs(expires - (time.time() + 60)) < 10, m
+    assert abs(expires - (time.time() + seconds)) < 10, m
 
 
 @pytest.mark.parametrize(
@@ -173,6 +222,40 @@ def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_n
 
 
 @pytest.mark.parametrize(
+    ("args", "stdin"),
+    [(["t", "x" * 100_000], None), (["t", "-"], json.dumps({"Payload": "x" * 3_000_000}) + "\n")],
+    ids=["read whole before the reply", "refused while still being sent"],
+)
+def test_a_publish_over_max_frame_bytes_exits_1_with_the_brokers_413(broker_factory, args, stdin):
+    # Given a broker that takes frames of 64 KiB at most
+    b = broker_factory(TOPICS, ["s"], MaxFrameBytes="64KiB")
+    # When a publish sends a larger one
+    r = ppmq("publish", "-c", b.config_path, *args, stdin=stdin)
+    # Then the command says what the broker said, not how the connection ended, and nothing is stored
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr == "ppmq publish: 413: frame exceeds MaxFrameBytes (65536 bytes)\n"
+    assert published(b) == {"t": 0, "d": 0, "u": 0}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "where"),
+    [
+        ([], {}, "/etc/ppmq/ppmq.yaml (the default)"),
+        ([], {"PPMQ_CONFIG": "/nonexistent/ppmq.yaml"}, "/nonexistent/ppmq.yaml (from PPMQ_CONFIG)"),
+        (["-c", "/nonexistent/c.yaml"], {}, "/nonexistent/c.yaml (given with -c)"),
+    ],
+    ids=["default", "PPMQ_CONFIG", "-c"],
+)
+@pytest.mark.parametrize(("command", "status"), [("status", 1), ("check", 1), ("serve", 1), ("fsck", 2)])
+def test_a_missing_config_says_where_it_was_looked_for_and_how_to_name_one(args, env, where, command, status):
+    if where.endswith("(the default)") and os.path.exists("/etc/ppmq/ppmq.yaml"):
+        pytest.skip("this host has a config at the default path")  # looked at now: a package test may install one meanwhile
+    r = ppmq(command, *args, env={**ENV, **env})
+    assert r.returncode == status, (r.stdout, r.stderr)
+    assert r.stderr == f"ppmq {command}: no config file at {where}; name one with -c FILE or PPMQ_CONFIG=FILE\n"
+
+
+@pytest.mark.parametrize(
     "args",
     [
         [],
@@ -180,6 +263,8 @@ def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_n
         ["publish"],
         ["publish", "-c", "x.yaml", "t", "x", "--priority", "high"],
         ["publish", "-c", "x.yaml", "t", "x", "--ttl"],
+        ["publish", "-c", "x.yaml", "t", "x", "--ttl", "5 minutes"],
+        ["publish", "-c", "x.yaml", "t", "x", "--ttl", "inf"],
         ["ack", "-c", "x.yaml", "t", "s"],
         ["reconnect", "-c", "x.yaml"],
         ["status", "-c", "x.yaml", "--bogus"],
@@ -191,6 +276,8 @@ def test_a_failed_request_exits_1_with_the_brokers_error_on_stderr_and_changes_n
         "publish without topic",
         "priority not a number",
         "ttl without value",
+        "ttl not a duration",
+        "ttl endless",
         "ack without keys",
         "reconnect without subscriber",
         "unknown option",
@@ -262,6 +349,7 @@ def test_ack_acknowledges_the_keys_given_and_ignores_unknown_ones(broker, broker
     k0, k1, _ = (m["Key"] for m in sub.messages)
     r = ppmq("ack", "-c", broker.config_path, "u", "s", k0, k1, "999999")
     assert (r.returncode, r.stdout.strip()) == (0, "acked 2"), r.stderr
+    assert "not in flight to subscriber 's' on topic 'u', so ignored: 1 of the 3 keys" in r.stderr
     st = broker.status()["Topics"]["u"]
     assert (st["Stored"], st["Subscribers"]["s"]["Acked"], st["Subscribers"]["s"]["InFlight"]) == (1, 2, 1)
 
@@ -275,6 +363,8 @@ def test_reconnect_redelivers_what_is_in_flight_to_the_subscriber(broker, broker
     sub = in_flight(broker, broker_factory, {"t": 2, "u": 3})
     r = ppmq("reconnect", "-c", broker.config_path, "s", *args)
     assert r.returncode == 0, r.stderr
+    where = "on topic 't'" if args else "on every topic it is on"
+    assert r.stdout == f"requeued what was in flight to subscriber 's' {where}, to be delivered again\n"
     # One transaction requeues every topic named, so when t's are back, u's would be too
     wait_for(lambda: broker.sub_status("t", "s")["Redelivered"] == 2, what="t redelivered")
     assert {topic: broker.sub_status(topic, "s")["Redelivered"] for topic in redelivered} == redelivered

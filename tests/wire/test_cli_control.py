@@ -111,6 +111,7 @@ def _read_pty(fd: int, until: str | None = None) -> str:
         ["resume", "-c", "x.yaml", "s", "--topic"],
         ["ping", "-c", "x.yaml", "extra"],
         ["publish", "-c", "x.yaml", "u", "x", "--delay", "nan"],
+        ["publish", "-c", "x.yaml", "u", "x", "--delay", "90 s"],
         ["status", "-c", "x.yaml", "--topic"],
     ],
     ids=[
@@ -129,6 +130,7 @@ def _read_pty(fd: int, until: str | None = None) -> str:
         "topic without value",
         "ping with an argument",
         "publish delay nan",
+        "publish delay with a space",
         "status topic without value",
     ],
 )
@@ -155,8 +157,8 @@ def test_purge_on_a_terminal_asks_first_and_anything_but_y_or_yes_exits_1_with_n
     publish(broker, "u", "a", "b", "c")
     # When purge asks on a terminal and the answer is not a yes
     status, seen = on_a_terminal(["purge", "-c", broker.config_path, "u", "--subscriber", "s"], answer)
-    # Then the question said what would go, the command exits 1, and nothing is gone
-    assert "purge every message of topic 'u' for subscriber 's'" in seen, seen
+    # Then the question said what would go and how many, the command exits 1, and nothing is gone
+    assert "purge every message of topic 'u' for subscriber 's', ready and in flight (3 now)? [y/N]" in seen, seen
     assert status == 1, seen
     assert "nothing purged" in seen
     assert stored(broker)["u"] == 3
@@ -171,20 +173,37 @@ def test_nack_gives_messages_in_flight_back_and_they_are_delivered_again(broker,
     a = next(m["Key"] for m in sub.messages if m["Payload"] == "a")
     # When s nacks one of them, and a key that is not in flight
     r = run(broker, "nack", "u", "s", a, "999999")
-    # Then the one in flight is counted and delivered again
+    # Then the one in flight is counted and delivered again, and the other is said to be ignored
     assert r.stdout.strip() == "nacked 1"
+    assert "ppmq nack: not in flight to subscriber 's' on topic 'u', so ignored: 1 of the 2 keys" in r.stderr
     assert sub.wait_messages(3)[2]["Payload"] == "a"
 
 
-def test_nack_with_a_delay_holds_the_message_back_that_long(broker, broker_factory):
+@pytest.mark.parametrize("delay", ["1.5", "1500ms"])
+def test_nack_with_a_delay_holds_the_message_back_that_long(broker, broker_factory, delay):
     # Given a message in flight to s
     sub = held(broker, broker_factory, "u", "a")
     # When s nacks it with a delay of 1.5 s
     started = time.monotonic()
-    run(broker, "nack", "u", "s", sub.messages[0]["Key"], "--delay", "1.5")
+    run(broker, "nack", "u", "s", sub.messages[0]["Key"], "--delay", delay)
     # Then it is delivered again, but not before the delay has passed
     sub.wait_messages(2)
     assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.parametrize("command", ["ack", "nack", "reject"])
+def test_settling_keys_not_in_flight_names_them_and_changes_nothing(broker, broker_factory, command):
+    # Given a message in flight to s, and one acked already
+    sub = held(broker, broker_factory, "u", "a", "b")
+    run(broker, "ack", "u", "s", sub.messages[1]["Key"])
+    # When s settles the acked one and an unknown key
+    r = run(broker, command, "u", "s", sub.messages[1]["Key"], "424242")
+    # Then none is counted, both are named, and the one in flight stays so
+    assert r.stdout == f"{command}ed 0\n"
+    assert r.stderr.startswith(
+        f"ppmq {command}: not in flight to subscriber 's' on topic 'u', so ignored: {sub.messages[1]['Key']}, 424242 "
+    )
+    assert broker.settled_status()["Topics"]["u"]["Subscribers"]["s"]["InFlight"] == 1
 
 
 def test_reject_dead_letters_the_message_and_redrive_brings_it_back(broker, broker_factory):
@@ -270,6 +289,37 @@ def test_purge_on_a_terminal_purges_when_the_answer_is_yes(broker, answer):
     assert stored(broker)["u"] == 0
 
 
+@pytest.mark.parametrize(
+    ("args", "count"),
+    [([], 6), (["--subscriber", "r"], 3), (["-k", "KEY0", "-k", "KEY1"], 4), (["-k", "KEY0", "--subscriber", "s"], 1)],
+    ids=["every copy", "one subscriber's", "two keys", "a key of one subscriber"],
+)
+def test_purge_on_a_terminal_says_how_many_copies_it_would_remove(broker, broker_factory, args, count):
+    # Given three messages on v, one in flight to s, and each ready for r
+    sub = broker_factory.subscriber(broker, "s", ack=None)
+    publish(broker, "v", "a")
+    sub.wait_messages(1)
+    publish(broker, "v", "b", "c")
+    keys = [m["Key"] for m in json.loads(run(broker, "peek", "v", "--subscriber", "r", "--json").stdout)["Messages"]]
+    args = [keys[int(a[3:])] if a.startswith("KEY") else a for a in args]
+    # When purge asks, and is told no
+    status, seen = on_a_terminal(["purge", "-c", broker.config_path, "v", *args], b"n\n")
+    # Then its question counted the copies it would remove, as PURGE counts them
+    assert re.search(rf"ready and in flight \({count} now\)\? \[y/N\]", seen), seen
+    assert status == 1
+
+
+def test_purge_by_an_admin_who_may_not_ask_status_asks_without_a_count(broker_factory):
+    # Given a broker where this user may purge but not ask STATUS, and three messages
+    b = broker_factory(TOPICS, ["s", "r", "ops"], AllowRoot=False, AdminUsers=[os.getuid()], StatusUsers=[])
+    publish(b, "u", "a", "b", "c")
+    # When purge asks on a terminal, and is told yes
+    status, seen = on_a_terminal(["purge", "-c", b.config_path, "u"], b"y\n")
+    # Then it asked what it would remove, without a count, and purged
+    assert "purge every message of topic 'u', ready and in flight? [y/N]" in seen, seen
+    assert status == 0 and "purged 3" in seen, seen
+
+
 def test_purge_with_yes_removes_only_the_subscriber_and_keys_given(broker, broker_factory):
     # Given three messages on v, each held by s and by r
     publish(broker, "v", "a", "b", "c")
@@ -288,7 +338,7 @@ def test_purge_with_yes_removes_only_the_subscriber_and_keys_given(broker, broke
 
 def test_pause_stops_deliveries_to_the_subscriber_until_resume(broker, broker_factory):
     # Given s paused on u
-    run(broker, "pause", "s", "--topic", "u")
+    assert run(broker, "pause", "s", "--topic", "u").stdout == "paused subscriber 's' on topic 'u'\n"
     sub = broker_factory.subscriber(broker, "s")
     # When a message is published on u, and one on v
     publish(broker, "u", "held back")
@@ -302,9 +352,18 @@ def test_pause_stops_deliveries_to_the_subscriber_until_resume(broker, broker_fa
     assert re.search(r"^  s \(paused\) ", on_u, re.M), on_u
     assert "(paused)" not in others
     # When s is resumed
-    run(broker, "resume", "s", "--topic", "u")
+    assert run(broker, "resume", "s", "--topic", "u").stdout == "resumed subscriber 's' on topic 'u'\n"
     # Then the message held back goes out
     assert sub.wait_messages(2)[1]["Payload"] == "held back"
+
+
+def test_pause_and_resume_without_a_topic_say_they_act_on_every_topic_of_the_subscriber(broker):
+    assert run(broker, "pause", "s").stdout == "paused subscriber 's' on every topic it is on\n"
+    body = json.loads(run(broker, "status", "--json").stdout)["Topics"]
+    assert [body[t]["Subscribers"]["s"]["Paused"] for t in ("u", "v")] == [True, True]
+    assert run(broker, "resume", "s").stdout == "resumed subscriber 's' on every topic it is on\n"
+    body = json.loads(run(broker, "status", "--json").stdout)["Topics"]
+    assert [body[t]["Subscribers"]["s"]["Paused"] for t in ("u", "v")] == [False, False]
 
 
 def test_ping_prints_the_brokers_version_and_uptime(broker):
@@ -320,12 +379,13 @@ def test_status_with_a_topic_shows_only_that_topic(broker):
     assert run(broker, "status", "-t", "v").stdout.startswith("v: stored 0")
 
 
-def test_publish_with_a_delay_delivers_the_message_no_earlier(broker, broker_factory):
+@pytest.mark.parametrize("delay", ["1.5", "1s500ms"])
+def test_publish_with_a_delay_delivers_the_message_no_earlier(broker, broker_factory, delay):
     # Given a subscriber that acks
     sub = broker_factory.subscriber(broker, "s")
     # When one message is published with a delay of 1.5 s, then one without
     started = time.monotonic()
-    run(broker, "publish", "u", "later", "--delay", "1.5")
+    run(broker, "publish", "u", "later", "--delay", delay)
     run(broker, "publish", "u", "now")
     # Then the one without comes first, the delayed one only after its delay
     assert sub.wait_messages(1)[0]["Payload"] == "now"
@@ -368,3 +428,59 @@ def test_a_request_the_broker_refuses_exits_1_with_its_error_on_stderr(broker, a
     assert f"ppmq {args[0]}: {error}" in r.stderr
     assert r.stdout == ""
     assert stored(broker) == {"u": 1, "v": 0, "dlq": 0}
+
+
+# --- --json, --help ---------------------------------------------------------------------------------
+
+
+def json_of(b, *args: object) -> dict:
+    """`ppmq ARGS... --json`: exit 0 and one JSON object on stdout."""
+    r = run(b, *args, "--json")
+    assert r.stdout.count("\n") == 1, r.stdout
+    return json.loads(r.stdout)
+
+
+def test_every_command_that_prints_a_result_prints_it_as_json_with_json(broker, broker_factory):
+    # Given two messages in flight to s on u
+    sub = held(broker, broker_factory, "u", "a", "b")
+    a, b = (m["Key"] for m in sub.messages)
+    assert json_of(broker, "nack", "u", "s", a, "999999") == {"Nacked": 1, "NotInFlight": 1}
+    a = sub.wait_messages(3)[2]["Key"]
+    assert json_of(broker, "ack", "u", "s", a) == {"Acked": 1, "NotInFlight": 0}
+    assert json_of(broker, "reject", "u", "s", b) == {"Rejected": 1, "NotInFlight": 0}
+    assert json_of(broker, "redrive", "dlq") == {"Redriven": 1, "Skipped": 0}
+    for command in ("pause", "resume", "reconnect"):
+        assert json_of(broker, command, "s", "--topic", "u") == {"Command": command.upper(), "Subscriber": "s", "Topic": "u"}
+    assert json_of(broker, "pause", "r")["Topic"] is None
+    publish(broker, "v", "x")
+    assert json_of(broker, "purge", "v", "--subscriber", "r", "--yes") == {"Purged": 1}
+    assert set(json_of(broker, "ping")) == {"Version", "UptimeSeconds"}
+    assert json_of(broker, "check") == {"Path": str(broker.config_path), "Problems": [], "Topics": 3, "Subscribers": 3}
+    fsck = json_of(broker, "fsck")
+    assert (fsck["DataPath"], fsck["Problems"], fsck["Messages"], fsck["Queued"] + fsck["InFlight"]) == (
+        broker.config["DataPath"],
+        [],
+        2,
+        2,
+    )
+    # And migrate, once the broker has stopped and left its store
+    broker.stop()
+    assert json_of(broker, "migrate")["Converted"] is False
+
+
+@pytest.mark.parametrize("command", ["check", "reload", "fsck", "migrate"])
+def test_a_command_that_never_asks_the_broker_refuses_s(command):
+    r = ppmq(command, "-c", "x.yaml", *(["1"] if command == "reload" else []), "-s", "x.sock")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "unrecognized arguments: -s x.sock" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["serve", "check", "reload", "fsck", "migrate", "publish", "ack", "reconnect", "take", "nack", "reject", "peek", "purge"]
+    + ["redrive", "pause", "resume", "ping", "bridge", "bridge to", "bridge from", "status", "metrics", "listen", "report"],
+)
+def test_help_of_every_command_ends_with_an_example(command):
+    r = ppmq(*command.split(), "--help")
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"\nexample:\n  .*ppmq {command}\b", r.stdout), r.stdout

@@ -17,21 +17,31 @@ from typing import Any
 
 from ppmq.bridge import from_jetstream as bridge_from
 from ppmq.bridge import to_jetstream as bridge_to
-from ppmq.cli.control import Command, config_options
-from ppmq.config import Config, default_config_path, load_config
+from ppmq.cli.control import Command, config_of, config_options, examples
+from ppmq.config import Config
 
 log = logging.getLogger("ppmq.bridge")
 
 
+TO_EXAMPLE = "ppmq bridge to nats://nats1:4222 archive   # every topic archive is on -> subjects ppmq.TOPIC"
+FROM_EXAMPLE = "ppmq bridge from nats://nats1:4222 ORDERS ppmq-in orders   # stream ORDERS, consumer ppmq-in -> topic orders"
+
+
 def add_commands(command: Command) -> None:
     """`bridge` with its two directions, each taking -c/-s like every other command."""
-    bridge = command("bridge", None, "move messages between the broker and NATS JetStream, at least once", config=False)
+    bridge = command(
+        "bridge",
+        None,
+        "move messages between the broker and NATS JetStream, at least once",
+        examples(TO_EXAMPLE, FROM_EXAMPLE),
+        config=False,
+    )
     directions = bridge.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
-    to = _direction(directions, "to", _to, "run as a Pull subscriber and publish what it takes to JetStream")
+    to = _direction(directions, "to", _to, "run as a Pull subscriber and publish what it takes to JetStream", TO_EXAMPLE)
     to.add_argument("url", metavar="NATS_URL", help="the NATS server, e.g. nats://nats1:4222 (nats-py's URL forms)")
     to.add_argument("subscriber", metavar="SUBSCRIBER", help="a subscriber with Pull: true; every topic it is on is bridged")
     to.add_argument("--subject-prefix", default="ppmq.", metavar="PREFIX", help="JetStream subject = PREFIX + topic (default: ppmq.)")
-    back = _direction(directions, "from", _from, "publish to TOPIC what a durable JetStream pull consumer fetches")
+    back = _direction(directions, "from", _from, "publish to TOPIC what a durable JetStream pull consumer fetches", FROM_EXAMPLE)
     back.add_argument("url", metavar="NATS_URL", help="the NATS server, e.g. nats://nats1:4222")
     back.add_argument("stream", metavar="STREAM", help="the JetStream stream; the operator creates it")
     back.add_argument("consumer", metavar="CONSUMER", help="the durable pull consumer's name; the operator creates it")
@@ -39,16 +49,18 @@ def add_commands(command: Command) -> None:
 
 
 def _direction(
-    directions: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help: str
+    directions: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], help: str, example: str
 ) -> argparse.ArgumentParser:
-    sub = directions.add_parser(name, help=help, description=help)
+    sub = directions.add_parser(
+        name, help=help, description=help, epilog=examples(example), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     config_options(sub)
     sub.set_defaults(func=func)
     return sub
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config or default_config_path())
+    config = config_of(args)
     if args.socket:
         config.server_socket = args.socket
     return config

@@ -18,12 +18,12 @@ import msgspec
 import uvloop
 
 from ppmq import sockets
-from ppmq.cli import bridge
+from ppmq.cli import bridge, take
 from ppmq.cli import control as cli_control
-from ppmq.cli.control import align, config_options, open_client, seconds
+from ppmq.cli.control import align, config_of, config_options, config_path, duration, examples, json_option, open_client, show
 from ppmq.client import calls
 from ppmq.client.library import Client
-from ppmq.config import default_config_path, load_config
+from ppmq.config import load_config
 from ppmq.errors import ClientError, ConfigError, Failure, FsckError, ListenError, StoreError
 from ppmq.protocol.framing import Framer
 from ppmq.server import daemon
@@ -32,6 +32,7 @@ from ppmq.store.fsck import fsck
 from ppmq.store.schema import SCHEMA_VERSION
 from ppmq.store.store import Store, missing_store
 from ppmq.systemd import configure_logging, listening_unix_socket
+from ppmq.version import ppmq_version
 
 log = logging.getLogger("ppmq")
 STDIN_BATCH = 1000  # messages per request when publishing lines from stdin
@@ -100,57 +101,131 @@ def _is_utf8(text: str) -> bool:
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ppmq", description="Persistent, prioritized message broker for one host.")
+    parser.add_argument("--version", action="version", version=f"ppmq {ppmq_version()}", help="print the version of ppmq and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
 
-    def command(name: str, func, help: str, config: bool = True) -> argparse.ArgumentParser:
-        """`func` None: the command's own subcommands set it (`bridge to`)."""
-        sub = commands.add_parser(name, help=help, description=help)
+    def command(
+        name: str, func, help: str, example: str, config: bool = True, socket: bool = True, result: str | None = None
+    ) -> argparse.ArgumentParser:
+        """A subcommand whose --help ends with `example`. `func` None: its own
+        subcommands set one (`bridge to`); `config` False: no -c (nor -s), `socket`
+        False: no -s, for a command that reads the config but never asks the broker;
+        `result`: what --json prints, for a command that prints a result."""
+        sub = commands.add_parser(name, help=help, description=help, epilog=example, formatter_class=argparse.RawDescriptionHelpFormatter)
         if config:
-            config_options(sub)
+            config_options(sub, socket)
+        if result is not None:
+            json_option(sub, result)
         if func is not None:
             sub.set_defaults(func=func)
         subparsers[name] = sub
         return sub
 
-    command("serve", _serve, "run the broker in the foreground")
-    command("check", _check, "validate a config file")
-    reload = command("reload", _reload, "validate a config file, then have the broker PID reload it (what `systemctl reload ppmq` runs)")
+    command("serve", _serve, "run the broker in the foreground", examples("ppmq serve -c ppmq.yaml   # until Ctrl-C or SIGTERM"))
+    command(
+        "check",
+        _check,
+        "validate a config file",
+        examples("ppmq check -c /etc/ppmq/ppmq.yaml", "ppmq check -c ppmq.yaml --json"),
+        socket=False,
+        result="the problems (none: the numbers of topics and subscribers too)",
+    )
+    reload = command(
+        "reload",
+        _reload,
+        "validate a config file, then have the broker PID reload it (what `systemctl reload ppmq` runs)",
+        examples("ppmq reload -c /etc/ppmq/ppmq.yaml 4242   # 4242: the broker's pid"),
+        socket=False,
+        result="the check's problems (none: the numbers of topics and subscribers too)",
+    )
     reload.add_argument("pid", type=int, metavar="PID", help="the broker's process id ($MAINPID in its unit)")
-    command("fsck", _fsck, "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)")
-    command("migrate", _migrate, "convert a store an older ppmq wrote to this ppmq's schema (the broker also does it when it starts)")
-    pub = command("publish", _publish, "publish messages and wait for them to be stored")
-    pub.add_argument("topic")
+    command(
+        "fsck",
+        _fsck,
+        "check the store under DataPath: indexes, messages and counters agree (read-only; the broker may run)",
+        examples("ppmq fsck -c /etc/ppmq/ppmq.yaml", "ppmq fsck -c /etc/ppmq/ppmq.yaml --json | jq .Problems"),
+        socket=False,
+        result="the problems and the counts of messages",
+    )
+    command(
+        "migrate",
+        _migrate,
+        "convert a store an older ppmq wrote to this ppmq's schema (the broker also does it when it starts)",
+        examples("systemctl stop ppmq && ppmq migrate -c /etc/ppmq/ppmq.yaml"),
+        socket=False,
+        result="DataPath, its schema and whether it was converted",
+    )
+    pub = command(
+        "publish",
+        _publish,
+        "publish messages and wait for them to be stored",
+        examples(
+            'ppmq publish filescan "hello" "world" --priority 1',
+            'ppmq publish filescan --json \'{"path": "/tmp/x"}\' --key k1 --ttl 5m',
+            "ppmq publish filescan - < messages.ndjson   # one Message object a line",
+        ),
+    )
+    pub.add_argument("topic", help="the topic to publish to")
     pub.add_argument(
         "payloads", nargs="+", metavar="PAYLOAD", help="one message per PAYLOAD; '-' reads one Message object per line from stdin"
     )
-    pub.add_argument("--key", "-k")
-    pub.add_argument("--priority", "-p", type=int, default=0)
-    pub.add_argument("--ttl", type=float, help="seconds until the message expires")
-    pub.add_argument("--delay", type=seconds, help="seconds before the message may be delivered")
-    pub.add_argument("--json", action="store_true", help="PAYLOAD is a JSON value rather than a string")
-    ack = command("ack", _ack, "acknowledge messages")
-    ack.add_argument("topic")
-    ack.add_argument("subscriber")
-    ack.add_argument("keys", nargs="+", metavar="KEY")
-    rec = command("reconnect", _reconnect, "redeliver everything in flight to a subscriber")
-    rec.add_argument("subscriber")
-    rec.add_argument("--topic", "-t")
+    pub.add_argument("--key", "-k", help="the messages' Key: required on a Dedupe topic, where a newer message of a key replaces the older")
+    pub.add_argument("--priority", "-p", type=int, default=0, help="0 is the highest; below the topic's Priorities (default 0)")
+    pub.add_argument("--ttl", type=duration, metavar="DURATION", help='how long until the message expires: "90s", "5m", "1h30m" or seconds')
+    pub.add_argument(
+        "--delay", type=duration, metavar="DURATION", help='how long before the message may be delivered: "90s", "5m" or seconds'
+    )
+    pub.add_argument("--json", action="store_true", dest="json_payload", help="PAYLOAD is a JSON value rather than a string")
+    cli_control.in_flight_command(
+        command, "ack", "acknowledge messages in flight: they are done", examples("ppmq ack filescan printer 17 18")
+    )
+    rec = command(
+        "reconnect",
+        _reconnect,
+        "redeliver everything in flight to a subscriber",
+        examples("ppmq reconnect printer", "ppmq reconnect printer --topic filescan"),
+        result="the subscriber and topic",
+    )
+    rec.add_argument("subscriber", help="the subscriber whose messages in flight go back to its queue")
+    rec.add_argument("--topic", "-t", help="on this topic only (default: every topic of the subscriber)")
+    take.add_command(command)
     cli_control.add_commands(command)
     bridge.add_commands(command)
-    st = command("status", _status, "show the broker's counters")
+    st = command(
+        "status",
+        _status,
+        "show the broker's counters",
+        examples("ppmq status", "ppmq status --topic filescan --json"),
+        result="the STATUS body",
+    )
     st.add_argument("--topic", "-t", help="only this topic")
-    st.add_argument("--json", action="store_true", help="print the STATUS body as JSON")
-    command("metrics", _metrics, "print the broker's metrics in the Prometheus text format, as its Metrics textfile has them")
+    command(
+        "metrics",
+        _metrics,
+        "print the broker's metrics in the Prometheus text format, as its Metrics textfile has them",
+        examples("ppmq metrics | grep ppmq_ready"),
+    )
     commands.add_parser("bench", help="compare ppmq with peer brokers on named workloads (ppmq bench --help)")
-    lis = command("listen", _listen, "a debugging subscriber: print each batch pushed to SOCKET")
-    lis.add_argument("path", metavar="SOCKET")
+    lis = command(
+        "listen",
+        _listen,
+        "a debugging subscriber: print each batch pushed to SOCKET",
+        examples("ppmq listen /run/ppmq/sub/printer.sock --ack   # as printer, acking all"),
+    )
+    lis.add_argument("path", metavar="SOCKET", help="the subscriber's Socket in the config, to listen on")
     lis.add_argument(
         "--ack",
         action="store_true",
         help="acknowledge every message received: on the delivery connection, or through ServerSocket when -c or -s is given",
     )
-    rep = command("report", _report, "journals of many hosts -> Parquet tables and report.html, on Spark", config=False)
+    rep = command(
+        "report",
+        _report,
+        "journals of many hosts -> Parquet tables and report.html, on Spark",
+        examples("ppmq report /srv/journals/ --out /srv/reports/today"),
+        config=False,
+    )
     rep.add_argument(
         "paths", nargs="+", metavar="JOURNAL_PATH", help="journal files or directories (searched recursively), any URI Spark reads"
     )
@@ -166,7 +241,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def _serve(args: argparse.Namespace) -> int:
-    path = args.config or default_config_path()
+    path = config_path(args)
     config = load_config(path)
     if args.socket:
         config.server_socket = args.socket
@@ -182,9 +257,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    path = args.config or default_config_path()
-    config = load_config(path)
-    print(f"{path}: ok ({len(config.topics)} topics, {len(config.subscribers)} subscribers)")
+    """Exit 0 for a file that loads, 1 with its problems; with --json the problems
+    are the result too (`Problems`, the lines as they are printed otherwise)."""
+    path = config_path(args)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        if not args.json:
+            raise
+        show(args, "", {"Path": path, "Problems": exc.errors})
+        return 1
+    topics, subscribers = len(config.topics), len(config.subscribers)
+    show(
+        args,
+        f"{path}: ok ({topics} topics, {subscribers} subscribers)",
+        {"Path": path, "Problems": [], "Topics": topics, "Subscribers": subscribers},
+    )
     return 0
 
 
@@ -192,7 +280,8 @@ def _reload(args: argparse.Namespace) -> int:
     """`ppmq check`, then SIGHUP to the broker, with nothing but Python: a
     minimal system has no /bin/kill. A file that fails the check is not
     signalled: the reload fails visibly, and the broker runs on unchanged."""
-    _check(args)
+    if _check(args):
+        return 1
     try:
         os.kill(args.pid, signal.SIGHUP)
     except OSError as exc:
@@ -203,25 +292,29 @@ def _reload(args: argparse.Namespace) -> int:
 def _fsck(args: argparse.Namespace) -> int:
     """One line per problem on stdout; exit 0 clean, 1 problems, 2 cannot check."""
     try:
-        config = load_config(args.config or default_config_path())
+        config = config_of(args)
         problems, snap = fsck(config)
     except (ConfigError, FsckError) as exc:
         print(f"ppmq fsck: {exc}", file=sys.stderr)
         return 2
+    counts = {"Messages": len(snap.bodies), "Queued": len(snap.ready), "InFlight": len(snap.inflight)}
+    if args.json:
+        show(args, "", {"DataPath": config.data_path, "Problems": problems, **counts})
+        return 1 if problems else 0
     for problem in problems:
         print(problem)
     verdict = f"{len(problems)} problems" if problems else "clean"
     print(
-        f"{config.data_path}: {verdict} ({len(snap.bodies)} messages, {len(snap.ready)} queued, {len(snap.inflight)} in flight)",
+        f"{config.data_path}: {verdict} ({counts['Messages']} messages, {counts['Queued']} queued, {counts['InFlight']} in flight)",
         file=sys.stderr,
     )
     return 1 if problems else 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    config = load_config(args.config or default_config_path())
+    config = config_of(args)
     if config.in_memory:
-        print("DataPath is mem: there is no store to convert")
+        show(args, "DataPath is mem: there is no store to convert", {"DataPath": "mem", "Schema": None, "Converted": False})
         return 0
     missing = missing_store(config.data_path)
     if missing is not None:
@@ -232,8 +325,9 @@ def _migrate(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise Failure(str(exc)) from None
     verdict = "converted to" if store.migrated else "already has"
+    result = {"DataPath": config.data_path, "Schema": SCHEMA_VERSION, "Converted": store.migrated}
     store.close()
-    print(f"{config.data_path}: {verdict} schema {SCHEMA_VERSION}")
+    show(args, f"{config.data_path}: {verdict} schema {SCHEMA_VERSION}", result)
     return 0
 
 
@@ -251,7 +345,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _message(args: argparse.Namespace, payload: str) -> dict[str, Any]:
-    if args.json:
+    if args.json_payload:
         try:
             msgspec.json.decode(payload)
         except msgspec.DecodeError as exc:
@@ -287,26 +381,18 @@ def _publish_stdin(client: Client, topic: str) -> int:
     return total
 
 
-def _ack(args: argparse.Namespace) -> int:
-    with open_client(args) as client:
-        done = client.ack(args.topic, args.subscriber, args.keys).accepted
-    print(f"acked {done}")
-    return 0
-
-
 def _reconnect(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         client.reconnect(args.subscriber, args.topic)
+    line = f"requeued what was in flight to subscriber {args.subscriber!r} {cli_control.topics_named(args)}, to be delivered again"
+    show(args, line, cli_control.subscriber_result(args))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     with open_client(args) as client:
         body = _status_body(client, args.topic)
-    if args.json:
-        print(msgspec.json.encode(body).decode())
-    else:
-        print(_status_table(body))
+    show(args, _status_table(body) if not args.json else "", body)
     return 0
 
 

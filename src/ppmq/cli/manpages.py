@@ -72,6 +72,8 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
         usage = " ".join(sub.format_usage().removeprefix("usage: ").split())  # argparse wraps it
         lines += [f'.SS "{_roff(usage)}"', _roff(sub.description or ""), ".PP"]
         lines += _options(sub)
+        if sub.epilog:  # its examples, laid out as --help shows them
+            lines += [".PP", ".nf", *map(_roff, sub.epilog.splitlines()), ".fi"]
     lines.append('.SS "ppmq bench [OPTION]..."')
     lines.append(_roff("Runs named workloads against ppmq and peer brokers on this host; `ppmq bench --help` lists its options."))
     lines += [

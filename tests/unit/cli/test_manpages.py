@@ -42,6 +42,15 @@ def test_a_command_with_subcommands_shows_each_with_its_own_arguments(pages) -> 
     assert '.SS "ppmq bridge from [\\-h] [\\-c CONFIG] [\\-s SOCKET] NATS_URL STREAM CONSUMER TOPIC"' in page
 
 
+def test_the_command_page_shows_take_with_its_options(pages) -> None:
+    page = pages["ppmq.1.gz"]
+    usage = (
+        '.SS "ppmq take [\\-h] [\\-c CONFIG] [\\-s SOCKET] [\\-n N] [\\-\\-wait DURATION] [\\-\\-ack | \\-\\-no\\-ack] TOPIC SUBSCRIBER"'
+    )
+    assert usage in page
+    assert "\\fB\\-\\-no\\-ack\\fR\ndo not ack: the messages go back to the queue when the command exits" in page
+
+
 def test_the_config_page_documents_every_key_of_every_config_struct(pages) -> None:
     page = pages["ppmq.yaml.5.gz"]
     for _, prefix, struct in SECTIONS:
