@@ -388,8 +388,8 @@ class Settlement:
         return removed
 
     def next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
-        return max(now_ns, min(c for c in candidates if c is not None))
+        soonest = txn.next_timer_ns()
+        return max(now_ns, now_ns + TICK_NS if soonest is None else min(now_ns + TICK_NS, soonest))
 
 
 def generated_ids(keys: list[str]) -> Sequence[int | None]:
