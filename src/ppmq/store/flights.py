@@ -121,10 +121,11 @@ class Flights:
     def _read_flights(self, t: int, s: int) -> SubFlights:
         """The index of s's batches in flight on t, from its rows, now in the index."""
         flights = self.index.subs[t, s] = SubFlights()
-        for f, _, raw in self._rows(t, s):
+        prefix = TS.pack(t, s)
+        for key, raw in walk(self.txn, self.db, prefix, prefix):
             for m, *_rest in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
-                flights.where[m] = f
-            flights.next_f = f + 1
+                flights.where[m] = key
+            flights.next_f = TSM.unpack(key)[2] + 1
         return flights
 
     def _rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
@@ -144,7 +145,7 @@ class Flights:
         key, row = TSM.pack(t, s, f), (U64.pack(deadline_ns) if deadline_ns else NO_DEADLINE) + b"".join(entries)
         if not self.txn.put(key, row, db=self.db, append=True):
             self.txn.put(key, row, db=self.db)
-        flights.where.update(zip(ms, repeat(f)))
+        flights.where.update(zip(ms, repeat(key)))
         if self.watching is not None:
             self.watching.note(False, t, s, ms)
         if deadline_ns:
@@ -165,50 +166,50 @@ class Flights:
         deletes its row without reading its entries: the index says that each
         of ms is in it, and the row's size that nothing else is."""
         where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
-        fs = list(map(where.pop, ms, repeat(None)))  # _locate's, without a call of its own: every ack comes here
-        f = fs[0] if fs else None
+        rows = list(map(where.pop, ms, repeat(None)))  # _locate's, without a call of its own: every ack comes here
+        key = rows[0] if rows else None
         n = len(ms)
-        if f is not None and fs.count(f) == n:  # all of one batch: the row goes whole if it holds just these
-            key = TSM.pack(t, s, f)
+        if key is not None and rows.count(key) == n:  # all of one batch: the row goes whole if it holds just these
             raw = self.txn.get(key, db=self.db)
             if raw is not None and len(raw) == HEAD + n * FLIGHT_ENTRY.size:
                 self.txn.delete(key, db=self.db)
                 if raw[:HEAD] != NO_DEADLINE:
-                    self._drop_deadline(t, s, f, raw)
+                    self._drop_deadline(key, raw)
                 if self.watching is not None:
                     self.watching.note(True, t, s, ms)
                 return ms
-        return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
+        return [entry[0] for entry in self._pop_located(t, s, ms, rows) if entry is not None]
 
-    def _locate(self, t: int, s: int, ms: list[int]) -> list[int | None]:
-        """Each of ms's batch (F), out of the index now; None for one not in
-        flight, or named before."""
+    def _locate(self, t: int, s: int, ms: list[int]) -> list[bytes | None]:
+        """The key of each of ms's batch row, out of the index now; None for one
+        not in flight, or named before."""
         where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
         return list(map(where.pop, ms, repeat(None)))
 
-    def _pop_located(self, t: int, s: int, ms: list[int], fs: list[int | None]) -> list[tuple[int, int, int, int, int] | None]:
-        """pop_flights of ms, whose batches are fs (_locate)."""
-        wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
-        one = _one_batch(fs)
+    def _pop_located(self, t: int, s: int, ms: list[int], rows: list[bytes | None]) -> list[tuple[int, int, int, int, int] | None]:
+        """pop_flights of ms, whose batch rows are keyed `rows` (_locate)."""
+        wanted: dict[bytes, dict[int, int]] = {}  # a batch row's key -> {m: its index in ms}
+        one = _one_batch(rows)
         if one is not None:
             wanted[one] = dict(zip(ms, range(len(ms))))  # all of one batch, no step per message
         else:
-            for i, (m, f) in enumerate(zip(ms, fs)):
-                if f is not None:
-                    wanted.setdefault(f, {})[m] = i
+            for i, (m, key) in enumerate(zip(ms, rows)):
+                if key is not None:
+                    wanted.setdefault(key, {})[m] = i
         if self.watching is not None:
             self.watching.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
-        for f, found in wanted.items():
-            self._take_from_row(t, s, f, found, out)
+        for key, found in wanted.items():
+            self._take_from_row(key, found, out)
         return out
 
-    def _take_from_row(self, t: int, s: int, f: int, found: dict[int, int], out: list) -> None:
-        """The messages `found` (m -> index in out) leave batch f: their entries go
-        into out, and the row keeps the others or goes with its deadline."""
-        key = TSM.pack(t, s, f)
+    def _take_from_row(self, key: bytes, found: dict[int, int], out: list) -> None:
+        """The messages `found` (m -> index in out) leave the batch row keyed
+        `key`: their entries go into out, and the row keeps the others or goes
+        with its deadline."""
         raw = self.txn.get(key, db=self.db)
         if raw is None:
+            t, s, f = TSM.unpack(key)
             log.error("store: batch %d in flight to subscriber %d of topic %d is indexed but not stored", f, s, t)
             return
         size, kept = FLIGHT_ENTRY.size, []
@@ -223,12 +224,13 @@ class Flights:
             return
         self.txn.delete(key, db=self.db)
         if raw[:HEAD] != NO_DEADLINE:
-            self._drop_deadline(t, s, f, raw)
+            self._drop_deadline(key, raw)
 
-    def _drop_deadline(self, t: int, s: int, f: int, raw: bytes) -> None:
-        """Delete the deadline of batch f, whose row held `raw` (a deadline_ns not 0)."""
+    def _drop_deadline(self, key: bytes, raw: bytes) -> None:
+        """Delete the deadline of the batch row keyed `key`, which held `raw` (a
+        deadline_ns not 0): its deadlines key is that deadline_ns, then `key`."""
         deadline_ns = U64.unpack_from(raw)[0]
-        self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self.deadlines_db)
+        self.txn.delete(raw[:HEAD] + key, db=self.deadlines_db)
         if deadline_ns == self.times.deadline:
             self.times.deadline = UNREAD
 
@@ -250,8 +252,8 @@ class Flights:
         return None if entry is None else Flight._make(entry)
 
     def get(self, t: int, s: int, m: int) -> Flight | None:
-        f = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where.get(m)
-        raw = None if f is None else self.txn.get(TSM.pack(t, s, f), db=self.db)
+        key = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where.get(m)
+        raw = None if key is None else self.txn.get(key, db=self.db)
         if raw is not None:
             for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
                 if entry[0] == m:
@@ -284,9 +286,9 @@ class Flights:
         return sorted(Flight._make(entry) for _, _, raw in self._rows(t, s) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
 
 
-def _one_batch(fs: list[int | None]) -> int | None:
-    """The one batch that all the messages named are in, given each one's
-    batch fs (_locate: a message named twice has None the second time); None
+def _one_batch(rows: list[bytes | None]) -> bytes | None:
+    """The key of the one batch row that all the messages named are in, given
+    each one's (_locate: a message named twice has None the second time); None
     if they are not all in one."""
-    f = fs[0] if fs else None
-    return f if f is not None and fs.count(f) == len(fs) else None
+    key = rows[0] if rows else None
+    return key if key is not None and rows.count(key) == len(rows) else None
