@@ -117,6 +117,8 @@ class Store:
         """Writes were undone: what memory keeps of the rows goes with them."""
         self.flight_index.clear()
         self.ready_tails.clear()
+        if self._txn is not None:
+            self._txn.meta.forget_staged()
         self.room.forget()
         self.times.forget()
 
@@ -248,12 +250,12 @@ class Txn:
         self.release_holders, self.pop_holders = holders.release, holders.pop
 
     def begin(self, txn: lmdb.Transaction[bytes]) -> Txn:
-        """The same tables, over the store's next write transaction, with nothing
-        kept of the one before: the staging record it read, the watch it was given."""
+        """The same tables, over the store's next write transaction, without the
+        watch the one before was given. What the tables keep in memory of the
+        rows (the staging record among them) stays true across commits."""
         self.txn = txn
         for table in self.tables.every:  # Tables.bind's, without a call of its own: every step begins here
             table.txn = txn
-        self.meta.forget_staged()
         self.flights.watching = None
         return self
 
