@@ -29,7 +29,6 @@ from ppmq.store.schema import (
     BODY_ROW_BYTES,
     GROUP_MESSAGES,
     TM,
-    U16,
     Body,
     Staged,
     body_columns,
@@ -235,8 +234,8 @@ def _cut(popped: Popped, keys: bool, raw: bytes, wanted: list[int]) -> tuple[byt
     keys are added to `popped`; b"" when nothing is left. A row wholly wanted,
     what the last ack of a whole publish is, has its heads read by columns,
     with no step per message in Python."""
-    n = U16.unpack_from(raw)[0]
-    columns = BODY_COLUMNS[n].unpack_from(raw, 2)  # body_columns', without a call of its own: every last ack comes here
+    n = raw[0] << 8 | raw[1]  # body_columns', without a call of its own: every last ack comes here
+    columns = BODY_COLUMNS[n].unpack_from(raw, 2)
     ids, ends, base = columns[:n], columns[n:], 2 + 12 * n
     want = set(wanted)
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size

@@ -329,14 +329,19 @@ def replace_body_record(raw: bytes, ends: Sequence[int], base: int, i: int, reco
 def new_holders_row(subs: Sequence[int], first: int, prios: Sequence[int]) -> bytes:
     """The holders row of new messages first, first + 1, ... of priorities
     prios, each held by every one of subs at its id as position: its head and
-    its entries packed in a call each, from columns."""
+    its entries packed in one call, from columns."""
     n, held = len(prios), len(subs)
     ids = range(first, first + n)
     columns: list[Iterable[int]] = []
     for s in subs:
         columns += (repeat(s), prios, ids)  # (S, prio, pos) of each holder of a message
-    entries = repeated(HOLDER, n * held).pack(*chain.from_iterable(zip(*columns)))
-    return HOLDERS_ROW_HEAD[n].pack(n, *ids, *repeat(held, n)) + entries
+    return _new_holders_layout(n, held).pack(n, *ids, *repeat(held, n), *chain.from_iterable(zip(*columns)))
+
+
+@lru_cache(maxsize=256)
+def _new_holders_layout(n: int, held: int) -> struct.Struct:
+    """A holders row of n messages with `held` holders each, as one Struct."""
+    return struct.Struct(HOLDERS_ROW_HEAD[n].format + HOLDER.format.lstrip(">") * (n * held))
 
 
 def holders_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
