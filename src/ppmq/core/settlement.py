@@ -388,8 +388,12 @@ class Settlement:
         return removed
 
     def next_tick(self, txn: Txn, now_ns: int) -> int:
-        soonest = txn.next_timer_ns()
-        return max(now_ns, now_ns + TICK_NS if soonest is None else min(now_ns + TICK_NS, soonest))
+        """When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS."""
+        tick = now_ns + TICK_NS
+        due = txn.next_timer_ns()
+        if due is not None and due < tick:
+            tick = due
+        return tick if tick > now_ns else now_ns
 
 
 def generated_ids(keys: list[str]) -> Sequence[int | None]:
