@@ -388,8 +388,12 @@ class Settlement:
         return removed
 
     def next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
-        return max(now_ns, min(c for c in candidates if c is not None))
+        """When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS."""
+        tick = now_ns + TICK_NS
+        due = txn.next_timer_ns()
+        if due is not None and due < tick:
+            tick = due
+        return tick if tick > now_ns else now_ns
 
 
 def generated_ids(keys: list[str]) -> Sequence[int | None]:

@@ -15,14 +15,16 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 
 import lmdb
 
 from ppmq.store.meta import Meta
 from ppmq.store.room import Room
-from ppmq.store.rows import at_row, change_rows, put_all_in_order, put_in_order
+from ppmq.store.rows import at_row, change_rows
 from ppmq.store.schema import (
+    BODY_COLUMNS,
     BODY_HEAD,
     BODY_ROW_BYTES,
     GROUP_MESSAGES,
@@ -123,20 +125,22 @@ class Bodies:
         self.txn.put(key, row, db=self.db)
 
     def put_records(self, t: int, first: int, records: list[bytes]) -> None:
-        """New messages, the records (schema.body_record) of ids first, first + 1,
+        """New messages, the records (schema.body_records) of ids first, first + 1,
         ...: ids new from the topic's sequence, so above every stored one (a
-        publish). They start rows of their own, GROUP_MESSAGES a row at most;
-        a message put anywhere else is put's."""
-        total, n = sum(map(len, records)), len(records)
-        self.room.wrote(total, n)
+        publish). They start rows of their own, GROUP_MESSAGES a row at most,
+        each put in key order (store/rows.py); a message put anywhere else
+        is put's."""
+        n = len(records)
         if not n:
             return
-        if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
-            put_in_order(self.txn, TM.pack(t, first), encode_body_row(range(first, first + n), records), self.db)
-            return
-        spans = body_row_spans(list(map(len, records)))
-        rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
-        put_all_in_order(self.txn, rows, self.db)
+        total = sum(map(len, records))
+        self.room.wrote(total, n)
+        spans = [(0, n)] if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES else body_row_spans(list(map(len, records)))
+        put, db = self.txn.put, self.db
+        for a, b in spans:  # most publishes: one row, cut nowhere
+            key, row = TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])
+            if not put(key, row, db=db, append=True):
+                put(key, row, db=db)
 
     def pop(self, t: int, ms: list[int], *, keys: bool) -> Popped:
         """Cut each of ms out of its row (a row left empty is deleted). Returns
@@ -146,7 +150,7 @@ class Bodies:
         last ack: each row is read and written once, and each header read
         where it lies, with no object made per message."""
         popped = Popped()
-        change_rows(self.txn, self.db, t, sorted(set(ms)), lambda raw, wanted: _cut(raw, set(wanted), keys, popped))
+        change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_cut, popped, keys))
         return popped
 
     def of(self, t: int) -> Iterator[tuple[int, Body]]:
@@ -225,13 +229,26 @@ def _split(raw: bytes) -> tuple[list[int], list[bytes]]:
     return list(ids), [raw[base + a : base + b] for a, b in zip(starts, ends)]
 
 
-def _cut(raw: bytes, want: set[int], keys: bool, popped: Popped) -> tuple[bytes, list[int]]:
-    """`raw` without the records of `want`, whose counts, sizes, expiries and
-    keys are added to `popped`; b"" when nothing is left."""
-    ids, ends, base = body_columns(raw)
-    if len(want) >= len(ids) and want.issuperset(ids):  # ids the row does not hold are none of its business
-        return _pop_row(raw, ids, ends, base, keys, popped)
+def _cut(popped: Popped, keys: bool, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+    """`raw` without the records of `wanted`, whose counts, sizes, expiries and
+    keys are added to `popped`; b"" when nothing is left. A row wholly wanted,
+    what the last ack of a whole publish is, has its heads read by columns,
+    with no step per message in Python."""
+    n = raw[0] << 8 | raw[1]  # body_columns', without a call of its own: every last ack comes here
+    columns = BODY_COLUMNS[n].unpack_from(raw, 2)
+    ids, ends, base = columns[:n], columns[n:], 2 + 12 * n
+    want = set(wanted)
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
+    if want.issuperset(ids):  # ids the row does not hold are none of its business
+        starts = (base, *map(base.__add__, ends[:-1]))
+        _, _, expiries, klens = zip(*map(head, repeat(raw), starts))
+        popped.count += n
+        popped.size += ends[-1] - head_size * n - sum(klens)
+        if any(expiries):
+            popped.expiries += [(expires_ns, m) for expires_ns, m in zip(expiries, ids) if expires_ns]
+        if keys:
+            popped.keys += [raw[start + head_size : start + head_size + klen] for start, klen in zip(starts, klens)]
+        return b"", []
     kept_ids, kept = [], []
     count = size = 0
     start = base
@@ -252,18 +269,3 @@ def _cut(raw: bytes, want: set[int], keys: bool, popped: Popped) -> tuple[bytes,
     popped.count += count
     popped.size += size
     return (encode_body_row(kept_ids, kept) if kept_ids else b""), []
-
-
-def _pop_row(raw: bytes, ids: tuple[int, ...], ends: tuple[int, ...], base: int, keys: bool, popped: Popped) -> tuple[bytes, list[int]]:
-    """_cut of every record of the row, what the last ack of a whole publish
-    is: their heads read by columns, with no step per message in Python."""
-    size = BODY_HEAD.size
-    starts = list(map(base.__add__, (0, *ends[:-1])))
-    _, _, expiries, klens = zip(*map(BODY_HEAD.unpack_from, repeat(raw), starts))
-    popped.count += len(ids)
-    popped.size += ends[-1] - size * len(ids) - sum(klens)
-    if any(expiries):
-        popped.expiries += [(expires_ns, m) for expires_ns, m in zip(expiries, ids) if expires_ns]
-    if keys:
-        popped.keys += [raw[start + size : start + size + klen] for start, klen in zip(starts, klens)]
-    return b"", []

@@ -19,6 +19,7 @@ import lmdb
 
 from ppmq.store.rows import walk
 from ppmq.store.schema import ETMS, TMS, U64, u32
+from ppmq.store.timers import NONE_DUE, UNREAD, NextTimes, first_time
 
 
 class Seen(Protocol):
@@ -32,13 +33,14 @@ class Seen(Protocol):
 class Copies:
     """The copies and copy_expiry databases of one transaction."""
 
-    __slots__ = ("txn", "db", "expiry_db", "seen")
+    __slots__ = ("txn", "db", "expiry_db", "seen", "times")
 
-    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, expiry_db: lmdb._Database, seen: Seen) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, expiry_db: lmdb._Database, seen: Seen, times: NextTimes) -> None:
         self.txn = txn
         self.db = db
         self.expiry_db = expiry_db
         self.seen = seen
+        self.times = times  # the soonest copy expiry, kept true by every write of copy_expiry (store/timers.py)
 
     def put(self, t: int, m: int, s: int, expires_ns: int, *, expire: bool) -> None:
         """Subscriber s's copy of m expires at expires_ns (0: never), whatever
@@ -48,6 +50,8 @@ class Copies:
         self.txn.put(TMS.pack(t, m, s), U64.pack(expires_ns), db=self.db)
         if expire and expires_ns:
             self.txn.put(ETMS.pack(expires_ns, t, m, s), b"", db=self.expiry_db)
+            if expires_ns < self.times.copy_expiry:
+                self.times.copy_expiry = expires_ns
 
     def of_message(self, t: int, m: int) -> dict[int, int]:
         """The copies of m with an expiry of their own: subscriber id -> expires_ns."""
@@ -73,6 +77,8 @@ class Copies:
                 if s is None or sub == s:
                     self.txn.delete(TMS.pack(t, m, sub), db=self.db)
                     self.txn.delete(ETMS.pack(expires_ns, t, m, sub), db=self.expiry_db)
+                    if expires_ns == self.times.copy_expiry:
+                        self.times.copy_expiry = UNREAD
 
     def due(self, now_ns: int, limit: int) -> list[tuple[int, int, int, int]]:
         """(expires_ns, t, m, s) of the copies whose own expiry is at or before now_ns, oldest first, `limit` at most."""
@@ -90,7 +96,6 @@ class Copies:
 
     def next_ns(self) -> int | None:
         """When the soonest copy's own expiry comes; None if no copy has one."""
-        if not self.seen.copies_seen:
-            return None
-        with self.txn.cursor(db=self.expiry_db) as cur:
-            return ETMS.unpack(cur.key())[0] if cur.first() else None
+        if self.times.copy_expiry == UNREAD:
+            self.times.copy_expiry = first_time(self.txn, self.expiry_db) if self.seen.copies_seen else NONE_DUE
+        return self.times.copy_expiry if self.times.copy_expiry != NONE_DUE else None

@@ -16,21 +16,25 @@ import lmdb
 
 from ppmq.store.rows import walk
 from ppmq.store.schema import DELAYED_VAL, DUE, TS, TSPQ, Delayed
+from ppmq.store.timers import NONE_DUE, UNREAD, NextTimes, first_time
 
 
 class DelayedEntries:
     """The delayed and due databases of one transaction."""
 
-    __slots__ = ("txn", "db", "due_db")
+    __slots__ = ("txn", "db", "due_db", "times")
 
-    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, due_db: lmdb._Database) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: lmdb._Database, due_db: lmdb._Database, times: NextTimes) -> None:
         self.txn = txn
         self.db = db
         self.due_db = due_db
+        self.times = times  # the soonest due time, kept true by every write of due (store/timers.py)
 
     def push(self, t: int, s: int, entry: Delayed) -> None:
         self.txn.put(TSPQ.pack(t, s, entry.prio, entry.pos), DELAYED_VAL.pack(entry.msg, entry.attempts, entry.due_ns), db=self.db)
         self.txn.put(DUE.pack(entry.due_ns, t, s, entry.prio, entry.pos), b"", db=self.due_db)
+        if entry.due_ns < self.times.due:
+            self.times.due = entry.due_ns
 
     def pop(self, t: int, s: int, prio: int, pos: int) -> Delayed | None:
         """Remove the delayed entry at (prio, pos), with its due entry."""
@@ -39,6 +43,8 @@ class DelayedEntries:
             return None
         m, attempts, due_ns = DELAYED_VAL.unpack(raw)
         self.txn.delete(DUE.pack(due_ns, t, s, prio, pos), db=self.due_db)
+        if due_ns == self.times.due:
+            self.times.due = UNREAD
         return Delayed(prio, pos, m, attempts, due_ns)
 
     def of(self, t: int, s: int, start: tuple[int, int] = (0, 0)) -> Iterator[Delayed]:
@@ -60,5 +66,7 @@ class DelayedEntries:
         return out
 
     def next_due_ns(self) -> int | None:
-        with self.txn.cursor(db=self.due_db) as cur:
-            return DUE.unpack(cur.key())[0] if cur.first() else None
+        """When the soonest delayed entry comes due; None if none waits."""
+        if self.times.due == UNREAD:
+            self.times.due = first_time(self.txn, self.due_db)
+        return self.times.due if self.times.due != NONE_DUE else None

@@ -15,7 +15,7 @@ class SubFlights:
     __slots__ = ("where", "next_f")
 
     def __init__(self) -> None:
-        self.where: dict[int, int] = {}  # m -> F of the inflight row that holds it
+        self.where: dict[int, bytes] = {}  # m -> the key (T S F) of the inflight row that holds it
         self.next_f = 1  # the F of the next batch: above every row's
 
 

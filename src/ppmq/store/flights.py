@@ -18,18 +18,20 @@ import lmdb
 from ppmq.store.bodies import Bodies, BodyFinder
 from ppmq.store.flight_index import FlightIndex, FlightWatch, SubFlights
 from ppmq.store.ready import DROP, KEEP, STOP, TAKE, ReadyQueues
-from ppmq.store.rows import put_in_order, walk
+from ppmq.store.rows import walk
 from ppmq.store.schema import BATCH_ENTRY_BYTES, BODY_HEAD, DTSM, FLIGHT_ENTRY, TAKEN_FLIGHT, TAKEN_M, TS, TSM, U64, Flight, Taken
+from ppmq.store.timers import NONE_DUE, UNREAD, NextTimes, first_time
 
 log = logging.getLogger("ppmq.store")
 HEAD = U64.size  # an inflight row's deadline_ns, before its entries
+NO_DEADLINE = bytes(HEAD)  # the deadline_ns of a batch with no AckRetry
 
 
 class Flights:
     """The inflight and deadlines databases of one transaction, and the walk that
     moves ready entries into flight."""
 
-    __slots__ = ("txn", "db", "deadlines_db", "ready", "bodies", "index", "watching")
+    __slots__ = ("txn", "db", "deadlines_db", "ready", "bodies", "index", "times", "watching")
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class Flights:
         ready: ReadyQueues,
         bodies: Bodies,
         index: FlightIndex,
+        times: NextTimes,
     ) -> None:
         self.txn = txn
         self.db = db
@@ -46,6 +49,7 @@ class Flights:
         self.ready = ready  # where a batch is taken from
         self.bodies = bodies  # what a batch taken from the ready rows reads
         self.index = index  # which row holds each message in flight, kept in memory across transactions
+        self.times = times  # the soonest deadline, kept true by every write of deadlines (store/timers.py)
         self.watching: FlightWatch | None = None  # what left flight to some subscriptions, if asked
 
     def take_ready(
@@ -114,20 +118,14 @@ class Flights:
         """From now on, note in `watch` what leaves flight to its subscriptions."""
         self.watching = watch
 
-    def _flights(self, t: int, s: int) -> SubFlights:
-        subs = self.index.subs
-        flights = subs.get((t, s))
-        if flights is None:
-            flights = subs[t, s] = self._read_flights(t, s)
-        return flights
-
     def _read_flights(self, t: int, s: int) -> SubFlights:
-        """The index of s's batches in flight on t, from its rows."""
-        flights = SubFlights()
-        for f, _, raw in self._rows(t, s):
+        """The index of s's batches in flight on t, from its rows, now in the index."""
+        flights = self.index.subs[t, s] = SubFlights()
+        prefix = TS.pack(t, s)
+        for key, raw in walk(self.txn, self.db, prefix, prefix):
             for m, *_rest in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
-                flights.where[m] = f
-            flights.next_f = f + 1
+                flights.where[m] = key
+            flights.next_f = TSM.unpack(key)[2] + 1
         return flights
 
     def _rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
@@ -139,16 +137,21 @@ class Flights:
     def put(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
         """A pushed batch into flight to s: entries (FLIGHT_ENTRY, packed) of the
         messages ms, with the AckRetry deadline `deadline_ns` (0: none). One row,
-        and one deadline row, whatever the batch's size."""
-        flights = self._flights(t, s)
+        and one deadline row, whatever the batch's size; put in key order
+        (store/rows.py), since a subscription's batches are numbered upward."""
+        flights = self.index.subs.get((t, s)) or self._read_flights(t, s)
         f = flights.next_f
         flights.next_f += 1
-        put_in_order(self.txn, TSM.pack(t, s, f), U64.pack(deadline_ns) + b"".join(entries), self.db)
-        flights.where.update(zip(ms, repeat(f)))
+        key, row = TSM.pack(t, s, f), (U64.pack(deadline_ns) if deadline_ns else NO_DEADLINE) + b"".join(entries)
+        if not self.txn.put(key, row, db=self.db, append=True):
+            self.txn.put(key, row, db=self.db)
+        flights.where.update(zip(ms, repeat(key)))
         if self.watching is not None:
             self.watching.note(False, t, s, ms)
         if deadline_ns:
             self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self.deadlines_db)
+            if deadline_ns < self.times.deadline:
+                self.times.deadline = deadline_ns
 
     def pop_many(self, t: int, s: int, ms: list[int]) -> list[tuple[int, int, int, int, int] | None]:
         """Take each of ms out of flight to s; per m, its Flight fields as a plain
@@ -162,46 +165,51 @@ class Flights:
         in the order of ms (ms itself when all were). An ack of one whole batch, what an ack mostly is,
         deletes its row without reading its entries: the index says that each
         of ms is in it, and the row's size that nothing else is."""
-        fs = self._locate(t, s, ms)
-        f = _one_batch(fs)
-        if f is not None:  # the row goes whole if it holds just these
-            key = TSM.pack(t, s, f)
+        where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
+        rows = list(map(where.pop, ms, repeat(None)))  # _locate's, without a call of its own: every ack comes here
+        key = rows[0] if rows else None
+        n = len(ms)
+        if key is not None and rows.count(key) == n:  # all of one batch: the row goes whole if it holds just these
             raw = self.txn.get(key, db=self.db)
-            if raw is not None and len(raw) == HEAD + len(ms) * FLIGHT_ENTRY.size:
-                self._drop_row(t, s, f, key, raw)
+            if raw is not None and len(raw) == HEAD + n * FLIGHT_ENTRY.size:
+                self.txn.delete(key, db=self.db)
+                if raw[:HEAD] != NO_DEADLINE:
+                    self._drop_deadline(key, raw)
                 if self.watching is not None:
                     self.watching.note(True, t, s, ms)
                 return ms
-        return [entry[0] for entry in self._pop_located(t, s, ms, fs) if entry is not None]
+        return [entry[0] for entry in self._pop_located(t, s, ms, rows) if entry is not None]
 
-    def _locate(self, t: int, s: int, ms: list[int]) -> list[int | None]:
-        """Each of ms's batch (F), out of the index now; None for one not in
-        flight, or named before."""
-        return list(map(self._flights(t, s).where.pop, ms, repeat(None)))
+    def _locate(self, t: int, s: int, ms: list[int]) -> list[bytes | None]:
+        """The key of each of ms's batch row, out of the index now; None for one
+        not in flight, or named before."""
+        where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
+        return list(map(where.pop, ms, repeat(None)))
 
-    def _pop_located(self, t: int, s: int, ms: list[int], fs: list[int | None]) -> list[tuple[int, int, int, int, int] | None]:
-        """pop_flights of ms, whose batches are fs (_locate)."""
-        wanted: dict[int, dict[int, int]] = {}  # F -> {m: its index in ms}
-        one = _one_batch(fs)
+    def _pop_located(self, t: int, s: int, ms: list[int], rows: list[bytes | None]) -> list[tuple[int, int, int, int, int] | None]:
+        """pop_flights of ms, whose batch rows are keyed `rows` (_locate)."""
+        wanted: dict[bytes, dict[int, int]] = {}  # a batch row's key -> {m: its index in ms}
+        one = _one_batch(rows)
         if one is not None:
             wanted[one] = dict(zip(ms, range(len(ms))))  # all of one batch, no step per message
         else:
-            for i, (m, f) in enumerate(zip(ms, fs)):
-                if f is not None:
-                    wanted.setdefault(f, {})[m] = i
+            for i, (m, key) in enumerate(zip(ms, rows)):
+                if key is not None:
+                    wanted.setdefault(key, {})[m] = i
         if self.watching is not None:
             self.watching.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
-        for f, found in wanted.items():
-            self._take_from_row(t, s, f, found, out)
+        for key, found in wanted.items():
+            self._take_from_row(key, found, out)
         return out
 
-    def _take_from_row(self, t: int, s: int, f: int, found: dict[int, int], out: list) -> None:
-        """The messages `found` (m -> index in out) leave batch f: their entries go
-        into out, and the row keeps the others or goes with its deadline."""
-        key = TSM.pack(t, s, f)
+    def _take_from_row(self, key: bytes, found: dict[int, int], out: list) -> None:
+        """The messages `found` (m -> index in out) leave the batch row keyed
+        `key`: their entries go into out, and the row keeps the others or goes
+        with its deadline."""
         raw = self.txn.get(key, db=self.db)
         if raw is None:
+            t, s, f = TSM.unpack(key)
             log.error("store: batch %d in flight to subscriber %d of topic %d is indexed but not stored", f, s, t)
             return
         size, kept = FLIGHT_ENTRY.size, []
@@ -214,14 +222,17 @@ class Flights:
         if kept:
             self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self.db)
             return
-        self._drop_row(t, s, f, key, raw)
-
-    def _drop_row(self, t: int, s: int, f: int, key: bytes, raw: bytes) -> None:
-        """Delete batch f's row (`key`, holding `raw`) and its deadline."""
         self.txn.delete(key, db=self.db)
+        if raw[:HEAD] != NO_DEADLINE:
+            self._drop_deadline(key, raw)
+
+    def _drop_deadline(self, key: bytes, raw: bytes) -> None:
+        """Delete the deadline of the batch row keyed `key`, which held `raw` (a
+        deadline_ns not 0): its deadlines key is that deadline_ns, then `key`."""
         deadline_ns = U64.unpack_from(raw)[0]
-        if deadline_ns:
-            self.txn.delete(DTSM.pack(deadline_ns, t, s, f), db=self.deadlines_db)
+        self.txn.delete(raw[:HEAD] + key, db=self.deadlines_db)
+        if deadline_ns == self.times.deadline:
+            self.times.deadline = UNREAD
 
     def retime(self, t: int, s: int, ms: list[int], deadline_ns: int) -> list[int]:
         """PROTOCOL §8 Touch: ms (those in flight to s) get the AckRetry deadline
@@ -241,8 +252,8 @@ class Flights:
         return None if entry is None else Flight._make(entry)
 
     def get(self, t: int, s: int, m: int) -> Flight | None:
-        f = self._flights(t, s).where.get(m)
-        raw = None if f is None else self.txn.get(TSM.pack(t, s, f), db=self.db)
+        key = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where.get(m)
+        raw = None if key is None else self.txn.get(key, db=self.db)
         if raw is not None:
             for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
                 if entry[0] == m:
@@ -265,17 +276,19 @@ class Flights:
         return [(t, s, m) for _, t, s, m in sorted(due)]
 
     def next_deadline_ns(self) -> int | None:
-        with self.txn.cursor(db=self.deadlines_db) as cur:
-            return DTSM.unpack(cur.key())[0] if cur.first() else None
+        """When the soonest AckRetry deadline comes; None if no batch has one."""
+        if self.times.deadline == UNREAD:
+            self.times.deadline = first_time(self.txn, self.deadlines_db)
+        return self.times.deadline if self.times.deadline != NONE_DUE else None
 
     def of(self, t: int, s: int) -> list[Flight]:
         """Everything in flight to s on t (at most its Window, so a short list), by message id."""
         return sorted(Flight._make(entry) for _, _, raw in self._rows(t, s) for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]))
 
 
-def _one_batch(fs: list[int | None]) -> int | None:
-    """The one batch that all the messages named are in, given each one's
-    batch fs (_locate: a message named twice has None the second time); None
+def _one_batch(rows: list[bytes | None]) -> bytes | None:
+    """The key of the one batch row that all the messages named are in, given
+    each one's (_locate: a message named twice has None the second time); None
     if they are not all in one."""
-    f = fs[0] if fs else None
-    return f if f is not None and fs.count(f) == len(fs) else None
+    key = rows[0] if rows else None
+    return key if key is not None and rows.count(key) == len(rows) else None

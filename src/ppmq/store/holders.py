@@ -12,19 +12,18 @@ below m: one cursor move finds it.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import cache, partial
-from itertools import accumulate, chain, islice, repeat
+from itertools import accumulate, chain, islice
 from struct import Struct
 
 import lmdb
 
 from ppmq.store.copies import Copies
-from ppmq.store.rows import at_row, change_rows, put_all_in_order
-from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, repeated
+from ppmq.store.rows import at_row, change_rows
+from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, new_holders_row
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
-PACKED_FROM = 10  # new messages whose entries are packed in one call
 
 Places = dict[int, tuple[int, int]]  # a message's holders: S -> (prio, pos), its place in S's queue
 
@@ -94,16 +93,16 @@ class Holders:
         """Every subscriber in subs holds each new message first, first + 1, ...,
         of priority prios[i], at its id as position. The ids are new, so above
         those of t's rows: they start rows of their own, GROUP_MESSAGES messages
-        a row at most."""
+        a row at most, each put in key order (store/rows.py), the way a
+        publish's bodies rows are."""
         if not subs:
             return
-        rows = []
+        put, db = self.txn.put, self.db
         for i in range(0, len(prios), GROUP_MESSAGES):
             group = prios[i : i + GROUP_MESSAGES]
-            ids = range(first + i, first + i + len(group))
-            entries = _new_entries(subs, group, ids)
-            rows.append((TM.pack(t, ids[0]), encode_holders_row(ids, [len(subs)] * len(ids), entries)))
-        put_all_in_order(self.txn, rows, self.db)
+            key, row = TM.pack(t, first + i), new_holders_row(subs, first + i, group)
+            if not put(key, row, db=db, append=True):
+                put(key, row, db=db)
 
     def release(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Remove s from the holders of each of ms, and its copies' own
@@ -111,7 +110,7 @@ class Holders:
         row holds). The path of every ack: each row is read, decoded and
         written once, however many of ms it holds."""
         sub = s.to_bytes(2, "big")
-        done = change_rows(self.txn, self.db, t, sorted(set(ms)), partial(_release, sub))
+        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_release, sub))
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
             self.copies.drop(t, ms, s)
         return done
@@ -146,18 +145,6 @@ def _decode(entries: bytes) -> Places:
     return {s: (prio, pos) for s, prio, pos in HOLDER.iter_unpack(entries)}
 
 
-def _new_entries(subs: list[int], prios: Sequence[int], ids: range) -> bytes:
-    """The HOLDER entries of new messages that all of subs hold, each at its id
-    as position: packed in one call from columns, which costs more than a call
-    an entry below about ten messages (a paced publish has one)."""
-    if len(ids) < PACKED_FROM:
-        return b"".join([HOLDER.pack(s, prio, m) for m, prio in zip(ids, prios) for s in subs])
-    columns: list[Iterable[int]] = []
-    for s in subs:
-        columns += (repeat(s), prios, ids)  # (S, prio, pos) of each holder of a message
-    return repeated(HOLDER, len(ids) * len(subs)).pack(*chain.from_iterable(zip(*columns)))
-
-
 def _encode(holders: Places) -> bytes:
     return b"".join([HOLDER.pack(s, prio, pos) for s, (prio, pos) in holders.items()])
 
@@ -169,11 +156,19 @@ def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
 
 def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
     """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
-    those of wanted that nobody holds any more, or that the row does not hold."""
-    if len(wanted) == 1:
-        one = _release_one(raw, sub, wanted)
-        if one is not None:
-            return one
+    those of wanted that nobody holds any more, or that the row does not hold.
+    A row of one message (a publish of one, as at a paced rate) is read and
+    written without its columns."""
+    n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
+    if n == 1 and wanted == [m]:
+        base = ONE_HOLDERS_HEAD.size
+        place = raw.find(sub, base)
+        if place >= 0 and (place - base) % SIZE:  # two bytes of another entry's fields: look on
+            place = _place(raw, sub, place + 1, len(raw), base)
+        if place >= 0:
+            if count == 1:  # its last holder: the row goes
+                return b"", wanted
+            return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
     ids, counts, base = holders_columns(raw)
     run = _release_run(raw, sub, wanted, ids, counts, base)
     if run is not None:
@@ -193,24 +188,6 @@ def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int
     if missing:
         done = sorted(done + list(missing))
     return _row(kept, kept_counts, b"".join(entries)), done
-
-
-def _release_one(raw: bytes, sub: bytes, wanted: list[int]) -> tuple[bytes, list[int]] | None:
-    """`_release` of a row of one message (a publish of one, as at a paced
-    rate), read and written without its columns; None for any other row, or
-    if `sub` is not among the message's holders."""
-    n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
-    if n != 1 or wanted[0] != m:
-        return None
-    base = ONE_HOLDERS_HEAD.size
-    place = raw.find(sub, base)
-    if place >= 0 and (place - base) % SIZE:  # two bytes of another entry's fields: look on
-        place = _place(raw, sub, place + 1, len(raw), base)
-    if place < 0:
-        return None
-    if count == 1:  # its last holder: the row goes
-        return b"", wanted
-    return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
 
 
 def _release_run(

@@ -19,6 +19,7 @@ from ppmq.store.copies import Copies
 from ppmq.store.meta import Meta
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.schema import ETM, U64, Body, body_records, u32
+from ppmq.store.timers import NONE_DUE, UNREAD, NextTimes, first_time
 
 
 class Messages:
@@ -26,7 +27,7 @@ class Messages:
     that keep a message's body, its index entries and its copies' own expiries
     together."""
 
-    __slots__ = ("txn", "expiry_db", "dedupe_db", "bodies", "copies", "meta", "tails")
+    __slots__ = ("txn", "expiry_db", "dedupe_db", "bodies", "copies", "meta", "tails", "times")
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class Messages:
         copies: Copies,
         meta: Meta,
         tails: ReadyTails,
+        times: NextTimes,
     ) -> None:
         self.txn = txn
         self.expiry_db = expiry_db
@@ -45,6 +47,7 @@ class Messages:
         self.copies = copies
         self.meta = meta  # the staging record: a publish being staged is left out of the sweep
         self.tails = tails  # the ready queues kept in memory, bodies included: a new version is not in them
+        self.times = times  # the soonest expiry, kept true by every write of the expiry index (store/timers.py)
 
     def put(
         self,
@@ -64,13 +67,14 @@ class Messages:
         index entries: the dedupe key of each on a Dedupe topic, its expiry on
         an Expire topic."""
         self.bodies.put_records(t, first, body_records(prios, publish_ns, expiries, keys, fragments))
-        ids = range(first, first + len(keys))
         if dedupe:
+            ids = range(first, first + len(keys))
             with self.txn.cursor(db=self.dedupe_db) as cur:
                 cur.putmulti(zip(map(u32(t).__add__, keys), map(U64.pack, ids)))
         if expire and any(expiries):
             with self.txn.cursor(db=self.expiry_db) as cur:
-                cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in zip(ids, expiries) if expires_ns])
+                cur.putmulti([(ETM.pack(expires_ns, t, m), b"") for m, expires_ns in enumerate(expiries, first) if expires_ns])
+            self.times.expiry = min(self.times.expiry, *filter(None, expiries))
 
     def replace(self, t: int, m: int, body: Body, *, expire: bool) -> Body | None:
         """A new version of m (its dedupe key is the same), whose expiry every
@@ -88,12 +92,15 @@ class Messages:
         """Delete each of ms with its index entries; return how many were stored
         and the bytes of their delivered JSON, which is all the counters need."""
         popped = self.bodies.pop(t, ms, keys=dedupe)
-        delete, expiry, pack = self.txn.delete, self.expiry_db, ETM.pack
+        delete, expiry, pack, times = self.txn.delete, self.expiry_db, ETM.pack, self.times
         for expires_ns, m in popped.expiries:
             delete(pack(expires_ns, t, m), db=expiry)
-        prefix, dedupe_db = u32(t), self.dedupe_db
-        for key in popped.keys:
-            delete(prefix + key, db=dedupe_db)
+            if expires_ns == times.expiry:
+                times.expiry = UNREAD
+        if popped.keys:
+            prefix, dedupe_db = u32(t), self.dedupe_db
+            for key in popped.keys:
+                delete(prefix + key, db=dedupe_db)
         if self.copies.seen.copies_seen:  # a deleted message's copies' own expiries go with it
             self.copies.drop(t, ms)
         return popped.count, popped.size
@@ -101,9 +108,13 @@ class Messages:
     # --- expiry index ---------------------------------------------------------------
     def add_expiry(self, expires_ns: int, t: int, m: int) -> None:
         self.txn.put(ETM.pack(expires_ns, t, m), b"", db=self.expiry_db)
+        if expires_ns < self.times.expiry:
+            self.times.expiry = expires_ns
 
     def remove_expiry(self, expires_ns: int, t: int, m: int) -> None:
         self.txn.delete(ETM.pack(expires_ns, t, m), db=self.expiry_db)
+        if expires_ns == self.times.expiry:
+            self.times.expiry = UNREAD
 
     def due_expiries(self, now_ns: int, limit: int) -> list[tuple[int, int, int]]:
         """(expires_ns, t, m) with expires_ns <= now_ns, oldest first, among the first
@@ -125,8 +136,10 @@ class Messages:
         return out
 
     def next_expiry_ns(self) -> int | None:
-        with self.txn.cursor(db=self.expiry_db) as cur:
-            return ETM.unpack(cur.key())[0] if cur.first() else None
+        """When the soonest message expires; None if none does."""
+        if self.times.expiry == UNREAD:
+            self.times.expiry = first_time(self.txn, self.expiry_db)
+        return self.times.expiry if self.times.expiry != NONE_DUE else None
 
     # --- dedupe index -----------------------------------------------------------------
     def dedupe_id(self, t: int, key: bytes) -> int | None:

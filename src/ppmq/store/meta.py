@@ -3,8 +3,8 @@ staging record among them.
 
 The staging record names the range a publish in progress hides
 (core/staging.py): the walks of a delivery, an expiry or a drop ask for it at
-every step, so it is read once per transaction and kept until it is written
-again.
+every step, so it is read once and kept, across the writer's transactions,
+until it is written again or writes are undone (Store.forget).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Meta:
         return walk(self.txn, self.db, prefix, prefix)
 
     def staged(self) -> Staged | None:
-        """The range a publish in progress hides, read once per transaction."""
+        """The range a publish in progress hides, read once and kept (above)."""
         if self._staged is False:
             raw = self.txn.get(STAGING_KEY, db=self.db)
             self._staged = Staged._make(STAGED.unpack(raw)) if raw is not None else None

@@ -45,6 +45,7 @@ from ppmq.store.schema import (
 )
 from ppmq.store.store import missing_store
 from ppmq.store.tables import Tables
+from ppmq.store.timers import NextTimes
 
 
 class StoreReader:
@@ -108,6 +109,11 @@ class StoreReader:
     def room(self) -> Room:
         """Never told of a write: a reader writes nothing."""
         return Room(0)
+
+    @property
+    def times(self) -> NextTimes:
+        """A new one for every read transaction: each sees rows of its own moment."""
+        return NextTimes()
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadTxn]:

@@ -3,6 +3,12 @@ cursor on the row whose range holds a key, where rows tile a topic's ids
 (bodies, holders) or a queue's places (ready runs); puts in key order; group
 rows changed in one pass; walks of a key prefix. Plain functions over an LMDB
 transaction or cursor, so that no table is built on another to share them.
+
+Put in key order: a row whose key is usually the largest in its database so
+far (a publish's bodies and holders rows, a batch's inflight row) is put with
+`append=True` first, and the ordinary way when that is refused (its key is not
+the largest). MDB_APPEND fills pages to the brim where LMDB would otherwise
+split them in half, which halves the disk and page cache a backlog takes.
 """
 
 from __future__ import annotations
@@ -50,19 +56,8 @@ def first_row(cur: lmdb.Cursor[bytes], t: int) -> int:
     return TM.unpack(cur.key())[1] if cur.set_range(TM.pack(t, 0)) and TM.unpack(cur.key())[0] == t else END
 
 
-def put_in_order(txn: lmdb.Transaction[bytes], key: bytes, value: bytes, db: lmdb._Database) -> None:
-    """Put a key that is usually the largest in its database so far.
-
-    MDB_APPEND fills pages to the brim where LMDB would otherwise split them
-    in half, which halves the disk and page cache a backlog takes; a key that
-    is not the largest is refused by it, and then put the ordinary way.
-    """
-    if not txn.put(key, value, db=db, append=True):
-        txn.put(key, value, db=db)
-
-
 def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, bytes]], db: lmdb._Database) -> None:
-    """`put_in_order` for a whole batch in two calls at most: the entries
+    """Put a whole batch in key order in two calls at most: the entries
     above the database's last key are appended, the others (a batch of
     several priorities, most often) put the ordinary way."""
     items.sort()
@@ -78,25 +73,39 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
 def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
-    in its range; return the ids it lets go, and those in no row's range."""
+    in its range; return the ids it lets go, and those in no row's range.
+
+    A row keyed by the id sought is read with a get, no cursor: the row of a
+    publish's first message, which is every message's own row where a publish
+    carries one; a cursor is opened only to find a row below the id, or where
+    a row ends when ids are left after it."""
     out: list[int] = []
+    n = len(ms)
     i = 0
-    with txn.cursor(db=db) as cur:
-        while i < len(ms):
-            if floor_row(cur, TM.pack(t, ms[i]), 4) is not None:  # at_row, without a call of its own
-                key, raw = cur.item()
-                # the last id left is in this row: no need to find where it ends (an ack of one message)
-                j = i + 1 if i + 1 == len(ms) else bisect_left(ms, next_row(cur, t), i)
-                new, gone = change(raw, ms[i:j])
-                if new:
-                    txn.put(key, new, db=db)
-                else:
-                    txn.delete(key, db=db)
-                out += gone
-            else:  # below t's first row: no row holds these
+    cur = None
+    while i < n:
+        key = TM.pack(t, ms[i])
+        raw = txn.get(key, db=db)
+        if raw is None or i + 1 < n:
+            if cur is None:
+                cur = txn.cursor(db=db)
+            if floor_row(cur, key, 4) is None:  # below t's first row: no row holds these
                 j = bisect_left(ms, first_row(cur, t), i)
                 out += ms[i:j]
-            i = j
+                i = j
+                continue
+            key, raw = cur.item()
+            # the last id left is in this row: no need to find where it ends
+            j = n if i + 1 == n else bisect_left(ms, next_row(cur, t), i)
+        else:  # the last id left, in the row it begins
+            j = n
+        new, gone = change(raw, ms[i:j])
+        if new:
+            txn.put(key, new, db=db)
+        else:
+            txn.delete(key, db=db)
+        out += gone
+        i = j
     return out
 
 

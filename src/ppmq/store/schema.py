@@ -80,7 +80,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
 from operator import itemgetter
 from typing import NamedTuple, overload
 
@@ -134,19 +134,24 @@ _KEPT_COLUMNS = 2 * GROUP_MESSAGES
 
 
 class _Columns(dict[int, struct.Struct]):
-    """n -> n big-endian integers of one struct code, as one Struct: made ahead up
-    to _KEPT_COLUMNS, so that a row's columns are a dict lookup, no call; made
-    when asked (and not kept) beyond, for the rare longer row."""
+    """n -> the Struct of `layout` (a struct format, "{n}" standing for n) for n
+    messages: made ahead up to _KEPT_COLUMNS, so that a row's columns are a dict
+    lookup, no call; made when asked (and not kept) beyond, for the rare longer row."""
 
-    def __init__(self, code: str) -> None:
-        super().__init__((n, struct.Struct(f">{n}{code}")) for n in range(_KEPT_COLUMNS + 1))
-        self.code = code
+    def __init__(self, layout: str) -> None:
+        super().__init__((n, struct.Struct(layout.format(n=n))) for n in range(_KEPT_COLUMNS + 1))
+        self.layout = layout
 
     def __missing__(self, n: int) -> struct.Struct:
-        return struct.Struct(f">{n}{self.code}")
+        return struct.Struct(self.layout.format(n=n))
 
 
-U64S, U32S, U16S = _Columns("Q"), _Columns("I"), _Columns("H")  # columns of ids; of record ends; of counts
+U32S = _Columns(">{n}I")  # the record ends of a bodies row
+# A group row's columns after its n: the ids, then each record's end (bodies)
+# or each message's holder count (holders); with n before them, the head a
+# row is written with, in one call.
+BODY_COLUMNS, HOLDERS_COLUMNS = _Columns(">{n}Q{n}I"), _Columns(">{n}Q{n}H")
+BODY_ROW_HEAD, HOLDERS_ROW_HEAD = _Columns(">H{n}Q{n}I"), _Columns(">H{n}Q{n}H")
 BODY_HEAD = struct.Struct(">BQQH")  # prio, publish_ns, expires_ns, key length
 STAGED = struct.Struct(">IQQ")  # meta `staging`: T, first and last M of a publish being staged
 STAGING_KEY = b"staging"
@@ -281,7 +286,8 @@ def body_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A bodies row's message ids, where each one's record ends (counted from
     the first), and the offset of its first record; struct.error if too short."""
     n = U16.unpack_from(raw)[0]
-    return U64S[n].unpack_from(raw, 2), U32S[n].unpack_from(raw, 2 + 8 * n), 2 + 12 * n
+    columns = BODY_COLUMNS[n].unpack_from(raw, 2)
+    return columns[:n], columns[n:], 2 + 12 * n
 
 
 def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -302,7 +308,7 @@ def body_row_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
 def encode_body_row(ids: Sequence[int], records: Sequence[bytes]) -> bytes:
     """A bodies row: ids ascending, records[i] the encoded body of ids[i]."""
     n = len(ids)
-    return b"".join((U16.pack(n), U64S[n].pack(*ids), U32S[n].pack(*accumulate(map(len, records))), *records))
+    return BODY_ROW_HEAD[n].pack(n, *ids, *accumulate(map(len, records))) + b"".join(records)
 
 
 def record_span(ends: Sequence[int], base: int, i: int) -> tuple[int, int]:
@@ -320,15 +326,34 @@ def replace_body_record(raw: bytes, ends: Sequence[int], base: int, i: int, reco
     return b"".join((raw[: 2 + 8 * n], U32S[n].pack(*ends[:i], *moved), raw[base:start], record, raw[end:]))
 
 
+def new_holders_row(subs: Sequence[int], first: int, prios: Sequence[int]) -> bytes:
+    """The holders row of new messages first, first + 1, ... of priorities
+    prios, each held by every one of subs at its id as position: its head and
+    its entries packed in one call, from columns."""
+    n, held = len(prios), len(subs)
+    ids = range(first, first + n)
+    columns: list[Iterable[int]] = []
+    for s in subs:
+        columns += (repeat(s), prios, ids)  # (S, prio, pos) of each holder of a message
+    return _new_holders_layout(n, held).pack(n, *ids, *repeat(held, n), *chain.from_iterable(zip(*columns)))
+
+
+@lru_cache(maxsize=256)
+def _new_holders_layout(n: int, held: int) -> struct.Struct:
+    """A holders row of n messages with `held` holders each, as one Struct."""
+    return struct.Struct(HOLDERS_ROW_HEAD[n].format + HOLDER.format.lstrip(">") * (n * held))
+
+
 def holders_columns(raw: bytes) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A holders row's message ids, the holder count of each, and the offset of
     its first (S, prio, pos) entry; struct.error if the row is too short."""
     n = U16.unpack_from(raw)[0]
-    return U64S[n].unpack_from(raw, 2), U16S[n].unpack_from(raw, 2 + 8 * n), 2 + 10 * n
+    columns = HOLDERS_COLUMNS[n].unpack_from(raw, 2)
+    return columns[:n], columns[n:], 2 + 10 * n
 
 
 def encode_holders_row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
     """A holders row: ids ascending, counts[i] holders of ids[i], and their
     HOLDER entries in that order."""
     n = len(ids)
-    return b"".join((U16.pack(n), U64S[n].pack(*ids), U16S[n].pack(*counts), entries))
+    return HOLDERS_ROW_HEAD[n].pack(n, *ids, *counts) + entries

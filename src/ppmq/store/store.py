@@ -30,6 +30,7 @@ from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
 from ppmq.store.schema import DBS, SCHEMA_VERSION
 from ppmq.store.tables import Tables
+from ppmq.store.timers import NONE_DUE, UNREAD, NextTimes
 
 DISK_LOW_BYTES = 1 << 20  # a failed commit with less than this free is a full disk (status 507)
 
@@ -85,7 +86,9 @@ class Store:
         self.dbs = {name.decode(): self.env.open_db(name) for name in DBS}
         self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flight_index.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
+        self.times = NextTimes()  # in memory, the soonest time of each timer database (store/timers.py)
         self._txn: Txn | None = None  # the tables of every write transaction, wired at the first (Writing)
+        self._writing = Writing(self)  # the block of every write transaction: one at a time, on the writer thread
         self._check_schema()
         # Whether `copies` may have rows (copies.Seen): asked of LMDB once, true
         # from a put on.
@@ -106,14 +109,18 @@ class Store:
 
     def write(self) -> Writing:
         """One write transaction, `with store.write() as txn:`; committed when
-        the block ends without an exception (Writing)."""
-        return Writing(self)
+        the block ends without an exception (Writing). One block at a time, as
+        LMDB has one write transaction at a time."""
+        return self._writing
 
     def forget(self) -> None:
         """Writes were undone: what memory keeps of the rows goes with them."""
         self.flight_index.clear()
         self.ready_tails.clear()
+        if self._txn is not None:
+            self._txn.meta.forget_staged()
         self.room.forget()
+        self.times.forget()
 
     def undo(self, txn: lmdb.Transaction, exc: BaseException) -> None:
         """Abort txn (a step's, or a savepoint's), which `exc` ended, and forget
@@ -243,9 +250,13 @@ class Txn:
         self.release_holders, self.pop_holders = holders.release, holders.pop
 
     def begin(self, txn: lmdb.Transaction[bytes]) -> Txn:
-        """The same tables, over the store's next write transaction."""
+        """The same tables, over the store's next write transaction, without the
+        watch the one before was given. What the tables keep in memory of the
+        rows (the staging record among them) stays true across commits."""
         self.txn = txn
-        self.tables.begin(txn)
+        for table in self.tables.every:  # Tables.bind's, without a call of its own: every step begins here
+            table.txn = txn
+        self.flights.watching = None
         return self
 
     @contextmanager
@@ -270,6 +281,18 @@ class Txn:
             self.tables.bind(outer)
             self.meta.forget_staged()  # the block may have changed the staging record
 
+    def next_timer_ns(self) -> int | None:
+        """When the soonest timer comes due: a message's or a copy's expiry, an
+        AckRetry deadline, a delayed entry; None if none waits. Answered from
+        memory (store/timers.py): a database is read only when its soonest entry
+        went and the next one is not known."""
+        times = self.store.times
+        soonest = min(times.expiry, times.copy_expiry, times.deadline, times.due)
+        if soonest == UNREAD:
+            self.next_expiry_ns(), self.next_copy_expiry_ns(), self.next_deadline_ns(), self.next_due_ns()
+            soonest = min(times.expiry, times.copy_expiry, times.deadline, times.due)
+        return None if soonest == NONE_DUE else soonest
+
     def used_bytes(self) -> int:
         """Pages in use by every database (freed pages are reused, so not counted)."""
         main = self.txn.stat()
@@ -285,5 +308,5 @@ class Txn:
 
     def refuse_when_full(self) -> None:
         """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
-        if self.full():
+        if self.store.room.full(self.used_bytes):
             raise StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")

@@ -34,6 +34,7 @@ from ppmq.store.meta import Meta
 from ppmq.store.ready import ReadyQueues
 from ppmq.store.ready_tails import ReadyTails
 from ppmq.store.room import Room
+from ppmq.store.timers import NextTimes
 
 
 class Opened(Protocol):
@@ -53,32 +54,30 @@ class Opened(Protocol):
     @property
     def room(self) -> Room:  # what bodies written may have grown the store by (store/room.py)
         ...
+    @property
+    def times(self) -> NextTimes:  # the soonest time in each timer database (store/timers.py)
+        ...
 
 
 class Tables:
     """The tables of one LMDB transaction."""
 
-    __slots__ = ("meta", "copies", "bodies", "messages", "delayed", "ready", "flights", "holders")
+    __slots__ = ("meta", "copies", "bodies", "messages", "delayed", "ready", "flights", "holders", "every")
 
     def __init__(self, opened: Opened, txn: lmdb.Transaction[bytes]) -> None:
         dbs = opened.dbs
         self.meta = meta = Meta(txn, dbs["meta"])
-        self.copies = copies = Copies(txn, dbs["copies"], dbs["copy_expiry"], opened)
+        times = opened.times
+        self.copies = copies = Copies(txn, dbs["copies"], dbs["copy_expiry"], opened, times)
         self.bodies = bodies = Bodies(txn, dbs["bodies"], meta, opened.room)
-        self.messages = Messages(txn, dbs["expiry"], dbs["dedupe"], bodies, copies, meta, opened.ready_tails)
-        self.delayed = DelayedEntries(txn, dbs["delayed"], dbs["due"])
+        self.messages = Messages(txn, dbs["expiry"], dbs["dedupe"], bodies, copies, meta, opened.ready_tails, times)
+        self.delayed = DelayedEntries(txn, dbs["delayed"], dbs["due"], times)
         self.ready = ready = ReadyQueues(txn, dbs["ready"], meta, opened.ready_tails)
-        self.flights = Flights(txn, dbs["inflight"], dbs["deadlines"], ready, bodies, opened.flight_index)
+        self.flights = Flights(txn, dbs["inflight"], dbs["deadlines"], ready, bodies, opened.flight_index, times)
         self.holders = Holders(txn, dbs["holders"], copies)
-
-    def begin(self, txn: lmdb.Transaction[bytes]) -> None:
-        """Every table over a new transaction, with nothing kept of the one
-        before: the staging record it read, the watch it was given."""
-        self.bind(txn)
-        self.meta.forget_staged()
-        self.flights.watching = None
+        self.every = (self.meta, copies, bodies, self.messages, self.delayed, ready, self.flights, self.holders)
 
     def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         """Every table over txn from now on: a savepoint's nested transaction, and back."""
-        for table in (self.meta, self.copies, self.bodies, self.messages, self.delayed, self.ready, self.flights, self.holders):
+        for table in self.every:
             table.txn = txn
