@@ -68,6 +68,7 @@ class Ledger:
         self._levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
         self._heads: list[tuple] = []  # per open request level: the head's values
         self.touched: set[str] = set()  # topics touched since take_touched
+        self._keys: dict[str, bytes] = {}  # topic -> the meta key of its record
 
     # --- the step -----------------------------------------------------------------
     def step(self) -> None:
@@ -95,6 +96,7 @@ class Ledger:
             record = _decode_topic(raw) if raw is not None else None
             _put_back(state.topics, name, _MISSING if record is None else record.stats)
             _put_back(state.subs, name, _MISSING if record is None else record.subs)
+        self._forget_seen()
 
     def take_touched(self) -> set[str]:
         """The topics touched since the last call: once a step has ended (or been
@@ -130,33 +132,34 @@ class Ledger:
         that has no image of it yet; outside a step, note nothing."""
         if not self._stepping:
             return
-        tracked.seen.add(key)
         self.touched.add(key)
         image = None
         for level in self._levels:
             if (id(tracked), key) not in level:
                 if image is None:
-                    image = _image(dict.get(tracked, key, _MISSING))
+                    image = _image(tracked.rows.get(key, _MISSING))
                 level[id(tracked), key] = image
 
     def _forget_seen(self) -> None:
-        """A new level images anew: each dict's first lookup in it is noted."""
-        self.state.topics.seen.clear()
-        self.state.subs.seen.clear()
+        """A new level images anew: each dict's first lookup in it is noted.
+        What the dicts held is gone too after a rollback or an undo, which put
+        back other values."""
+        dict.clear(self.state.topics)
+        dict.clear(self.state.subs)
 
     # --- records ------------------------------------------------------------------
     def save(self, txn: Any, everything: bool = False) -> None:
         """The head and the touched topics' records (every topic's with
         `everything`) into txn; a topic no longer counted loses its record."""
-        state = self.state
-        names = set(dict.keys(state.topics)) | self.touched if everything else self.touched
-        for name in names:
-            stats = dict.get(state.topics, name)
-            key = TOPIC_PREFIX + name.encode()
-            if stats is None:
-                txn.delete_meta(key)
+        state, keys = self.state, self._keys
+        topics, subs = state.topics.rows, state.subs.rows
+        for name in topics.keys() | self.touched if everything else self.touched:
+            if name not in keys:
+                keys[name] = TOPIC_PREFIX + name.encode()
+            if name in topics:
+                txn.put_meta(keys[name], _encode(TopicRecord(topics[name], subs.get(name, {}))))
             else:
-                txn.put_meta(key, _encode(TopicRecord(stats, dict.get(state.subs, name, {}))))
+                txn.delete_meta(keys.pop(name))
         txn.put_meta(HEAD_KEY, _encode(StateHead(*_head_values(state))))
 
 
@@ -189,10 +192,12 @@ def _set_head(state: State, values: tuple) -> None:
 
 
 def _put_back(tracked: Tracked, key: str, value: Any) -> None:
+    """Put an entry back as it was, noting nothing: the ledger forgets what the
+    dict itself held afterwards."""
     if value is _MISSING:
-        dict.pop(tracked, key, None)
+        tracked.rows.pop(key, None)
     else:
-        dict.__setitem__(tracked, key, value)
+        tracked.rows[key] = value
 
 
 def _image(value: Any) -> Any:
