@@ -65,7 +65,7 @@ class Ledger:
         state.topics = Tracked(state.topics, self)
         state.subs = Tracked(state.subs, self)
         self._stepping = False  # touches are noted only inside a step
-        self._levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
+        self.levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
         self._heads: list[tuple] = []  # per open request level: the head's values
         self.touched: set[str] = set()  # topics touched since take_touched
         self._keys: dict[str, bytes] = {}  # topic -> the meta key of its record
@@ -76,9 +76,11 @@ class Ledger:
         self._stepping = True
         self._forget_seen()
 
-    def stepped(self) -> None:
-        """The step committed."""
+    def stepped(self) -> set[str]:
+        """The step committed: the topics it touched, taken as take_touched does."""
         self._stepping = False
+        touched, self.touched = self.touched, set()
+        return touched
 
     def rollback(self, committed: Callable[[bytes], bytes | None]) -> None:
         """The step failed: what it touched goes back to the records the store
@@ -86,7 +88,7 @@ class Ledger:
         keeps no copies of its own: every touched topic's record was written by
         the last commit, and failures are rare."""
         self._stepping = False
-        self._levels.clear()
+        self.levels.clear()
         self._heads.clear()
         state = self.state
         raw = committed(HEAD_KEY)
@@ -107,18 +109,18 @@ class Ledger:
     # --- request levels -------------------------------------------------------------
     def begin(self) -> None:
         """A request starts: what it touches from now on can be put back."""
-        self._levels.append({})
+        self.levels.append({})
         self._heads.append(_head_values(self.state))
         self._forget_seen()
 
     def end(self) -> None:
         """The request succeeded: keep what it did."""
-        self._levels.pop()
+        self.levels.pop()
         self._heads.pop()
 
     def undo(self) -> None:
         """The request failed: put back what it touched."""
-        images = self._levels.pop()
+        images = self.levels.pop()
         head = self._heads.pop()
         state = self.state
         dicts: dict[int, Tracked[Any]] = {id(state.topics): state.topics, id(state.subs): state.subs}
@@ -134,7 +136,7 @@ class Ledger:
             return
         self.touched.add(key)
         image = None
-        for level in self._levels:
+        for level in self.levels:
             if (id(tracked), key) not in level:
                 if image is None:
                     image = _image(tracked.rows.get(key, _MISSING))

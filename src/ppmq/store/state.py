@@ -83,6 +83,9 @@ class SubStats(msgspec.Struct):
 class Noting(Protocol):
     """What a Tracked dict tells of its lookups and changes (store/counters.py's Ledger)."""
 
+    touched: set[str]  # the topics noted in the current step
+    levels: list  # the open request levels, each imaging what it touches
+
     def touch(self, tracked: Tracked[Any], key: str) -> None: ...
 
 
@@ -108,7 +111,9 @@ class Tracked(dict[str, _V]):
 
     def __missing__(self, key: str) -> _V:
         value = self.rows[key]
-        self.ledger.touch(self, key)
+        ledger = self.ledger
+        if ledger.levels or key not in ledger.touched:  # else noted already, and no level to image it at
+            ledger.touch(self, key)
         dict.__setitem__(self, key, value)
         return value
 
