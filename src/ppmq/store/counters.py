@@ -154,12 +154,12 @@ class Ledger:
         """The head and the touched topics' records (every topic's with
         `everything`) into txn; a topic no longer counted loses its record."""
         state, keys = self.state, self._keys
-        topics, subs = state.topics.rows, state.subs.rows
+        topics, subs = state.topics.rows, state.subs.rows  # a topic's counters come with its subscribers' (State.register)
         for name in topics.keys() | self.touched if everything else self.touched:
             if name not in keys:
                 keys[name] = TOPIC_PREFIX + name.encode()
             if name in topics:
-                txn.put_meta(keys[name], _encode(TopicRecord(topics[name], subs.get(name, {}))))
+                txn.put_meta(keys[name], _encode(TopicRecord(topics[name], subs[name])))
             else:
                 txn.delete_meta(keys.pop(name))
         txn.put_meta(HEAD_KEY, _encode(StateHead(*_head_values(state))))
