@@ -32,8 +32,8 @@ class Lines:
     def __init__(self, host: str) -> None:
         # Every record starts with these fields; the event's own fields follow.
         head = b'{"V":%d,"Host":%s,' % (VERSION, msgspec.json.encode(host))
-        self._first = head + b'"Event":'
-        self._between = b"}\n" + self._first
+        self._head = head + b'"Event":'
+        self._between = b"}\n" + self._head
         self._encode = msgspec.json.Encoder().encode
 
     def encode(self, events: list[Event]) -> bytes:
@@ -47,7 +47,7 @@ class Lines:
             if event.event in COLUMNS and len(event.ids) > 1:  # a column of one message has nothing to fold
                 fold(event)
         listed = self._encode(events)  # [{"Event":...},{"Event":...}]
-        return self._first + listed[FIRST:-1].replace(BETWEEN, self._between) + b"\n"
+        return self._head + listed[FIRST:-1].replace(BETWEEN, self._between) + b"\n"
 
 
 def fold(event: Event) -> None:
