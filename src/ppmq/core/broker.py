@@ -285,8 +285,7 @@ class Broker:
             self._queues.fresh = {}
             self._takers.undo()
             raise
-        self._ledger.stepped()
-        self._dispatcher.note_backlog(self._ledger.take_touched())
+        self._dispatcher.note_backlog(self._ledger.stepped())
         self._takers.commit()
         if early is not None and deliveries and held:
             early(deliveries)

@@ -117,32 +117,41 @@ class StepEvents:
     """The events of the step being applied, one per kind, topic, subscriber and
     reason. A request collects into batches of its own, kept only if it succeeds:
     a rejected request changed nothing, so it reports nothing but its rejection.
-    Whether anything is collected is settled at start, as the journal itself is."""
+    Whether anything is collected is settled at start, as the journal itself is.
+
+    A batch is found by its key (request, kind, topic, subscriber, reason),
+    spelled out where it is looked up and tested with `in`, no call made:
+    recording is on the path of every message. `request` is the number of the
+    request collecting it, or 0 for the step's own batches (a fill's, a timer's,
+    an op the server made), which come after every request's. Only `batch` and
+    `file` can leave a batch without messages, and only after them does `take`
+    look for one."""
 
     def __init__(self, journaled: bool, now_ns: int) -> None:
         self.journaled = journaled
         self.now_ns = now_ns  # the time of the step: every event's Ts
-        self._batches: dict[tuple, Event] = {}
-        self._done: list[Event] = []
+        self._requests: dict[tuple, Event] = {}  # the batches and rejections of the step's requests, in their order
+        self._batches: dict[tuple, Event] = {}  # where batches are collected now: the step's own, or _requests
+        self._request = 0  # the number of the request collecting them, 0 outside any
+        self._numbered = 0  # requests numbered so far
+        self._loose = False  # a batch may have found nothing to do
 
     def batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
         """The event of this kind collecting the current step's (or request's) messages."""
-        event = self._batches.get((kind, topic, sub, reason))
-        return self._collect(new(kind, self.now_ns, topic, sub, reason)) if event is None else event
+        key = (self._request, kind, topic, sub, reason)
+        batches = self._batches
+        if key in batches:
+            return batches[key]
+        self._loose = True
+        batches[key] = event = new(kind, self.now_ns, topic, sub, reason)
+        return event
 
     def file(self, event: Event) -> None:
         """An event collected over several steps (a staged publish) becomes this
         step's, where `batch` would look for it."""
         event.ts = self.now_ns
-        self._collect(event)
-
-    def _collect(self, event: Event) -> Event:
-        """From now on `event` collects this step's (or request's) messages of its
-        kind, topic, subscriber and reason: the key every lookup in `_batches` makes
-        from those four, in that order (spelled out there, on the hot path, rather
-        than built by a call)."""
-        self._batches[(event.event, event.topic, event.subscriber, event.reason)] = event
-        return event
+        self._loose = True
+        self._batches[self._request, event.event, event.topic, event.subscriber, event.reason] = event
 
     def publish(
         self,
@@ -155,14 +164,15 @@ class StepEvents:
     ) -> None:
         """A request's stored messages, column by column: a few C-level list
         copies or extensions per request instead of five appends per message."""
-        key = (PUBLISH, topic, None, None)  # the key of _collect, spelled out: this runs for every request
-        event = self._batches.get(key)
-        if event is None:  # the usual case: built whole, with no empty lists to extend
-            self._batches[key] = Event(
+        key = (self._request, PUBLISH, topic, None, None)
+        batches = self._batches
+        if key not in batches:  # the usual case: built whole, with no empty lists to extend
+            batches[key] = Event(
                 event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns),
-                replaced=[replaced] if isinstance(replaced, bool) else list(replaced),
+                replaced=[replaced] if type(replaced) is bool else list(replaced),
             )  # fmt: skip
             return
+        event = batches[key]
         assert event.prio is not None and event.bytes is not None and event.expires_ns is not None, "a publish has its COLUMNS"
         before = len(event.ids)
         event.ids += ids
@@ -174,15 +184,17 @@ class StepEvents:
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Iterable[int]) -> None:
         """A batch pushed to sub, column by column; a batch fresh from this step's
         publish gives its publish time and first attempt as one value each."""
-        key = (DELIVER, topic, sub, None)
-        event = self._batches.get(key)
-        if event is None:
-            self._batches[key] = Event(
+        key = (self._request, DELIVER, topic, sub, None)
+        batches = self._batches
+        if key not in batches:
+            batches[key] = Event(
                 event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), bytes=list(size),
-                pub_ns=[pub_ns] if isinstance(pub_ns, int) else list(pub_ns),
-                attempts=[attempts] if isinstance(attempts, int) else list(attempts),
+                # an int is one value for all; mypy does not narrow the rest to a sequence on type()
+                pub_ns=[pub_ns] if type(pub_ns) is int else list(pub_ns),  # type: ignore[arg-type]
+                attempts=[attempts] if type(attempts) is int else list(attempts),  # type: ignore[arg-type]
             )  # fmt: skip
             return
+        event = batches[key]
         assert event.bytes is not None, "a delivery has its COLUMNS"
         before, n = len(event.ids), len(ids)
         event.ids += ids
@@ -194,32 +206,41 @@ class StepEvents:
         """Messages sub is done with (acked, or written with Reason AutoAck): their ids
         only, which is all an ack costs nothing to tell; the version acked is the
         one last published before it (docs/journal.md)."""
-        key = (ACK, topic, sub, reason)
-        event = self._batches.get(key)
-        if event is None:
-            self._batches[key] = Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids))
+        key = (self._request, ACK, topic, sub, reason)
+        batches = self._batches
+        if key in batches:
+            batches[key].ids += ids
         else:
-            event.ids += ids
+            batches[key] = Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids))
 
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
+        """A request answered with an error: after the requests before it."""
         if self.journaled:
-            self._done.append(Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count))
+            self._numbered += 1
+            self._requests[(self._numbered,)] = Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count)
 
     def of_request(self, apply: Callable[..., T], *args: Any) -> T:
         """apply(*args), whose batches join the step's only if it returns."""
-        outer, self._batches = self._batches, {}
+        outer = self._batches, self._request
+        self._numbered = number = self._numbered + 1
+        self._batches, self._request = self._requests, number
         try:
-            result = apply(*args)
-            self._done += self._batches.values()
-            return result
+            return apply(*args)
+        except BaseException:  # its batches go, with those of any request numbered within it
+            for key in [key for key in self._requests if key[0] >= number]:
+                del self._requests[key]
+            raise
         finally:
-            self._batches = outer
+            self._batches, self._request = outer
 
     def take(self) -> list[Event]:
         """The step's events; batches that found nothing to do are left out."""
-        events = [e for e in self._done + list(self._batches.values()) if e.ids or e.status or e.event in COLUMNLESS]
-        self.clear()
+        events = list(self._requests.values())
+        events += self._batches.values()  # the step's own: no request is being applied
+        if self._loose:
+            events = [e for e in events if e.ids or e.status or e.event in COLUMNLESS]
+        self._requests, self._batches, self._loose = {}, {}, False
         return events
 
     def clear(self) -> None:
-        self._batches, self._done = {}, []
+        self._requests, self._batches, self._loose = {}, {}, False

@@ -51,7 +51,7 @@ class Journal:
         # Each step's lines, appended by the putter and taken off by the journal thread:
         # a deque's append and popleft are single C calls, where a queue.Queue costs a
         # few microseconds of Python locking per step on each side.
-        self._pending: deque[bytearray] = deque()
+        self._pending: deque[bytes] = deque()
         self._wake = threading.Event()  # set when there is something to write, or to stop
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)

@@ -19,7 +19,11 @@ import msgspec
 from ppmq.core.events import COLUMNS, Event
 
 VERSION = 2  # the V field of every record; bump when a field changes meaning or type
-COMMA, NEWLINE = b",\n"
+# Where one event's JSON ends and the next begins in the encoding of a list of
+# events: an event has no object inside it, and a quote inside a string is
+# escaped, so this is found nowhere else.
+BETWEEN = b'},{"Event":'
+FIRST = len(b'[{"Event":')  # what comes before the first event's kind
 
 
 class Lines:
@@ -27,32 +31,30 @@ class Lines:
 
     def __init__(self, host: str) -> None:
         # Every record starts with these fields; the event's own fields follow.
-        self._head = b'{"V":%d,"Host":%s' % (VERSION, msgspec.json.encode(host))
-        self._encode_into = msgspec.json.Encoder().encode_into
+        head = b'{"V":%d,"Host":%s,' % (VERSION, msgspec.json.encode(host))
+        self._head = head + b'"Event":'
+        self._between = b"}\n" + self._head
+        self._encode = msgspec.json.Encoder().encode
 
-    def encode(self, events: list[Event]) -> bytearray:
+    def encode(self, events: list[Event]) -> bytes:
         """One line per event, each ending in a newline; the events' columns are
-        folded in place (the journal owns the events it is given)."""
-        head, encode_into = self._head, self._encode_into
-        lines = bytearray()
+        folded in place (the journal owns the events it is given). The events
+        are encoded as one list, whose brackets and joining commas become the
+        head of each record and the newlines between them."""
+        if not events:
+            return b""
         for event in events:
-            if len(event.ids) > 1:  # a column of one message has nothing to fold
+            if event.event in COLUMNS and len(event.ids) > 1:  # a column of one message has nothing to fold
                 fold(event)
-            # The head, then the event's JSON written after it in place, its "{"
-            # turned into the comma that joins them: no bytes object per record.
-            lines += head
-            start = len(lines)
-            encode_into(event, lines, start)
-            lines[start] = COMMA
-            lines.append(NEWLINE)
-        return lines
+        listed = self._encode(events)  # [{"Event":...},{"Event":...}]
+        return self._head + listed[FIRST:-1].replace(BETWEEN, self._between) + b"\n"
 
 
 def fold(event: Event) -> None:
     """Write each column whose entries are all equal as its first entry only:
     a batch's messages usually share their publish time, attempt, priority and expiry."""
     n = len(event.ids)  # at least 2: encode folds no event of one message
-    for name in COLUMNS.get(event.event, ()):
+    for name in COLUMNS[event.event]:
         column = getattr(event, name)
         # Its middle and last entries first: a column of mixed entries (priorities
         # in turn, sizes that vary) is told apart at once, without counting it all.

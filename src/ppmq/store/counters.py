@@ -65,9 +65,10 @@ class Ledger:
         state.topics = Tracked(state.topics, self)
         state.subs = Tracked(state.subs, self)
         self._stepping = False  # touches are noted only inside a step
-        self._levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
+        self.levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
         self._heads: list[tuple] = []  # per open request level: the head's values
         self.touched: set[str] = set()  # topics touched since take_touched
+        self._keys: dict[str, bytes] = {}  # topic -> the meta key of its record
 
     # --- the step -----------------------------------------------------------------
     def step(self) -> None:
@@ -75,9 +76,11 @@ class Ledger:
         self._stepping = True
         self._forget_seen()
 
-    def stepped(self) -> None:
-        """The step committed."""
+    def stepped(self) -> set[str]:
+        """The step committed: the topics it touched, taken as take_touched does."""
         self._stepping = False
+        touched, self.touched = self.touched, set()
+        return touched
 
     def rollback(self, committed: Callable[[bytes], bytes | None]) -> None:
         """The step failed: what it touched goes back to the records the store
@@ -85,7 +88,7 @@ class Ledger:
         keeps no copies of its own: every touched topic's record was written by
         the last commit, and failures are rare."""
         self._stepping = False
-        self._levels.clear()
+        self.levels.clear()
         self._heads.clear()
         state = self.state
         raw = committed(HEAD_KEY)
@@ -95,6 +98,7 @@ class Ledger:
             record = _decode_topic(raw) if raw is not None else None
             _put_back(state.topics, name, _MISSING if record is None else record.stats)
             _put_back(state.subs, name, _MISSING if record is None else record.subs)
+        self._forget_seen()
 
     def take_touched(self) -> set[str]:
         """The topics touched since the last call: once a step has ended (or been
@@ -105,18 +109,18 @@ class Ledger:
     # --- request levels -------------------------------------------------------------
     def begin(self) -> None:
         """A request starts: what it touches from now on can be put back."""
-        self._levels.append({})
+        self.levels.append({})
         self._heads.append(_head_values(self.state))
         self._forget_seen()
 
     def end(self) -> None:
         """The request succeeded: keep what it did."""
-        self._levels.pop()
+        self.levels.pop()
         self._heads.pop()
 
     def undo(self) -> None:
         """The request failed: put back what it touched."""
-        images = self._levels.pop()
+        images = self.levels.pop()
         head = self._heads.pop()
         state = self.state
         dicts: dict[int, Tracked[Any]] = {id(state.topics): state.topics, id(state.subs): state.subs}
@@ -130,33 +134,34 @@ class Ledger:
         that has no image of it yet; outside a step, note nothing."""
         if not self._stepping:
             return
-        tracked.seen.add(key)
         self.touched.add(key)
         image = None
-        for level in self._levels:
+        for level in self.levels:
             if (id(tracked), key) not in level:
                 if image is None:
-                    image = _image(dict.get(tracked, key, _MISSING))
+                    image = _image(tracked.rows.get(key, _MISSING))
                 level[id(tracked), key] = image
 
     def _forget_seen(self) -> None:
-        """A new level images anew: each dict's first lookup in it is noted."""
-        self.state.topics.seen.clear()
-        self.state.subs.seen.clear()
+        """A new level images anew: each dict's first lookup in it is noted.
+        What the dicts held is gone too after a rollback or an undo, which put
+        back other values."""
+        dict.clear(self.state.topics)
+        dict.clear(self.state.subs)
 
     # --- records ------------------------------------------------------------------
     def save(self, txn: Any, everything: bool = False) -> None:
         """The head and the touched topics' records (every topic's with
         `everything`) into txn; a topic no longer counted loses its record."""
-        state = self.state
-        names = set(dict.keys(state.topics)) | self.touched if everything else self.touched
-        for name in names:
-            stats = dict.get(state.topics, name)
-            key = TOPIC_PREFIX + name.encode()
-            if stats is None:
-                txn.delete_meta(key)
+        state, keys = self.state, self._keys
+        topics, subs = state.topics.rows, state.subs.rows  # a topic's counters come with its subscribers' (State.register)
+        for name in topics.keys() | self.touched if everything else self.touched:
+            if name not in keys:
+                keys[name] = TOPIC_PREFIX + name.encode()
+            if name in topics:
+                txn.put_meta(keys[name], _encode(TopicRecord(topics[name], subs[name])))
             else:
-                txn.put_meta(key, _encode(TopicRecord(stats, dict.get(state.subs, name, {}))))
+                txn.delete_meta(keys.pop(name))
         txn.put_meta(HEAD_KEY, _encode(StateHead(*_head_values(state))))
 
 
@@ -189,10 +194,12 @@ def _set_head(state: State, values: tuple) -> None:
 
 
 def _put_back(tracked: Tracked, key: str, value: Any) -> None:
+    """Put an entry back as it was, noting nothing: the ledger forgets what the
+    dict itself held afterwards."""
     if value is _MISSING:
-        dict.pop(tracked, key, None)
+        tracked.rows.pop(key, None)
     else:
-        dict.__setitem__(tracked, key, value)
+        tracked.rows[key] = value
 
 
 def _image(value: Any) -> Any:

@@ -8,12 +8,16 @@ what a failed request or step counted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
 from ppmq.config import Config, TopicConfig
 from ppmq.store.store import Txn
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_keys, dict_values
 
 NS = 1_000_000_000
 # Ids of a topic's sequence reserved at a time (TopicStats.reserve): a step's
@@ -79,52 +83,83 @@ class SubStats(msgspec.Struct):
 class Noting(Protocol):
     """What a Tracked dict tells of its lookups and changes (store/counters.py's Ledger)."""
 
+    touched: set[str]  # the topics noted in the current step
+    levels: list  # the open request levels, each imaging what it touches
+
     def touch(self, tracked: Tracked[Any], key: str) -> None: ...
 
 
 class Tracked(dict[str, _V]):
-    """A per-topic dict of State whose lookups and changes tell the ledger
-    first (store/counters.py): what State's per-topic dicts are once a Ledger
-    holds the State, as they are for the whole of a broker's run."""
+    """A per-topic dict of State, as a Ledger holds it for the whole of a
+    broker's run (store/counters.py): `rows` holds every entry, and the dict
+    itself those looked up since the ledger last began a level (a step, or a
+    request that may be undone). Looking one of those up again is dict's own
+    lookup, no call made; the first lookup of a key at a level (`__missing__`)
+    and every change tell the ledger first. Every other read is of `rows`, and
+    a change is made to both; the dict's other methods are not for use."""
 
-    def __init__(self, items: dict[str, _V], ledger: Noting) -> None:
-        super().__init__(items)
+    def __init__(self, rows: dict[str, _V], ledger: Noting) -> None:
+        super().__init__()
+        self.rows = rows
         self.ledger = ledger
-        self.seen: set[str] = set()  # imaged at the innermost open level
+        # A lookup that notes nothing, for readers outside the step (and the
+        # step's own pure reads): rows' own get, which costs no Python call.
+        self.peek = rows.get  # type: ignore[method-assign]  # typed below
 
-    def _touch(self, key: str) -> None:
-        if key not in self.seen:
-            self.ledger.touch(self, key)
+    if TYPE_CHECKING:
+        peek = dict.get
 
-    def __getitem__(self, key: str) -> _V:
-        if key not in self.seen:  # _touch inlined: the lookup of every request
-            self.ledger.touch(self, key)
-        return dict.__getitem__(self, key)
+    def __missing__(self, key: str) -> _V:
+        value = self.rows[key]
+        ledger = self.ledger
+        if ledger.levels or key not in ledger.touched:  # else noted already, and no level to image it at
+            ledger.touch(self, key)
+        dict.__setitem__(self, key, value)
+        return value
 
     def get(self, key: str, default: Any = None) -> Any:
-        if key not in self.seen:
-            self.ledger.touch(self, key)
-        return dict.get(self, key, default)
-
-    # A lookup that notes nothing, for readers outside the step (and the step's
-    # own pure reads): dict's own get, which costs no Python call.
-    peek = dict.get
+        return self[key] if key in self.rows else default
 
     def __setitem__(self, key: str, value: _V) -> None:
-        self._touch(key)
+        self.ledger.touch(self, key)
+        self.rows[key] = value
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: str) -> None:
-        self._touch(key)
-        dict.__delitem__(self, key)
+        self.ledger.touch(self, key)
+        del self.rows[key]
+        dict.pop(self, key, None)
 
     def pop(self, key: str, *default: Any) -> Any:
-        self._touch(key)
-        return dict.pop(self, key, *default)
+        self.ledger.touch(self, key)
+        dict.pop(self, key, None)
+        return self.rows.pop(key, *default)
 
     def setdefault(self, key: str, default: Any = None) -> Any:
-        self._touch(key)
-        return dict.setdefault(self, key, default)
+        if key not in self.rows:
+            self[key] = default
+        return self[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def keys(self) -> dict_keys[str, _V]:
+        return self.rows.keys()
+
+    def values(self) -> dict_values[str, _V]:
+        return self.rows.values()
+
+    def items(self) -> dict_items[str, _V]:
+        return self.rows.items()
+
+    def __repr__(self) -> str:
+        return repr(self.rows)
 
 
 # The types of State's per-topic dicts: msgspec decodes plain dicts, which a

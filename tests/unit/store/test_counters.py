@@ -92,3 +92,17 @@ def test_the_single_counters_record_of_an_older_ppmq_is_read_and_split_per_topic
     assert "topics" not in head and "subs" not in head
     store.close()
     assert check(read_snapshot(str(tmp_path)), config_of(tmp_path, ["t"])) == []
+
+
+def test_every_read_of_the_counters_sees_every_topic_whichever_a_step_looked_up(tmp_path):
+    # Given a broker with a busy and an idle topic, after a step that looked up the busy one alone
+    store = Store(str(tmp_path), sync=False, max_bytes=1 << 24)
+    broker = Broker(config_of(tmp_path, ["busy", "idle"]), store, NOW)
+    broker.step([publish("busy", b"1")], set(), NOW)
+    # Then each way of reading the counters' dicts finds both topics
+    topics, subs = broker.state.topics, broker.state.subs
+    assert sorted(topics) == sorted(topics.keys()) == sorted(subs) == ["busy", "idle"]
+    assert (len(topics), "idle" in topics, {name for name, _ in topics.items()}) == (2, True, {"busy", "idle"})
+    assert [stats.published for stats in topics.values()] == [1, 0]
+    assert topics.peek("idle") is topics["idle"] is topics.get("idle") and topics.get("gone") is None
+    store.close()
