@@ -18,6 +18,10 @@
 # the default python3 cannot swap the interpreter under the compiled extensions).
 set -euo pipefail
 umask 022
+# The venv holds what the wheel and its dependencies install, nothing of the caller's:
+# with a PYTHONPATH naming a source tree (its ppmq.egg-info), pip would count ppmq as
+# installed already and leave it out of the venv.
+unset PYTHONPATH PYTHONHOME PYTHONUSERBASE
 
 stage=${1:?usage: $0 STAGE}
 src=$(cd "$(dirname "$0")/.." && pwd)

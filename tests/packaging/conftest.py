@@ -90,6 +90,13 @@ class Machine:
             run("groupdel", USER)
 
 
+@pytest.fixture(autouse=True)
+def packaged_modules_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands these tests run are the package's: with a PYTHONPATH naming a
+    checkout, the packaged python would import the checkout's modules instead."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
     """Both packages, built from one tree by `packaging/build.sh OUTDIR deb rpm`."""
