@@ -30,6 +30,7 @@ USER, CLIENTS_GROUP = "ppmq", "ppmq-clients"
 class Packages:
     deb: Path
     rpm: Path
+    build_log: str  # what build.sh printed
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None) -> str:
@@ -112,7 +113,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
     assert proc.returncode == 0, f"build.sh exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     (deb,) = out.glob("ppmq_*.deb")
     (rpm,) = out.glob("ppmq-*.rpm")
-    return Packages(deb=deb, rpm=rpm)
+    return Packages(deb=deb, rpm=rpm, build_log=proc.stdout + proc.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -260,6 +260,15 @@ def test_reinstalling_keeps_an_edited_config(installed: Machine, packages: Packa
     assert not Path(f"{CONFIG}.dpkg-dist").exists()
 
 
+def test_the_build_prints_no_deprecation_and_the_package_names_its_licence(installed: Machine, packages: Packages) -> None:
+    """The wheel is built from pyproject.toml, whose licence is an SPDX expression:
+    setuptools deprecates the older table form with a banner at every build."""
+    assert "deprecat" not in packages.build_log.lower(), packages.build_log
+    (metadata,) = Path("/opt/ppmq/lib").glob("python3*/site-packages/ppmq-*.dist-info/METADATA")
+    assert "License-Expression: MIT" in metadata.read_text().splitlines()
+    assert "Permission is hereby granted" in (metadata.parent / "licenses/LICENSE").read_text()
+
+
 def test_lintian_reports_no_errors_or_warnings(packages: Packages) -> None:
     """Every tag that is overridden says why in packaging/deb/lintian-overrides."""
     proc = subprocess.run(["lintian", "--fail-on", "error,warning", packages.deb], capture_output=True, text=True)
