@@ -5,6 +5,7 @@ and what `make package` and `make test-package` install first."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -108,6 +109,10 @@ def test_the_project_licence_is_an_spdx_expression_with_its_text() -> None:
     assert minimum and int(minimum.group(1)) >= 77, setuptools
 
 
+needs_make = pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
+
+
+@needs_make
 def test_make_package_installs_the_build_tools_alone() -> None:
     commands = planned("package")
     assert "packaging/install-tools.sh .venv" in commands
@@ -116,6 +121,7 @@ def test_make_package_installs_the_build_tools_alone() -> None:
         assert unwanted not in commands, unwanted
 
 
+@needs_make
 def test_make_test_package_installs_the_broker_and_pytest_but_not_the_rest_of_the_test_stack() -> None:
     commands = planned("test-package")
     assert "pip install --quiet -e .\n" in commands and "pip install --quiet 'pytest>=8'" in commands
