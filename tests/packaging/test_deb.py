@@ -22,11 +22,14 @@ import yaml
 
 from tests.conftest import NotifyListener, wait_for
 from tests.packaging.conftest import Machine, Packages, run
+from tests.unit.test_packaging import paste
+from tests.unit.test_packaging import unit_values as values_in
 
 UNITS = Path("/usr/lib/systemd/system")
 CONFIG = Path("/etc/ppmq/ppmq.yaml")
 AS_PPMQ = ("setpriv", "--reuid=ppmq", "--regid=ppmq", "--init-groups")
-EXAMPLE_SUBSCRIBER = Path("/usr/share/doc/ppmq/examples/subscriber/archive")
+EXAMPLES = Path("/usr/share/doc/ppmq/examples")
+EXAMPLE_SUBSCRIBER = EXAMPLES / "subscriber" / "archive"
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,7 @@ def installed(machine: Machine, packages: Packages) -> Machine:
 
 def unit_values(unit: str, key: str) -> list[str]:
     """Every value of KEY in an installed unit file (keys may repeat, as ExecReload=)."""
-    lines = (UNITS / unit).read_text().splitlines()
-    return [line.split("=", 1)[1] for line in lines if line.startswith(f"{key}=")]
+    return values_in(UNITS / unit, key)
 
 
 def owner(path: Path) -> tuple[str, str, int]:
@@ -68,11 +70,27 @@ def test_man_finds_the_command_and_the_config_pages(installed: Machine) -> None:
 def test_the_packaged_config_uses_the_sockets_and_the_directory_of_the_units(installed: Machine) -> None:
     config = yaml.safe_load(CONFIG.read_text())
     assert unit_values("ppmq.socket", "ListenStream") == [config["ServerSocket"]]
-    (template,) = unit_values("ppmq-subscriber@.socket", "ListenStream")
-    for sub in config["Subscribers"]:
-        assert sub["Socket"] == template.replace("%i", sub["Name"])
     assert unit_values("ppmq.service", "StateDirectory") == ["ppmq"]
     assert config["DataPath"] == "/var/lib/ppmq"
+
+
+def test_the_packaged_config_has_no_subscribers_and_the_examples_paste_into_it(installed: Machine, tmp_path: Path) -> None:
+    """Nothing queues up for a subscriber that a real host does not have; each example
+    the package ships, its items pasted into the lists of /etc/ppmq/ppmq.yaml, passes
+    the packaged `ppmq check`, with the socket its socket unit listens on."""
+    config = yaml.safe_load(CONFIG.read_text())
+    assert (config["Subscribers"], config["Topics"]) == ([], [])
+    (template,) = unit_values("ppmq-subscriber@.socket", "ListenStream")
+    examples = sorted(EXAMPLES.glob("*/ppmq.yaml"))
+    assert {e.parent.name for e in examples} >= {"subscriber", "parallel"}
+    for example in examples:
+        merged = tmp_path / f"{example.parent.name}.yaml"
+        merged.write_text(paste(CONFIG.read_text(), example.read_text()))
+        assert "ok" in run("/usr/bin/ppmq", "check", "-c", merged)
+        for sub in yaml.safe_load(merged.read_text())["Subscribers"]:
+            own = example.parent / f"ppmq-{sub['Name']}.socket"
+            listens = values_in(own, "ListenStream") if own.exists() else [template.replace("%i", sub["Name"])]
+            assert listens == [sub["Socket"]], example
 
 
 def test_systemd_analyze_verify_finds_nothing_to_say_about_the_installed_units(installed: Machine) -> None:
@@ -184,16 +202,19 @@ def test_the_packaged_broker_serves_a_message_as_the_ppmq_user(installed: Machin
 
 def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_subscriber(installed: Machine, ppmq_dir: Path) -> None:
     """ppmq.service's ExecStart as systemd runs it: as ppmq, on the packaged config,
-    with ppmq.socket's listening socket inherited and a NOTIFY_SOCKET. The store lands
-    in /var/lib/ppmq, and the example subscriber the package ships, installed as the
-    README says as the handler of `printer`, gets the batch on
-    /run/ppmq/sub/printer.sock (handed to ppmq as SocketUser= and SocketMode= of
-    ppmq-subscriber@.socket would) and acks it."""
+    with ppmq.socket's listening socket inherited and a NOTIFY_SOCKET. The example
+    subscriber the package ships, added as the README's "Adding a subscriber" says
+    (its ppmq.yaml pasted into /etc/ppmq/ppmq.yaml, its handler installed as
+    /etc/ppmq/subscribers/archive), gets the batch on /run/ppmq/sub/archive.sock
+    (handed to ppmq as SocketUser= and SocketMode= of ppmq-subscriber@.socket would)
+    and acks it; the store lands in /var/lib/ppmq."""
+    shipped = CONFIG.read_text()
+    CONFIG.write_text(paste(shipped, (EXAMPLES / "subscriber" / "ppmq.yaml").read_text()))
     config = yaml.safe_load(CONFIG.read_text())
     (exec_start,) = unit_values("ppmq.service", "ExecStart")
     (fdname,) = unit_values("ppmq.socket", "FileDescriptorName")
-    printer = Path(next(s["Socket"] for s in config["Subscribers"] if s["Name"] == "printer"))
-    handler = Path("/etc/ppmq/subscribers/printer")
+    archive = Path(next(s["Socket"] for s in config["Subscribers"] if s["Name"] == "archive"))
+    handler = Path("/etc/ppmq/subscribers/archive")
     run("install", "-m", "0755", EXAMPLE_SUBSCRIBER, handler)  # as the README's "Adding a subscriber" does
     notify = NotifyListener(ppmq_dir / "notify")
     os.chmod(notify.path, 0o666)
@@ -213,23 +234,25 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
         )
         wait_for(lambda: f"Listening on {config['ServerSocket']}" in (ppmq_dir / "broker.log").read_text(), what="the activator to listen")
         subscriber = subprocess.Popen(
-            [handler, "--name", "printer", "-c", CONFIG],
+            [handler, "--name", "archive", "-c", CONFIG],
             env={**os.environ, "STATE_DIRECTORY": str(ppmq_dir)},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         try:
-            wait_for(printer.exists, what=f"{printer}")
-            os.chown(printer, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
-            os.chmod(printer, 0o600)
-            run("/usr/bin/ppmq", "publish", "-c", CONFIG, "filescan", "--key", "k", "hello")
+            wait_for(archive.exists, what=f"{archive}")
+            os.chown(archive, pwd.getpwnam("ppmq").pw_uid, pwd.getpwnam("ppmq").pw_gid)
+            os.chmod(archive, 0o600)
+            run("/usr/bin/ppmq", "publish", "-c", CONFIG, "audit", "hello")
             notify.wait("READY", "1")
             line = wait_for(
                 lambda: (ppmq_dir / "messages.jsonl").exists() and (ppmq_dir / "messages.jsonl").read_text(),
                 what=f"the example subscriber's messages.jsonl; log:\n{(ppmq_dir / 'broker.log').read_text()}",
             )
-            assert json.loads(line) == {"Topic": "filescan", "Key": "k", "Priority": 0, "Payload": "hello"}
-            wait_for(lambda: acked(CONFIG, "filescan", "printer") == 1, what="the ack")
+            message = json.loads(line)
+            assert message.pop("Key")  # the broker's: the topic does not dedupe
+            assert message == {"Topic": "audit", "Priority": 0, "Payload": "hello"}
+            wait_for(lambda: acked(CONFIG, "audit", "archive") == 1, what="the ack")
             assert owner(Path("/var/lib/ppmq/data.mdb"))[0] == "ppmq"
             assert f"serving on {config['ServerSocket']} (from systemd)" in (ppmq_dir / "broker.log").read_text()
         finally:
@@ -238,8 +261,9 @@ def test_the_service_command_serves_the_packaged_config_to_the_packaged_example_
             activator.send_signal(signal.SIGTERM)  # the activator exec'd the broker: same pid
             assert activator.wait(timeout=30) == 0, (ppmq_dir / "broker.log").read_text()
             notify.close()
-            for leftover in (Path(config["ServerSocket"]), printer, handler):
+            for leftover in (Path(config["ServerSocket"]), archive, handler):
                 leftover.unlink(missing_ok=True)
+            CONFIG.write_text(shipped)
 
 
 def acked(config: Path, topic: str, subscriber: str) -> int:
@@ -258,6 +282,15 @@ def test_reinstalling_keeps_an_edited_config(installed: Machine, packages: Packa
     installed.install(packages.deb)
     assert CONFIG.read_text() == edited
     assert not Path(f"{CONFIG}.dpkg-dist").exists()
+
+
+def test_the_build_prints_no_deprecation_and_the_package_names_its_licence(installed: Machine, packages: Packages) -> None:
+    """The wheel is built from pyproject.toml, whose licence is an SPDX expression:
+    setuptools deprecates the older table form with a banner at every build."""
+    assert "deprecat" not in packages.build_log.lower(), packages.build_log
+    (metadata,) = Path("/opt/ppmq/lib").glob("python3*/site-packages/ppmq-*.dist-info/METADATA")
+    assert "License-Expression: MIT" in metadata.read_text().splitlines()
+    assert "Permission is hereby granted" in (metadata.parent / "licenses/LICENSE").read_text()
 
 
 def test_lintian_reports_no_errors_or_warnings(packages: Packages) -> None:

@@ -41,6 +41,18 @@ def test_the_rpm_creates_the_sysusers_user_before_unpacking(packages: Packages) 
     assert 'PPMQ_PURGE_DATA:-}" = yes' in scripts.split("postuninstall scriptlet")[1]
 
 
+def test_erasing_the_rpm_stops_and_disables_the_instances_of_its_templates(packages: Packages) -> None:
+    """As the .deb's prerm and postrm do, which tests/packaging/test_deb_systemd.py
+    runs under systemd: a stop of the running instances, then their links removed."""
+    scripts = rpm_query(packages.rpm, "--scripts")
+    preuninstall = scripts.split("preuninstall scriptlet")[1].split("scriptlet")[0]
+    postuninstall = scripts.split("postuninstall scriptlet")[1]
+    assert "systemctl stop 'ppmq-subscriber@*.socket' 'ppmq-subscriber@*.service' 'ppmq-bridge@*.service'" in preuninstall
+    for template in ("ppmq-subscriber@.socket", "ppmq-subscriber@.service", "ppmq-bridge@.service"):
+        assert f"*/lib/systemd/system/{template}" in postuninstall
+    assert 'rm -f "$link"' in postuninstall
+
+
 def test_the_rpm_keeps_an_edited_config_and_requires_the_venvs_python(packages: Packages) -> None:
     flags = rpm_query(packages.rpm, "--queryformat", "[%{FILEFLAGS:fflags} %{FILENAMES}\n]").splitlines()
     assert "cn /etc/ppmq/ppmq.yaml" in flags  # %config(noreplace)

@@ -24,6 +24,7 @@ from ppmq.errors import ClientError
 SERVER_SOCKET = "/run/ppmq/ppmq.sock"
 ARCHIVE = Path("/var/lib/ppmq-archive/messages.jsonl")
 BROKER, SUBSCRIBER = "ppmq.service", "ppmq-subscriber@archive.service"
+TOPIC = "audit"  # the example subscriber's (examples/subscriber/ppmq.yaml)
 FIRST, SECOND, HELD = 500, 50, 20  # messages before and after a stop; messages for a subscriber that never runs
 RENDERS = 12  # one-message batches for the slow subscriber of three connections (examples/parallel)
 RENDERED = Path("/var/lib/ppmq-render/rendered.jsonl")
@@ -62,7 +63,7 @@ def publish(topic: str, payloads: list[Any], priorities: int = 2) -> str:
 
 
 def archive_settled(acked: int) -> dict[str, Any] | None:
-    s = status().get("Topics", {}).get("events", {}).get("Subscribers", {}).get("archive")
+    s = status().get("Topics", {}).get(TOPIC, {}).get("Subscribers", {}).get("archive")
     return s if s and s["Acked"] >= acked and s["InFlight"] == 0 and not any(s["Ready"]) else None
 
 
@@ -100,7 +101,7 @@ def main(results: Path) -> None:
     if not report.data["broker_active"]:
         return
     report["subscriber"] = show(SUBSCRIBER, "TriggeredBy", *props)
-    report["publish"] = publish("events", [f"first{i}" for i in range(FIRST)])
+    report["publish"] = publish(TOPIC, [f"first{i}" for i in range(FIRST)])
     report["publish_held"] = publish("held", [f"held{i}" for i in range(HELD)])
     report["settled"] = report.wait(lambda: archive_settled(FIRST))
     report["subscriber_after"] = show(SUBSCRIBER, "TriggeredBy", *props)
@@ -113,7 +114,7 @@ def main(results: Path) -> None:
     report["stop"] = systemctl("stop", BROKER)
     report["stopped"] = show(BROKER, *props)
     report["socket_while_stopped"] = show("ppmq.socket", "ActiveState", "SubState")
-    report["publish_while_stopped"] = publish("events", [f"second{i}" for i in range(SECOND)])
+    report["publish_while_stopped"] = publish(TOPIC, [f"second{i}" for i in range(SECOND)])
     report["restarted"] = show(BROKER, *props)
     report["settled_again"] = report.wait(lambda: archive_settled(FIRST + SECOND))
     report["archived_again"] = archived()

@@ -19,14 +19,13 @@ import os
 import shutil
 import stat
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.systemd.container_check import FIRST, HELD, RENDERS, SECOND
-from tests.systemd.layout import EXAMPLE, PARALLEL, REPO, UNITS, install_units
+from tests.systemd.layout import EXAMPLE, PARALLEL, REPO, UNITS, boot_container, install_units
 
 VENV = REPO / "build" / "system-venv"
 SITE_PACKAGES = next(VENV.glob("lib/python3*/site-packages"), VENV)
@@ -106,36 +105,24 @@ def install(tree: Path) -> None:
 
 def boot(tree: Path) -> str:
     """Boot until the check unit exits the container; what went wrong, or ''."""
-    machine = f"ppmq-test-{uuid.uuid4().hex[:8]}"
-    command = [
-        "systemd-nspawn",
-        "--quiet",
-        "--register=no",
-        "--keep-unit",
-        "--console=pipe",
-        "--volatile=yes",
-        "--directory=/",
-        f"--machine={machine}",
-        f"--bind-ro={tree / 'root/etc/systemd/system'}:/etc/systemd/system",
-        f"--bind={tree / 'etc-ppmq'}:/etc/ppmq",
-        f"--bind-ro={UNITS / 'sysusers.d/ppmq.conf'}:/etc/sysusers.d/ppmq.conf",
-        f"--bind-ro={UNITS / 'tmpfiles.d/ppmq.conf'}:/etc/tmpfiles.d/ppmq.conf",
-        f"--bind-ro={REPO}",
-        f"--bind-ro={VENV}:/opt/ppmq",
-        f"--bind-ro={REPO / 'src/ppmq'}:/opt/ppmq/{SITE_PACKAGES.relative_to(VENV)}/ppmq",
-        f"--overlay-ro=/usr/bin:{tree / 'bin'}:/usr/bin",
-        f"--bind={tree / 'results'}:/results",
-        "--boot",
-        "systemd.firstboot=off",
-        "systemd.unit=multi-user.target",
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        return f"the container did not finish within {BOOT_TIMEOUT_S}s\n{exc.stdout or ''}{exc.stderr or ''}"
-    finally:
-        shutil.rmtree(f"/run/systemd/nspawn/propagate/{machine}", ignore_errors=True)
-    return "" if done.returncode == 0 else f"the container exited with {done.returncode}\n{done.stdout}{done.stderr}"
+    return boot_container(
+        [
+            "--volatile=yes",
+            f"--bind-ro={tree / 'root/etc/systemd/system'}:/etc/systemd/system",
+            f"--bind={tree / 'etc-ppmq'}:/etc/ppmq",
+            f"--bind-ro={UNITS / 'sysusers.d/ppmq.conf'}:/etc/sysusers.d/ppmq.conf",
+            f"--bind-ro={UNITS / 'tmpfiles.d/ppmq.conf'}:/etc/tmpfiles.d/ppmq.conf",
+            f"--bind-ro={REPO}",
+            f"--bind-ro={VENV}:/opt/ppmq",
+            f"--bind-ro={REPO / 'src/ppmq'}:/opt/ppmq/{SITE_PACKAGES.relative_to(VENV)}/ppmq",
+            f"--overlay-ro=/usr/bin:{tree / 'bin'}:/usr/bin",
+            f"--bind={tree / 'results'}:/results",
+            "--boot",
+            "systemd.firstboot=off",
+            "systemd.unit=multi-user.target",
+        ],
+        BOOT_TIMEOUT_S,
+    )
 
 
 @pytest.fixture(scope="module")
