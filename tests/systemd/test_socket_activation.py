@@ -67,7 +67,7 @@ def test_the_example_starts_on_the_brokers_first_connection_and_acks_every_messa
 def passed(env: dict[str, str]) -> list[str]:
     """-E options for what the children need: the activator passes nothing else
     (PYTHONPATH: the checkout under test rather than an installed ppmq)."""
-    names = ("PPMQ_CONFIG", "STATE_DIRECTORY", "RENDER_SECONDS", "PYTHONPATH")
+    names = ("PPMQ_CONFIG", "STATE_DIRECTORY", "RUNTIME_DIRECTORY", "RENDER_SECONDS", "PYTHONPATH")
     return [arg for name in names if name in env for arg in ("-E", name)]
 
 
@@ -117,3 +117,50 @@ def test_with_accept_each_connection_runs_its_own_handler_and_three_work_at_once
         log.close()
         print((short_tmp / "render.log").read_text(), b.log)  # shown when it failed
     assert "Traceback" not in (short_tmp / "render.log").read_text()
+
+
+def test_a_cold_start_after_an_idle_exit_gets_the_batch_that_woke_it_once(broker_factory, short_tmp):
+    b = broker_factory([{"Name": "events", "Subscribers": ["archive"]}], ["archive"], start=False)
+    state, runtime = short_tmp / "state", short_tmp / "run"
+    state.mkdir()
+    runtime.mkdir()
+    sock = b.sub_socket("archive")
+    os.makedirs(os.path.dirname(sock), exist_ok=True)
+    env = {**os.environ, "PPMQ_CONFIG": str(b.config_path), "STATE_DIRECTORY": str(state), "RUNTIME_DIRECTORY": str(runtime)}
+    record = runtime / "acked-all"
+
+    def run(payloads: list[str], first: bool = False) -> None:
+        """systemd-socket-activate listens, the broker's connection for `payloads`
+        starts the example, and the example exits idle."""
+        log = open(short_tmp / "archive.log", "ab")
+        activator = subprocess.Popen(
+            [ACTIVATE, "-l", sock, "--fdname=ppmq", *passed(env), sys.executable, str(EXAMPLE / "archive"), "--idle-exit", "1"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: os.path.exists(sock), what="the activator's socket")
+            if first:
+                b.start()
+            with b.client() as c:
+                c.publish("events", [{"Payload": p} for p in payloads])
+            assert activator.wait(timeout=60) == 0, "the example did not exit idle"
+        finally:
+            if activator.poll() is None:
+                activator.kill()
+            log.close()
+
+    # Given a first run, which finds no record and sends RECONNECT, and exits idle having acked all
+    run(["a1", "a2", "a3"], first=True)
+    assert record.exists()
+    before = b.sub_status("events", "archive")
+    # When the broker's next connection starts it again
+    run(["b1", "b2", "b3"])
+    # Then what woke it came once: no redelivery, each line once, and the record written anew
+    after = b.sub_status("events", "archive")
+    assert (after["Acked"], after["InFlight"], after["Redelivered"]) == (6, 0, before["Redelivered"])
+    lines = [json.loads(line)["Payload"] for line in (state / "messages.jsonl").read_text().splitlines()]
+    assert sorted(p for p in lines if p.startswith("b")) == ["b1", "b2", "b3"]
+    assert record.exists()
+    assert "Traceback" not in (short_tmp / "archive.log").read_text()

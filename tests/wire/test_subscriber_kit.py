@@ -1,6 +1,7 @@
 """The subscriber kit against a real broker: both flavours deliver and ack, a
 failing handler gets its messages again, an idle subscriber exits, and a start
-sends RECONNECT so that what an earlier run left unacked comes back."""
+sends RECONNECT so that what an earlier run left unacked comes back, unless that
+run exited idle having acked all it was given."""
 
 from __future__ import annotations
 
@@ -155,6 +156,29 @@ def test_an_idle_subscriber_exits_and_removes_the_socket_it_bound(broker_factory
     assert time.monotonic() - started >= 1.0
     assert not Path(b.sub_socket("worker")).exists()
     assert all_acked(b, "jobs", "worker", 1)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["all acked", "one unacked"])
+def test_an_idle_exit_records_that_all_was_acked_and_a_start_uses_the_record_up(broker_factory, tmp_path, fails):
+    # Given a kit with a runtime directory, whose handler acks all or leaves one message unacked
+    b = broker_factory([{"Name": "jobs", "Subscribers": ["worker"], "AckRetry": 0}], ["worker"])
+    publish(b, "jobs", ["x", "y"])
+    seen: list = []
+    settings = kit.settings("worker", str(b.config_path), idle_exit_s=1.0)
+    settings.runtime_dir = str(tmp_path)
+    k = KitThread(recording(seen, fail=lambda m: fails and m.payload == "y"), settings, "blocking")
+    # When it exits idle
+    assert k.join(15), "the subscriber did not exit when idle"
+    assert k.error is None
+    # Then the record says whether it owes nothing, and the next start uses it up
+    record = tmp_path / "acked-all"
+    assert record.exists() is not fails
+    if not fails:
+        publish(b, "jobs", ["z"])
+        later = KitThread(recording(seen), settings, "blocking")
+        assert later.join(15) and later.error is None
+        assert [p for _, p in seen] == ["x", "y", "z"]
+        assert b.sub_status("jobs", "worker")["Redelivered"] == 0
 
 
 @FLAVOURS

@@ -17,7 +17,12 @@ What the kit does around the function (PROTOCOL §1, §3, §5):
 - Sends RECONNECT to ServerSocket on start, so that whatever an earlier run was
   given but did not ack is delivered again now rather than after `AckRetry`;
   and again whenever the broker connects anew, since acks written to a broker
-  that then died may never have been read.
+  that then died may never have been read. Not when the run before exited idle
+  having acked all it was given, which the kit records in $RUNTIME_DIRECTORY
+  (RuntimeDirectory= of ppmq-subscriber@.service): then nothing is owed, and a
+  RECONNECT would only send again the batch whose connection woke the
+  subscriber, which the broker wrote before the start. A crash, a stop or a
+  batch left unacked leaves no record, and the next start sends RECONNECT.
 - Hands each batch the broker pushes to the function, one batch at a time, and
   acks on the delivery connection what the function says succeeded:
   it returns None: the whole batch; it returns keys (or Messages): only those,
@@ -34,9 +39,9 @@ What the kit does around the function (PROTOCOL §1, §3, §5):
   connections hold the rest of what is in flight.
 
 Delivery is at least once. A message may come again after a crash, an exit
-between handling and ack, or because the RECONNECT of a start also returns the
-batch that woke the subscriber: handlers must be idempotent, as with any
-broker that redelivers.
+between handling and ack, or because the RECONNECT of a start after one also
+returns the batch that woke the subscriber: handlers must be idempotent, as
+with any broker that redelivers.
 
 `run` blocks; `serve` is the asyncio flavour, where the function may be a
 coroutine function; `main` reads the command line and runs either kind.
@@ -48,6 +53,7 @@ import argparse
 import asyncio
 import inspect
 import logging
+import os
 import signal
 import socket
 import sys
@@ -75,6 +81,7 @@ log = logging.getLogger("ppmq.client.subscriber")
 FD_NAME = "ppmq"  # FileDescriptorName= of ppmq-subscriber@.socket
 ACTIVATED_IDLE_EXIT_S = 60.0
 RECONNECT_TIMEOUT_S = 10.0
+ACKED_ALL = "acked-all"  # in $RUNTIME_DIRECTORY: the last run exited idle, everything it was given acked
 READ_CHUNK = 1 << 16
 
 
@@ -110,6 +117,7 @@ class Settings:
     server_socket: str | None  # the broker's, for RECONNECT; None skips it
     idle_exit_s: float | None = None  # None: ACTIVATED_IDLE_EXIT_S when activated, else never; 0: never
     max_frame_bytes: int = 1 << 30
+    runtime_dir: str | None = None  # where a run records that it acked all it was given; None: nowhere
 
 
 def settings(
@@ -124,8 +132,9 @@ def settings(
     With both paths given no config file is read, so a subscriber can run
     without access to the broker's configuration.
     """
+    runtime_dir = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
     if socket_path and server_socket:
-        return Settings(name, socket_path, server_socket, idle_exit_s)
+        return Settings(name, socket_path, server_socket, idle_exit_s, runtime_dir=runtime_dir)
     path = config or default_config_path()
     loaded = load_config(path)
     match = next((s for s in loaded.subscribers if s.name == name), None)
@@ -141,6 +150,7 @@ def settings(
         server_socket or loaded.server_socket,
         idle_exit_s,
         loaded.max_frame_bytes,
+        runtime_dir,
     )
 
 
@@ -204,10 +214,11 @@ def _idle_exit_s(configured: float | None, activated: bool) -> float | None:
 class _Session:
     """One delivery connection, without I/O: bytes in, batches and ack frames out."""
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(self, max_frame_bytes: int, owed: _Owed) -> None:
         self._framer = Framer(max_frame_bytes)
         self._decoder = msgspec.json.Decoder(_Frame)
         self._acks_sent = 0
+        self._owed = owed
 
     def batches(self, data: bytes) -> list[Batch]:
         """Batches completed by `data`; the broker's replies to acks are logged when not 200."""
@@ -216,6 +227,7 @@ class _Session:
             frame = self._decoder.decode(raw)
             if frame.messages is not None:
                 out.append(Batch(frame.topic, frame.subscriber, frame.messages))
+                self._owed.given += len(frame.messages)
             elif frame.status != 200:
                 log.warning("ack rejected by the broker (%s): %s", frame.status, frame.error)
         if self._framer.too_large is not None:
@@ -230,9 +242,42 @@ class _Session:
             keys = [r.key if isinstance(r, Message) else r for r in result]
         if not keys:
             return None
+        self._owed.acked += len(keys)
         self._acks_sent += 1
         wrapper = {"Topic": batch.topic, "Subscriber": batch.subscriber, "Acks": keys, "Id": self._acks_sent}
         return msgspec.json.encode(wrapper) + b"\n"
+
+
+class _Owed:
+    """A run's messages given and acked: all acked when the counts meet."""
+
+    def __init__(self) -> None:
+        self.given = self.acked = 0
+
+
+def _acked_all_before(s: Settings) -> bool:
+    """Whether the run before exited idle having acked all it was given; the
+    record is used up, so that a crash of this run leaves none."""
+    if s.runtime_dir is None:
+        return False
+    try:
+        os.unlink(os.path.join(s.runtime_dir, ACKED_ALL))
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("%s: cannot use %s (%s); sending RECONNECT", s.name, s.runtime_dir, exc)
+        return False
+    return True
+
+
+def _record_acked_all(s: Settings) -> None:
+    if s.runtime_dir is None:
+        return
+    try:
+        with open(os.path.join(s.runtime_dir, ACKED_ALL), "w"):
+            pass
+    except OSError as exc:
+        log.warning("%s: cannot write to %s (%s); the next start sends RECONNECT", s.name, s.runtime_dir, exc)
 
 
 def _failed(batch: Batch) -> None:
@@ -274,12 +319,15 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
     listener = _Listener(s)
     executor = ThreadPoolExecutor(1, thread_name_prefix="ppmq-handler")
     call = _caller(handler, executor)
+    owed = _Owed()
     try:
         listener.sock.setblocking(False)
         if listener.accepted:
-            ended = await _serve_socket(listener.sock, call, s, stop, listener.idle_exit_s)
+            ended = await _serve_socket(listener.sock, call, s, stop, listener.idle_exit_s, owed)
         else:
-            ended = await _serve_listening(listener, call, s, stop)
+            ended = await _serve_listening(listener, call, s, stop, owed)
+            if ended == IDLE and owed.acked >= owed.given:
+                _record_acked_all(s)
         why = (
             f"idle for {listener.idle_exit_s:g}s"
             if ended == IDLE
@@ -296,9 +344,12 @@ async def serve(handler: Handler | AsyncHandler, s: Settings, stop: asyncio.Even
 CLOSED, IDLE, STOPPED = "closed", "idle", "stopped"  # how serving a connection ended
 
 
-async def _serve_listening(listener: _Listener, call: Callable[[Batch], Awaitable[Result]], s: Settings, stop: asyncio.Event) -> str:
+async def _serve_listening(
+    listener: _Listener, call: Callable[[Batch], Awaitable[Result]], s: Settings, stop: asyncio.Event, owed: _Owed
+) -> str:
     """Serve each connection the broker makes, one after another, until IDLE or STOPPED."""
-    await _reconnect(s)
+    if not _acked_all_before(s):
+        await _reconnect(s)
     loop = asyncio.get_running_loop()
     ended, connections = CLOSED, 0
     while ended == CLOSED:
@@ -310,16 +361,21 @@ async def _serve_listening(listener: _Listener, call: Callable[[Batch], Awaitabl
             # The broker restarted or the link broke: acks written just before may
             # never have been read, and would hold those messages in flight.
             await _reconnect(s)
-        ended = await _serve_socket(accepted[0], call, s, stop, listener.idle_exit_s)
+        ended = await _serve_socket(accepted[0], call, s, stop, listener.idle_exit_s, owed)
     return ended
 
 
 async def _serve_socket(
-    sock: socket.socket, call: Callable[[Batch], Awaitable[Result]], s: Settings, stop: asyncio.Event, idle_exit_s: float | None
+    sock: socket.socket,
+    call: Callable[[Batch], Awaitable[Result]],
+    s: Settings,
+    stop: asyncio.Event,
+    idle_exit_s: float | None,
+    owed: _Owed,
 ) -> str:
     reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_CHUNK)
     try:
-        return await _serve_connection(reader, writer, call, s, stop, idle_exit_s)
+        return await _serve_connection(reader, writer, call, s, stop, idle_exit_s, owed)
     finally:
         writer.close()
 
@@ -362,10 +418,11 @@ async def _serve_connection(
     s: Settings,
     stop: asyncio.Event,
     idle_exit_s: float | None,
+    owed: _Owed,
 ) -> str:
     """Handle batches until the broker closes (CLOSED), nothing came for
     idle_exit_s (IDLE) or `stop` is set (STOPPED; the batch in hand is acked first)."""
-    session = _Session(s.max_frame_bytes)
+    session = _Session(s.max_frame_bytes, owed)
     try:
         while True:
             data = await _first(reader.read(READ_CHUNK), stop, idle_exit_s)
