@@ -26,6 +26,7 @@ ARCHIVE = Path("/var/lib/ppmq-archive/messages.jsonl")
 BROKER, SUBSCRIBER = "ppmq.service", "ppmq-subscriber@archive.service"
 TOPIC = "audit"  # the example subscriber's (examples/subscriber/ppmq.yaml)
 FIRST, SECOND, HELD = 500, 50, 20  # messages before and after a stop; messages for a subscriber that never runs
+THIRD = 10  # messages that start the subscriber again after its idle exit
 RENDERS = 12  # one-message batches for the slow subscriber of three connections (examples/parallel)
 RENDERED = Path("/var/lib/ppmq-render/rendered.jsonl")
 WAIT_S = 20.0  # one request or systemctl call
@@ -127,6 +128,13 @@ def main(results: Path) -> None:
     report["idle_after"] = report.wait(lambda: (now := show(SUBSCRIBER, "InvocationID", "ActiveState")) != idle and now)
     time.sleep(1.0)
     report["idle_later"] = show(SUBSCRIBER, "InvocationID", "ActiveState")
+    # that idle exit acked all it was given, as its RuntimeDirectory records: the
+    # next start sends no RECONNECT, and what woke it comes once
+    report["acked_all_recorded"] = Path("/run/ppmq-subscriber/archive/acked-all").exists()
+    redelivered = status()["Topics"][TOPIC]["Subscribers"]["archive"]["Redelivered"]
+    report["publish_cold"] = publish(TOPIC, [f"third{i}" for i in range(THIRD)])
+    cold = report.wait(lambda: archive_settled(FIRST + SECOND + THIRD))
+    report["redelivered_cold"] = cold and cold["Redelivered"] - redelivered
     check_parallel(report)
 
 

@@ -195,6 +195,15 @@ def test_an_idle_subscriber_exits_and_systemd_does_not_start_it_again_while_noth
     assert report["idle_later"]["ActiveState"] == "inactive", explain(journal, "archive")
 
 
+def test_a_cold_start_after_an_idle_exit_gets_what_woke_it_once(container):
+    # Given the subscriber exited idle having acked all, which its RuntimeDirectory records
+    report, journal = container
+    assert report["acked_all_recorded"], explain(journal, "archive")
+    # When a publish starts it again, Then nothing was delivered twice
+    assert report["publish_cold"] == "ok", explain(journal, "ppmq")
+    assert report["redelivered_cold"] == 0, explain(journal, "archive")
+
+
 def test_a_subscriber_of_three_connections_runs_three_handler_processes_at_once_and_all_is_acked(container):
     # Given Connections: 3, a socket unit with Accept=yes and a handler taking 0.5 s a batch
     report, journal = container
