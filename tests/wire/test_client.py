@@ -232,6 +232,18 @@ def test_the_blocking_client_raises_client_error_with_the_brokers_status(broker_
         assert c.publish("t", [{"Payload": 1, "Key": "k"}]).accepted == 1  # the connection is still good
 
 
+def test_a_publish_over_max_frame_bytes_raises_the_brokers_413_not_the_broken_pipe(broker_factory):
+    # Given a broker that takes frames of 64 KiB at most
+    b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], MaxFrameBytes="64KiB")
+    with b.client() as c:
+        # When a publish sends a frame far larger, which the broker refuses before it is all sent
+        with pytest.raises(ClientError) as err:
+            c.publish("t", [{"Payload": "x" * (8 << 20)}])
+    # Then the error is the broker's, and nothing was stored
+    assert (err.value.status, err.value.error) == (413, "frame exceeds MaxFrameBytes (65536 bytes)")
+    assert b.status()["Topics"]["t"]["Published"] == 0
+
+
 @pytest.mark.parametrize("connect", [lambda p: Client(p), lambda p: asyncio.run(AsyncClient.connect(p))])
 def test_a_client_that_cannot_reach_the_broker_says_so(short_tmp, connect):
     with pytest.raises(ClientError, match="cannot connect to .*No such file"):

@@ -13,11 +13,10 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
-from ppmq.client.calls import Call
 from ppmq.client.library import DEFAULT_TIMEOUT_S, Client
 from ppmq.config import Config, default_config_path, load_config, parse_duration
 from ppmq.errors import ClientError, ConfigError
@@ -69,42 +68,10 @@ def config_of(args: argparse.Namespace) -> Config:
     return load_config(config_path(args))
 
 
-R = TypeVar("R")
-NO_ID = msgspec.Raw(b"0")  # no request has it: a reply with an Id is not the refusal sought
-
-
-class CommandClient(Client):
-    """A Client that reports the broker's refusal of a request it could not finish
-    sending: a frame over MaxFrameBytes is answered 413 and the connection closed
-    while the rest is still being written, so the write fails, and the reason is
-    the reply line waiting to be read, not the broken pipe."""
-
-    def call(self, call: Call[R]) -> R:
-        try:
-            return super().call(call)
-        except ClientError as exc:
-            if exc.status or not isinstance(exc.__context__, (BrokenPipeError, ConnectionResetError)):
-                raise
-            refusal = self._last_words()
-            if refusal is None:
-                raise
-            raise refusal from None
-
-    def _last_words(self) -> ClientError | None:
-        """The error reply the broker wrote before it closed, if it wrote one."""
-        try:
-            self._exchange.reply(self._lines.readline(), NO_ID)
-        except ClientError as exc:
-            return exc if exc.status else None
-        except (OSError, ValueError):  # nothing left to read, or not a reply
-            return None
-        return None
-
-
 def open_client(args: argparse.Namespace, timeout_s: float = DEFAULT_TIMEOUT_S) -> Client:
     """The broker named by -s, or by ServerSocket of the config. Here rather than in
     cli/main.py, which imports this module: cli runs as __main__, so it cannot be imported back."""
-    return CommandClient(args.socket or config_of(args).server_socket, timeout_s)
+    return Client(args.socket or config_of(args).server_socket, timeout_s)
 
 
 def duration(text: str) -> float:

@@ -17,6 +17,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from msgspec import Raw
+
 import ppmq.client.calls as calls
 from ppmq.client.calls import Call, Exchange, Messages
 from ppmq.client.results import Message, PeekResult, PingResult, PublishResult, PurgeResult, RedriveResult, SettleResult, Status
@@ -30,6 +32,7 @@ DEFAULT_TIMEOUT_S = 30.0
 # The longest reply line AsyncClient reads: more than any reply of a broker, whose
 # largest (a TAKE) holds at most MaxFrameBytes of messages, or one message.
 REPLY_LIMIT_BYTES = 1 << 30
+NO_ID = Raw(b"0")  # no request has it: a reply with an Id is not a refusal of the connection
 
 
 class Client:
@@ -52,12 +55,33 @@ class Client:
         frame, rid = self._exchange.frame(call)
         try:
             self._sock.settimeout(self._timeout_s + call.wait_s)
-            self._sock.sendall(frame)
+            try:
+                self._sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError):
+                self._refusal()  # raises the broker's reason, when it gave one
+                raise
             while (reply := self._exchange.reply(self._lines.readline(), rid)) is None:
                 pass
         except OSError as exc:
             raise ClientError(0, f"connection to the broker failed: {exc}") from None
         return call.result(reply)
+
+    def _refusal(self) -> None:
+        """Raise the error the broker wrote before it closed the connection, if it
+        wrote one: a frame over MaxFrameBytes is answered 413 and the connection
+        closed while the rest is still being written, so the write fails, and the
+        reason is the reply line waiting to be read, not the broken pipe."""
+        try:
+            line = self._lines.readline()
+        except OSError:  # nothing left to read
+            return
+        try:
+            self._exchange.reply(line, NO_ID)
+        except ClientError as exc:
+            if exc.status:
+                raise
+        except ValueError:  # not a reply
+            pass
 
     def request(self, wrapper: dict[str, Any]) -> Reply:
         """Any wrapper, as it is (PROTOCOL §2): the reply with its Body as plain JSON values."""
