@@ -55,6 +55,8 @@ REFERENCE = {"docs/protocol.md", "docs/design.md", "docs/performance.md", "docs/
 RUN_S = 120.0
 UNTIL_S = 30.0
 
+pytestmark = pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs the virtualenv that make serve runs from")
+
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.MULTILINE | re.DOTALL)
 MARKER = re.compile(r"<!--[ \t]*sample:[ \t]*([^\n]*?)[ \t]*-->\s*\Z")
 
