@@ -74,7 +74,8 @@ def errors_of(text: str) -> list[str]:
 
 def test_the_example_config_loads():
     config = load_config(EXAMPLE)
-    assert [s.name for s in config.subscribers] == ["printer", "archiver"]
+    assert [s.name for s in config.subscribers] == ["printer", "archiver", "worker", "thumbnails", "triage"]
+    assert [s.name for s in config.subscribers if s.pull] == ["worker", "thumbnails", "triage"]
     filescan = next(t for t in config.topics if t.name == "filescan")
     assert (filescan.ack_retry, filescan.dedupe, filescan.priorities, filescan.expire) == (300.0, True, 2, True)
     assert config.window(next(s for s in config.subscribers if s.name == "printer")) == 200
