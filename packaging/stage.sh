@@ -9,6 +9,7 @@
 #   /etc/ppmq/subscribers     empty: the handlers ppmq-subscriber@.service runs
 #   /usr/share/man            ppmq(1) and ppmq.yaml(5), made from the parser and the config
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
+#                             docs/*.md, which it links to,
 #                             copyright, with the bundled packages' licenses, and
 #                             examples/subscriber and examples/parallel, whose
 #                             ppmq.yaml go into /etc/ppmq/ppmq.yaml
@@ -77,6 +78,7 @@ system_files() {
     install -D -m 0644 "$src/systemd/tmpfiles.d/ppmq.conf" "$stage/usr/lib/tmpfiles.d/ppmq.conf"
     install -d -m 0755 "$stage/etc/ppmq/subscribers"
     install -D -m 0644 -t "$stage/usr/share/doc/ppmq" "$src/README.md" "$src/packaging/copyright"
+    install -D -m 0644 -t "$stage/usr/share/doc/ppmq/docs" "$src"/docs/*.md
     mkdir "$stage/usr/share/doc/ppmq/examples"
     cp -r "$src/examples/subscriber" "$src/examples/parallel" "$stage/usr/share/doc/ppmq/examples/"
     find "$stage/usr/share/doc/ppmq/examples" -type f -exec chmod 0644 {} +

@@ -10,6 +10,7 @@ import grp
 import json
 import os
 import pwd
+import re
 import signal
 import stat
 import subprocess
@@ -59,6 +60,10 @@ def test_the_units_find_the_command_the_config_and_the_documentation(installed: 
         (doc,) = unit_values(unit, "Documentation")
         assert Path(doc.removeprefix("file:")).is_file(), f"{unit}: Documentation={doc} is missing"
     assert Path("/usr/bin/ppmq").resolve() == Path("/opt/ppmq/bin/ppmq")
+    # and what the README links to is beside it
+    readme = Path("/usr/share/doc/ppmq/README.md")
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", readme.read_text()))
+    assert linked and all((readme.parent / link).is_file() for link in linked), linked
 
 
 def test_man_finds_the_command_and_the_config_pages(installed: Machine) -> None:
