@@ -121,10 +121,11 @@ class Step(msgspec.Struct, frozen=True):
 
 def request_of(op: Op) -> p.Request | None:
     """The client's request an op carries; None for internal ops."""
-    kind = type(op)
-    if kind is p.Request:
+    if type(op) is p.Request:
         return op
-    return op.request if kind is Guarded or kind is Take else None
+    if type(op) is Guarded or type(op) is Take:
+        return op.request
+    return None
 
 
 def request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:

@@ -111,7 +111,8 @@ def decode_request(frame: bytes) -> Request:
         request = _request_decoder.decode(frame)  # the usual frame: keys as PROTOCOL spells them
     except (msgspec.DecodeError, RecursionError):
         request = _decode_otherwise(frame)
-    if request.id is not UNSET and not _is_id(request.id):
+    # The frame is UTF-8 by now, and so is its Id, which begins and ends with an ASCII byte.
+    if request.id is not UNSET and _ID.fullmatch(request.id) is None:
         raise _rejected(frame, "Id: must be a string or a number")
     return request
 

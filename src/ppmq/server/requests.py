@@ -91,8 +91,36 @@ class Requests:
 
     # --- the read callback's side ----------------------------------------------------
     def feed(self, data: bytes) -> None:
-        frames = self.framer.feed(data)
-        if self.read_timeout_s and (self.framer.buffer or self._frame_started is not None or self._timer is not None):
+        """What one read brought. The usual read is one request whole on a line of
+        its own, as a client that waits for each reply sends it: it is decoded as
+        it is, the frame the framer would cut from it. Any other read (part of a
+        frame, several, or a line that is not one valid request, which may be
+        several values) goes through the framer."""
+        framer = self.framer
+        if (
+            not framer.buffer
+            and framer.too_large is None
+            and data[-2:] == b"}\n"
+            and data[:1] == b"{"
+            and type(data) is bytes
+            and b"\n" not in data[:-1]
+            and (size := len(data) - 1) <= framer.max_frame_bytes
+        ):
+            try:
+                request = p.decode_request(data)
+            except BadRequest:
+                pass  # the framer's to cut, and decode_request's to name what is wrong
+            else:
+                if self._next_read is not None and not self._next_read.done():
+                    self._next_read.set_result(data)
+                op: Decoded = request if self.authorize is None else Guarded(request, self.authorize)
+                if self._busy or self._held or not self._now(op, size):
+                    self._hold([data[:-1]], 0, op)
+                else:
+                    self.writer.submit(op, self.channel.expect(size))
+                return
+        frames = framer.feed(data)
+        if self.read_timeout_s and (framer.buffer or self._frame_started is not None or self._timer is not None):
             self._note_partial(bool(frames))
         if self._next_read is not None and not self._next_read.done():
             self._next_read.set_result(data)
@@ -106,7 +134,7 @@ class Requests:
                 self._hold(frames, i, op)
                 return
             self.writer.submit(op, channel.expect(len(frame)))
-        if self.framer.too_large is not None:  # nothing after it is read
+        if framer.too_large is not None:  # nothing after it is read
             self._pause()
             self._wake_task()
 
