@@ -462,5 +462,12 @@ def fragment_payload(fragment: bytes) -> bytes:
 
 def batch_frame(topic: str, subscriber: str, fragments: list[bytes]) -> bytes:
     """The line pushed to a subscriber: `{"Topic":..,"Subscriber":..,"Messages":[..]}`."""
+    return b"%s%s]}\n" % (_batch_head(topic, subscriber), b",".join(fragments))
+
+
+@lru_cache(maxsize=1024)
+def _batch_head(topic: str, subscriber: str) -> bytes:
+    """What a subscription's batches begin with, up to their first message: the
+    same for every batch, and kept for as many subscriptions as a broker mostly has."""
     head = _str_encoder.encode({"Topic": topic, "Subscriber": subscriber})
-    return b"".join((head[:-1], b',"Messages":[', b",".join(fragments), b"]}\n"))
+    return head[:-1] + b',"Messages":['

@@ -227,7 +227,8 @@ class ReplyChannel:
         if self._replied.futures:
             self._replied.wake()
         if reply.id is not UNSET:
-            self.send(reply)
+            if not self.out.is_closing():  # as send() does
+                self.out.write(p.encode_reply(reply))
         elif reply.status != 200:
             self._log_one_way_error(reply)
 

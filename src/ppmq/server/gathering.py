@@ -94,7 +94,8 @@ class Gathering:
             one_way = req.id is UNSET and req.messages is None and req.command is None and req.acks is not None
             sub = (req.subscriber or "") if one_way else None
         if sub is not None:
-            self._late.discard(sub)
+            if sub in self._late:
+                self._late.discard(sub)
             self._acking.add(sub)
             if sub in self._awaited:
                 self._awaited.discard(sub)
@@ -103,7 +104,7 @@ class Gathering:
                 self.may_wait = not self._broker.has_backlog(sub)
             return self.may_wait
         assert req is not None
-        if req.acks is not None and req.subscriber:  # acks that owe a reply
+        if req.acks is not None and req.subscriber in self._late:  # acks that owe a reply
             self._late.discard(req.subscriber)
         if not req.messages or req.topic is None:  # a publish without a Topic waits for no acks: it is refused
             self.may_wait = False

@@ -32,7 +32,7 @@ from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.events import Event
 from ppmq.core.lanes import Lanes
-from ppmq.core.ops import Delivery, Op, Returned, request_of
+from ppmq.core.ops import Delivery, Guarded, Op, Returned, request_of
 from ppmq.core.staging import Answer
 from ppmq.protocol import messages as p
 from ppmq.server.gathering import Gathering
@@ -165,7 +165,7 @@ class GroupCommit:
         a paced rate the wake-up cost as much as the rest of the ack's way in).
         It is woken by the op that ends the wait: the acks a publish waits for."""
         self._pending.append((op, sink))
-        req = request_of(op)
+        req = op.request if type(op) is Guarded else request_of(op)  # a connection's request, mostly
         if req is not None and req.messages is not None:
             self._pending_messages += len(req.messages)
         if self._gather_until is None:  # the company of what is queued is known while ops gather
@@ -218,6 +218,9 @@ class GroupCommit:
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
+            if self._timer is not None:  # let go of it; harmless when it is what calls
+                self._timer.cancel()
+                self._timer = None
             try:
                 waiter.set_result(None)
             except asyncio.InvalidStateError:  # cancelled: run() is being cancelled
@@ -231,6 +234,7 @@ class GroupCommit:
             loop.call_soon_threadsafe(self._early, deliveries)
 
         stepped = False  # the last round ran a step, whose end was the heartbeat
+        next_tick_ns = self.broker.next_tick_ns  # as the broker's last step says
         try:
             while True:
                 if not self._pending:
@@ -242,10 +246,14 @@ class GroupCommit:
                     now_ns = time.time_ns()
                     if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
-                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
+                        await self._sleep((next_tick_ns - now_ns) / 1e9)
                         continue
                 else:
-                    await self._gather_acks()
+                    company = self._gathering
+                    if company.stale:
+                        company.recount(map(_op_of, self._pending))
+                    if company.may_wait and not self._stopping:
+                        await self._gather_acks()
                 batch = self._take_batch()
                 ops = list(map(_op_of, batch))
                 for follower in self._followers:
@@ -265,6 +273,7 @@ class GroupCommit:
                     self._busy_since = None
                 self._heartbeat = ended = time.monotonic()
                 stepped = True
+                next_tick_ns = step.next_tick_ns
                 if self._on_step is not None:
                     self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
@@ -281,6 +290,7 @@ class GroupCommit:
                     self._write_journal()
                 self._unjournaled = step.events
         finally:
+            self._wake()  # a wait cut short (run() cancelled) lets go of its timer
             if thread is not None:
                 thread.stop()
             self._write_journal()
@@ -290,8 +300,6 @@ class GroupCommit:
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
         loop, company = self._loop, self._gathering
-        if company.stale:
-            company.recount(map(_op_of, self._pending))
         until = self._gather()
         try:
             while not self._stopping and self._pending and company.may_wait:
@@ -316,18 +324,15 @@ class GroupCommit:
             self._timer = loop.call_at(until, self._wake)
         return until
 
-    async def _sleep(self, timeout_s: float) -> None:
-        """Until something is submitted or a subscriber opens, or the next timer
-        (at most a second away). A bare future and a timer handle: this runs a
-        few times for every step, and wait_for would add a task each time."""
+    def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
+        """What run() awaits until something is submitted or a subscriber opens, or
+        the next timer (at most a second away); `_wake` ends it and lets go of
+        both. A bare future and a timer handle: this runs a few times for every
+        step, and wait_for would add a task each time."""
         loop = self._loop
         self._waiter = waiter = loop.create_future()
         self._timer = loop.call_later(1.0 if timeout_s > 1.0 else timeout_s if timeout_s > 0.0 else 0.0, self._wake)
-        try:
-            await waiter
-        finally:
-            self._timer.cancel()
-            self._timer = self._waiter = None
+        return waiter
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
