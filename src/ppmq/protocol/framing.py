@@ -138,9 +138,10 @@ class Framer:
 
     def _take(self, n: int) -> None:
         del self.buffer[:n]
-        self._no_newline_before = max(0, self._no_newline_before - n)
-        self._no_seam_before = max(0, self._no_seam_before - n)
-        self._scan = _Scanner()
+        self._no_newline_before = self._no_newline_before - n if self._no_newline_before > n else 0
+        self._no_seam_before = self._no_seam_before - n if self._no_seam_before > n else 0
+        if self._scan.pos:  # the scanner looked at what is taken: it starts afresh
+            self._scan = _Scanner()
         self._scanning = False
 
 

@@ -254,6 +254,7 @@ class GroupCommit:
                         company.recount(map(_op_of, self._pending))
                     if company.may_wait and not self._stopping:
                         await self._gather_acks()
+                    self._gather_until = None  # what is queued goes now: what comes next is counted anew
                 batch = self._take_batch()
                 ops = list(map(_op_of, batch))
                 for follower in self._followers:
@@ -301,15 +302,12 @@ class GroupCommit:
         commit serves both."""
         loop, company = self._loop, self._gathering
         until = self._gather()
-        try:
-            while not self._stopping and self._pending and company.may_wait:
-                remaining = until - loop.time()
-                if remaining <= 0:
-                    company.ran_out()
-                    return
-                await self._sleep(remaining)
-        finally:
-            self._gather_until = None
+        while not self._stopping and self._pending and company.may_wait:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                company.ran_out()
+                return
+            await self._sleep(remaining)
 
     def _gather(self) -> float:
         """Acks begin to gather, unless they do already; a wait of run() ends when
