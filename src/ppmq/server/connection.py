@@ -109,13 +109,19 @@ class Connection(asyncio.Protocol):
 
     # --- the broker's side ------------------------------------------------------------
     def listen(self, requests: Requests) -> None:
-        """From now on what arrives goes to `requests`, beginning with what came already."""
+        """From now on what arrives goes to `requests`, beginning with what came
+        already: the transport hands each read to `requests.feed` itself (it
+        keeps the protocol's data_received bound when the protocol is set, and
+        looks it up again when it is set again), one call fewer every read."""
         self._requests = requests
         for data in self._early:
             requests.feed(data)
         self._early.clear()
         if self._early_end is not None:
             requests.end(*self._early_end)
+        self.data_received = requests.feed  # type: ignore[method-assign]
+        if not self.transport.is_closing():
+            self.transport.set_protocol(self)
 
     def _end(self, exc: BaseException | None) -> None:
         if self._requests is None:
