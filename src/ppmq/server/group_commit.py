@@ -110,7 +110,7 @@ class GroupCommit:
         self._stopping = False
         self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
         self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
-        self._heartbeat = time.monotonic()  # last time the loop below went round
+        self._heartbeat = time.monotonic()  # last time run() ended a step or went round idle
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = Waiters()  # woken after each step
         self._followers: list[Follower] = []  # shown each step (follow); none most of the time
