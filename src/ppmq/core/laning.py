@@ -9,6 +9,8 @@ leave (an ack on any connection or on ServerSocket, a nack, AckRetry...).
 
 from __future__ import annotations
 
+import msgspec
+
 from ppmq.core.lanes import Lanes, carry, room
 from ppmq.core.ops import Delivery
 from ppmq.core.topology import Topology
@@ -49,7 +51,7 @@ class LaneRouter:
         """The batch goes to the least loaded lane, which has that much less room."""
         lane, _ = room(lanes, delivery.topic, self._topology.windows[sub])
         carry(lanes, lane, delivery.topic, len(delivery.msgs))
-        return delivery._replace(lane=lane)
+        return msgspec.structs.replace(delivery, lane=lane)
 
     def watch_flights(self, txn: Txn) -> None:
         """Note, in this step's transaction, what leaves flight to subscribers with lanes."""

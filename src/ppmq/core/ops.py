@@ -2,13 +2,15 @@
 
 These are the values the writer, the server and the delivery links exchange with
 `Broker.step`; they live apart from the state machine so that the asyncio side
-can name them without reading (or importing) how a step applies them.
+can name them without reading (or importing) how a step applies them. Each is a
+frozen msgspec Struct: made for every request and every batch, it is built in C
+with no call of ours, where a NamedTuple goes through a Python `__new__`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, TypeAlias
+from typing import TypeAlias
 
 import msgspec
 
@@ -19,7 +21,7 @@ from ppmq.errors import RequestError
 from ppmq.protocol import messages as p
 
 
-class Returned(NamedTuple):
+class Returned(msgspec.Struct, frozen=True):
     """A batch that could not be written to its subscriber: back to ready."""
 
     subscriber: str
@@ -27,7 +29,7 @@ class Returned(NamedTuple):
     msgs: list[int]
 
 
-class Written(NamedTuple):
+class Written(msgspec.Struct, frozen=True):
     """A batch written whole to a subscriber of an `AckRequired: false` topic."""
 
     subscriber: str
@@ -35,20 +37,20 @@ class Written(NamedTuple):
     msgs: list[int]
 
 
-class Invalid(NamedTuple):
+class Invalid(msgspec.Struct, frozen=True):
     """A frame the server could not decode: counted, and answered in order."""
 
     error: RequestError
     id: msgspec.Raw | msgspec.UnsetType
 
 
-class Reconfigure(NamedTuple):
+class Reconfigure(msgspec.Struct, frozen=True):
     """Switch to a new config (SIGHUP) in this transaction, or refuse it whole."""
 
     config: Config
 
 
-class Guarded(NamedTuple):
+class Guarded(msgspec.Struct, frozen=True):
     """A request from a connection, with that connection's access check: run when
     the request is applied, so it is judged by the rules of the config it is
     applied under, also when a reload comes between its arrival and its step."""
@@ -57,7 +59,7 @@ class Guarded(NamedTuple):
     check: Callable[[p.Request], None]  # raises Forbidden
 
 
-class Take(NamedTuple):
+class Take(msgspec.Struct, frozen=True):
     """A TAKE (PROTOCOL §9) on behalf of `taker`: one connection, or one consumer of
     another listener, numbered by whoever makes the ops (`takes.TakeWaits.new_taker`).
     The messages it gets stay that taker's until they are acked or it is
@@ -69,14 +71,14 @@ class Take(NamedTuple):
     check: Callable[[p.Request], None] | None = None  # raises Forbidden
 
 
-class Abandoned(NamedTuple):
+class Abandoned(msgspec.Struct, frozen=True):
     """The taker is gone (its connection closed): every message it took and has
     not acked goes back to ready at its place, now (PROTOCOL §9 Competing consumers)."""
 
     taker: int
 
 
-class Requeue(NamedTuple):
+class Requeue(msgspec.Struct, frozen=True):
     """PHPMQ's re-queue (PROTOCOL §9): `key`, in flight to `subscriber`, goes to
     the end of its priority with a new expiry, as a delivery attempt. Not a
     Request: ServerSocket has no such command, and it needs no Id."""
@@ -91,7 +93,7 @@ class Requeue(NamedTuple):
 Op: TypeAlias = p.Request | Guarded | Take | Abandoned | Returned | Written | Invalid | Reconfigure | Requeue
 
 
-class Delivery(NamedTuple):
+class Delivery(msgspec.Struct, frozen=True):
     """A committed batch for one subscriber's connection."""
 
     subscriber: str
@@ -102,7 +104,7 @@ class Delivery(NamedTuple):
     lane: int = 0  # with Connections > 1, the lane whose connection takes it (core/lanes.py)
 
 
-class Step(NamedTuple):
+class Step(msgspec.Struct, frozen=True):
     """What one transaction produced."""
 
     # One per op; None for internal ops, and for a publish staged over later steps
@@ -119,9 +121,11 @@ class Step(NamedTuple):
 
 def request_of(op: Op) -> p.Request | None:
     """The client's request an op carries; None for internal ops."""
-    if type(op) is p.Request:  # the usual op, asked about a few times a step
+    if type(op) is p.Request:
         return op
-    return op.request if isinstance(op, (Guarded, Take)) else None
+    if type(op) is Guarded or type(op) is Take:
+        return op.request
+    return None
 
 
 def request_id(op: Op) -> msgspec.Raw | msgspec.UnsetType:

@@ -68,17 +68,6 @@ class Framer:
         """
         if self.too_large is not None:
             return []
-        if not self.buffer and type(data) is bytes and data[:1] == b"{" and data.find(b"\n") == len(data) - 1:
-            # The read is one whole NDJSON object and its newline, as a client that
-            # waits for each reply sends it: the frame the buffer would give,
-            # without going through it, once it is known to be one JSON value.
-            line = data.rstrip(_SPACE)
-            if line[-1:] == b"}" and len(line) <= self.max_frame_bytes:
-                try:
-                    _read_one_value(line)
-                    return [line]
-                except (msgspec.DecodeError, RecursionError):
-                    pass  # the buffer takes it
         self.buffer += data
         frames: list[bytes] = []
         while (frame := self._next_frame()) is not None:
@@ -149,9 +138,10 @@ class Framer:
 
     def _take(self, n: int) -> None:
         del self.buffer[:n]
-        self._no_newline_before = max(0, self._no_newline_before - n)
-        self._no_seam_before = max(0, self._no_seam_before - n)
-        self._scan = _Scanner()
+        self._no_newline_before = self._no_newline_before - n if self._no_newline_before > n else 0
+        self._no_seam_before = self._no_seam_before - n if self._no_seam_before > n else 0
+        if self._scan.pos:  # the scanner looked at what is taken: it starts afresh
+            self._scan = _Scanner()
         self._scanning = False
 
 

@@ -111,7 +111,8 @@ def decode_request(frame: bytes) -> Request:
         request = _request_decoder.decode(frame)  # the usual frame: keys as PROTOCOL spells them
     except (msgspec.DecodeError, RecursionError):
         request = _decode_otherwise(frame)
-    if request.id is not UNSET and not _is_id(request.id):
+    # The frame is UTF-8 by now, and so is its Id, which begins and ends with an ASCII byte.
+    if request.id is not UNSET and _ID.fullmatch(request.id) is None:
         raise _rejected(frame, "Id: must be a string or a number")
     return request
 
@@ -461,5 +462,12 @@ def fragment_payload(fragment: bytes) -> bytes:
 
 def batch_frame(topic: str, subscriber: str, fragments: list[bytes]) -> bytes:
     """The line pushed to a subscriber: `{"Topic":..,"Subscriber":..,"Messages":[..]}`."""
+    return b"%s%s]}\n" % (_batch_head(topic, subscriber), b",".join(fragments))
+
+
+@lru_cache(maxsize=1024)
+def _batch_head(topic: str, subscriber: str) -> bytes:
+    """What a subscription's batches begin with, up to their first message: the
+    same for every batch, and kept for as many subscriptions as a broker mostly has."""
     head = _str_encoder.encode({"Topic": topic, "Subscriber": subscriber})
-    return b"".join((head[:-1], b',"Messages":[', b",".join(fragments), b"]}\n"))
+    return head[:-1] + b',"Messages":['

@@ -109,13 +109,19 @@ class Connection(asyncio.Protocol):
 
     # --- the broker's side ------------------------------------------------------------
     def listen(self, requests: Requests) -> None:
-        """From now on what arrives goes to `requests`, beginning with what came already."""
+        """From now on what arrives goes to `requests`, beginning with what came
+        already: the transport hands each read to `requests.feed` itself (it
+        keeps the protocol's data_received bound when the protocol is set, and
+        looks it up again when it is set again), one call fewer every read."""
         self._requests = requests
         for data in self._early:
             requests.feed(data)
         self._early.clear()
         if self._early_end is not None:
             requests.end(*self._early_end)
+        self.data_received = requests.feed  # type: ignore[method-assign]
+        if not self.transport.is_closing():
+            self.transport.set_protocol(self)
 
     def _end(self, exc: BaseException | None) -> None:
         if self._requests is None:
@@ -167,7 +173,7 @@ class ReplyChannel:
     """Replies of one connection, and the budget that bounds what it may hold.
 
     A request is handed to the writer only while the connection has room for
-    it (`fits`): at most MAX_OUTSTANDING_REQUESTS and MAX_OUTSTANDING_BYTES
+    it (`admit_now`, `admit`): at most MAX_OUTSTANDING_REQUESTS and MAX_OUTSTANDING_BYTES
     waiting for their commit, and no more than MAX_UNSENT_BYTES of replies
     unsent in the transport. A peer that does not read its replies is therefore
     no longer read either: it slows only itself, and none of its replies is
@@ -184,15 +190,21 @@ class ReplyChannel:
         self._last_log = 0.0
         self._unlogged = 0
 
-    def fits(self, frame_bytes: int, alone: bool) -> bool:
-        """A request of `frame_bytes` may be handed over now; one that must go
-        `alone` (see `_answers_with_state`) only once every earlier one is answered."""
+    def admit_now(self, frame_bytes: int, alone: bool) -> ReplySink | None:
+        """If a request of `frame_bytes` fits now, count it (`expect`) and return
+        where its reply goes; None if it must wait (`admit`). One that must go
+        `alone` (see `_answers_with_state`) fits only once every earlier one is answered."""
         if self.outstanding and not self._fits(frame_bytes, alone):  # none outstanding: it fits, the usual
-            return False
-        return self.out.unsent() <= MAX_UNSENT_BYTES
+            return None
+        if self.out.unsent() > MAX_UNSENT_BYTES:
+            return None
+        self.outstanding += 1
+        self.outstanding_bytes += frame_bytes
+        self._frame_bytes.append(frame_bytes)
+        return self._reply
 
     async def admit(self, frame_bytes: int, alone: bool) -> None:
-        """Wait until a request of `frame_bytes` fits."""
+        """Wait until a request of `frame_bytes` fits; then `expect` counts it."""
         while self.outstanding and not self._fits(frame_bytes, alone):
             await self._replied.wait()
         # Not drain() alone: a delivery connection drains only when its buffer is
@@ -221,7 +233,8 @@ class ReplyChannel:
         if self._replied.futures:
             self._replied.wake()
         if reply.id is not UNSET:
-            self.send(reply)
+            if not self.out.is_closing():  # as send() does
+                self.out.write(p.encode_reply(reply))
         elif reply.status != 200:
             self._log_one_way_error(reply)
 

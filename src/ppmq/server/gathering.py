@@ -15,6 +15,7 @@ from typing import Protocol
 from msgspec import UNSET
 
 from ppmq.core.ops import Op, Written, request_of
+from ppmq.protocol import messages as p
 
 
 class Counters(Protocol):
@@ -53,9 +54,10 @@ class Gathering:
         """The ops queued waited as long as they may: what they waited for did not come."""
         self._late |= self._awaited
 
-    def add(self, op: Op) -> bool:
+    def add(self, op: Op, req: p.Request | None = None) -> bool:
         """op is queued too: whether every op queued may still wait. Read between
-        steps only, when the broker's state is the event loop's to read.
+        steps only, when the broker's state is the event loop's to read. `req`:
+        the request op carries (ops.request_of), when the caller has it at hand.
 
         Acks that nobody waits for: applying them a moment later changes
         nothing anyone can see but the counters (they are at least once anyway).
@@ -79,19 +81,21 @@ class Gathering:
         so it holds up at most one publish a batch it takes."""
         if not self.may_wait:
             return False
-        req = None
         if type(op) is Written:  # a written batch of an AckRequired: false topic: one-way acks
             sub: str | None = op.subscriber
+            req = None
         else:
-            req = request_of(op)
             if req is None:
-                self.may_wait = False
-                return False
+                req = request_of(op)
+                if req is None:
+                    self.may_wait = False
+                    return False
             # Acks that owe no reply ("" when they name no subscriber)
             one_way = req.id is UNSET and req.messages is None and req.command is None and req.acks is not None
             sub = (req.subscriber or "") if one_way else None
         if sub is not None:
-            self._late.discard(sub)
+            if sub in self._late:
+                self._late.discard(sub)
             self._acking.add(sub)
             if sub in self._awaited:
                 self._awaited.discard(sub)
@@ -100,12 +104,16 @@ class Gathering:
                 self.may_wait = not self._broker.has_backlog(sub)
             return self.may_wait
         assert req is not None
-        if req.acks is not None and req.subscriber:  # acks that owe a reply
+        if req.acks is not None and req.subscriber in self._late:  # acks that owe a reply
             self._late.discard(req.subscriber)
         if not req.messages or req.topic is None:  # a publish without a Topic waits for no acks: it is refused
             self.may_wait = False
             return False
-        awaited = [s for s in self._broker.awaiting_acks(req.topic) if s not in self._acking and s not in self._late]
+        awaiting = self._broker.awaiting_acks(req.topic)
+        if not awaiting:
+            self.may_wait = False
+            return False
+        awaited = [s for s in awaiting if s not in self._acking and s not in self._late]
         self._awaited.update(awaited)
         self.may_wait = bool(awaited)
         return self.may_wait

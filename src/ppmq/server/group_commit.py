@@ -20,6 +20,7 @@ connection's requests still apply, and are answered, in the order it sent them.
 from __future__ import annotations
 
 import asyncio
+import operator
 import queue
 import threading
 import time
@@ -31,7 +32,7 @@ from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.events import Event
 from ppmq.core.lanes import Lanes
-from ppmq.core.ops import Delivery, Op, Returned, request_of
+from ppmq.core.ops import Delivery, Guarded, Op, Returned, request_of
 from ppmq.core.staging import Answer
 from ppmq.protocol import messages as p
 from ppmq.server.gathering import Gathering
@@ -39,7 +40,6 @@ from ppmq.server.waiters import Waiters
 
 ReplySink = Callable[[p.Reply], None]
 EventSink = Callable[[list[Event]], None]  # must not block: it runs on the event loop
-Joiner = Callable[[list[Op]], list[tuple[Op, ReplySink]]]  # a step's ops -> ops to run after them in it
 MAX_OPS_PER_STEP = 2000  # bounds one transaction's size and the latency of the first reply
 MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many messages wait for the next step
 # Acks that owe no reply wait this long for company: with Sync each commit costs an
@@ -47,6 +47,18 @@ MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many mess
 # Not those of a subscriber with messages ready, which its next batch waits for.
 # A publish whose subscribers' acks are on their way waits for them as long (gathering.py).
 ACK_GATHER_S = 0.002
+
+
+class Follower(Protocol):
+    """What follows the writer's steps (server/take_waits.py), on the event loop."""
+
+    def join(self, ops: list[Op]) -> list[tuple[Op, ReplySink]]:
+        """Before a step, shown its ops: the ops (with their reply sinks) to run in it after them."""
+        ...
+
+    def stepped(self) -> None:
+        """After a step, before the next one starts: the broker's counters are as it left them."""
+        ...
 
 
 class Outlet(Protocol):
@@ -86,6 +98,7 @@ class GroupCommit:
         self._unjournaled: list[Event] = []
         self._on_step = on_step
         self._pending: list[tuple[Op, ReplySink | None]] = []
+        self._pending_messages = 0  # the messages of the requests pending
         self._later: dict[int, tuple[Op, ReplySink]] = {}  # id(op) -> a staged publish and its sink
         self._open: dict[str, Outlet] = {}  # subscribers able to take a batch now
         self._laned: dict[str, LanedOutlet] = {}  # subscribers with Connections > 1, open or not
@@ -97,11 +110,10 @@ class GroupCommit:
         self._stopping = False
         self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
         self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
-        self._heartbeat = time.monotonic()  # last time the loop below went round
+        self._heartbeat = time.monotonic()  # last time run() ended a step or went round idle
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = Waiters()  # woken after each step
-        self._watchers: list[Callable[[], None]] = []  # called after each step (watch_steps)
-        self._joiners: list[Joiner] = []  # asked what joins each step (join_steps)
+        self._followers: list[Follower] = []  # shown each step (follow); none most of the time
         self._gathering = Gathering(broker)  # whether the ops pending may wait for company
 
     def healthy(self, max_age_s: float) -> bool:
@@ -124,19 +136,18 @@ class GroupCommit:
         while not predicate():
             await self._stepped.wait()
 
-    def watch_steps(self, watcher: Callable[[], None]) -> None:
-        """Call `watcher` on the event loop after every step, before the next one
-        starts, so that it reads the broker's counters as that step left them:
-        how waiting TAKEs (server/take_waits.py) learn that messages may be there, without
-        a step of their own."""
-        self._watchers.append(watcher)
+    def follow(self, follower: Follower) -> None:
+        """Until `unfollow`, show `follower` every step: its ops before it, so
+        that the ops it returns run in the same step after them, and its end,
+        before the next one starts, so that it reads the broker's counters as
+        that step left them. How a waiting TAKE (server/take_waits.py) is served
+        by the step of the publish that brings its messages, not by one more
+        step of its own, and learns that messages may be there; a writer with
+        no TAKE waiting shows its steps to nobody."""
+        self._followers.append(follower)
 
-    def join_steps(self, joiner: Joiner) -> None:
-        """Before every step, on the event loop, show `joiner` the step's ops: the
-        ops (and their reply sinks) it returns run in the same step, after them.
-        How a waiting TAKE (server/take_waits.py) is served by the step of the publish that
-        brings its messages, not by one more step of its own."""
-        self._joiners.append(joiner)
+    def unfollow(self, follower: Follower) -> None:
+        self._followers.remove(follower)
 
     async def call(self, op: Op) -> p.Reply:
         """Submit `op` and wait for its reply."""
@@ -154,13 +165,15 @@ class GroupCommit:
         a paced rate the wake-up cost as much as the rest of the ack's way in).
         It is woken by the op that ends the wait: the acks a publish waits for."""
         self._pending.append((op, sink))
+        req = op.request if type(op) is Guarded else request_of(op)  # a connection's request, mostly
+        if req is not None and req.messages is not None:
+            self._pending_messages += len(req.messages)
         if self._gather_until is None:  # the company of what is queued is known while ops gather
-            if self._waiter is None or len(self._pending) > 1:  # a step runs, or the writer is woken already
+            if self._waiter is None:  # a step runs, or the writer is woken already: it takes op anyway
                 self._gathering.stale = True  # op is not counted
-                self._wake()
                 return
-            self._gathering.clear()  # the writer waits idle: no step runs, the state is the loop's to read
-        if not self._gathering.add(op):
+            self._gathering.clear()  # the writer waits idle, for nothing queued: the state is the loop's to read
+        if not self._gathering.add(op, req):
             self._wake()
         elif self._gather_until is None:  # acks begin to gather, unless they do already
             self._gather()
@@ -190,8 +203,7 @@ class GroupCommit:
             self._laned[subscriber] = outlet
 
     def _lanes(self) -> dict[str, Lanes]:
-        if not self._laned:
-            return {}
+        """What the lanes of open subscribers carry; asked only when some subscriber has lanes."""
         return {name: outlet.lanes() for name, outlet in self._laned.items() if name in self._open}
 
     def stop(self) -> None:
@@ -201,9 +213,18 @@ class GroupCommit:
 
     def _wake(self) -> None:
         """Let run() look again, if it waits; when it does not, it looks anyway
-        before it next waits."""
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        before it next waits. A waiter is woken once: from then on it is no
+        longer the writer's (`_waiter` is None)."""
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if self._timer is not None:  # let go of it; harmless when it is what calls
+                self._timer.cancel()
+                self._timer = None
+            try:
+                waiter.set_result(None)
+            except asyncio.InvalidStateError:  # cancelled: run() is being cancelled
+                pass
 
     async def run(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -212,28 +233,37 @@ class GroupCommit:
         def early(deliveries: list[Delivery]) -> None:  # on the step thread
             loop.call_soon_threadsafe(self._early, deliveries)
 
+        stepped = False  # the last round ran a step, whose end was the heartbeat
+        next_tick_ns = self.broker.next_tick_ns  # as the broker's last step says
         try:
             while True:
-                self._heartbeat = time.monotonic()
                 if not self._pending:
+                    if not stepped:
+                        self._heartbeat = time.monotonic()
+                    stepped = False
                     if self._stopping and not self.broker.staging:  # a large publish is finished first
                         return
                     now_ns = time.time_ns()
-                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes()):
+                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
-                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)
+                        await self._sleep((next_tick_ns - now_ns) / 1e9)
                         continue
                 else:
-                    await self._gather_acks()
+                    company = self._gathering
+                    if company.stale:
+                        company.recount(map(_op_of, self._pending))
+                    if company.may_wait and not self._stopping:
+                        await self._gather_acks()
+                    self._gather_until = None  # what is queued goes now: what comes next is counted anew
                 batch = self._take_batch()
-                ops = [op for op, _ in batch]
-                for joiner in self._joiners:
-                    joined = joiner(ops)
+                ops = list(map(_op_of, batch))
+                for follower in self._followers:
+                    joined = follower.join(ops)
                     if joined:
                         batch += joined
-                        ops += [op for op, _ in joined]
+                        ops += map(_op_of, joined)
                 open_subs = set() if self._stopping else set(self._open)
-                lanes = self._lanes()
+                lanes = self._lanes() if self._laned else None
                 started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:
@@ -242,8 +272,11 @@ class GroupCommit:
                         step = self.broker.step(ops, open_subs, time.time_ns(), self._dispatch, lanes)
                 finally:
                     self._busy_since = None
+                self._heartbeat = ended = time.monotonic()
+                stepped = True
+                next_tick_ns = step.next_tick_ns
                 if self._on_step is not None:
-                    self._on_step(time.monotonic() - started)
+                    self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
                 self._answer(batch, step.replies)
                 if step.finished:
@@ -252,12 +285,13 @@ class GroupCommit:
                     self._free(step.left)
                 if self._stepped.futures:
                     self._stepped.wake()
-                for watcher in self._watchers:
-                    watcher()
+                for follower in self._followers:
+                    follower.stepped()
                 if self._unjournaled:  # the step before's, unless this one's batches took them
                     self._write_journal()
                 self._unjournaled = step.events
         finally:
+            self._wake()  # a wait cut short (run() cancelled) lets go of its timer
             if thread is not None:
                 thread.stop()
             self._write_journal()
@@ -267,18 +301,13 @@ class GroupCommit:
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
         loop, company = self._loop, self._gathering
-        if company.stale:
-            company.recount(op for op, _ in self._pending)
         until = self._gather()
-        try:
-            while not self._stopping and self._pending and company.may_wait:
-                remaining = until - loop.time()
-                if remaining <= 0:
-                    company.ran_out()
-                    return
-                await self._sleep(remaining)
-        finally:
-            self._gather_until = None
+        while not self._stopping and self._pending and company.may_wait:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                company.ran_out()
+                return
+            await self._sleep(remaining)
 
     def _gather(self) -> float:
         """Acks begin to gather, unless they do already; a wait of run() ends when
@@ -290,27 +319,29 @@ class GroupCommit:
         timer, waiter = self._timer, self._waiter  # set together by _sleep, while run() waits
         if timer is not None and waiter is not None and timer.when() > until:
             timer.cancel()
-            self._timer = loop.call_at(until, _resolve, waiter, None)
+            self._timer = loop.call_at(until, self._wake)
         return until
 
-    async def _sleep(self, timeout_s: float) -> None:
-        """Until something is submitted or a subscriber opens, or the next timer
-        (at most a second away). A bare future and a timer handle: this runs a
-        few times for every step, and wait_for would add a task each time."""
+    def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
+        """What run() awaits until something is submitted or a subscriber opens, or
+        the next timer (at most a second away); `_wake` ends it and lets go of
+        both. A bare future and a timer handle: this runs a few times for every
+        step, and wait_for would add a task each time."""
         loop = self._loop
         self._waiter = waiter = loop.create_future()
-        self._timer = loop.call_later(min(1.0, max(0.0, timeout_s)), _resolve, waiter, None)
-        try:
-            await waiter
-        finally:
-            self._timer.cancel()
-            self._timer = self._waiter = None
+        self._timer = loop.call_later(1.0 if timeout_s > 1.0 else timeout_s if timeout_s > 0.0 else 0.0, self._wake)
+        return waiter
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and
         MAX_MESSAGES_PER_STEP messages (a large publish counts one chunk), leaving
         out the ops of connections whose staged publish is not answered yet, or
-        that come after a publish large enough to be staged."""
+        that come after a publish large enough to be staged. Mostly that is all
+        of them: too few messages for a step, none large, no publish staged."""
+        pending, messages = self._pending, self._pending_messages
+        if messages < MAX_MESSAGES_PER_STEP and messages <= staging.CHUNK_MESSAGES and len(pending) <= MAX_OPS_PER_STEP and not self._later:
+            self._pending, self._pending_messages = [], 0
+            return pending
         waiting: set[ReplySink | None] = {sink for _, sink in self._later.values()} if self._later else set()
         batch: list[tuple[Op, ReplySink | None]] = []
         kept: list[tuple[Op, ReplySink | None]] = []
@@ -329,6 +360,9 @@ class GroupCommit:
                 if len(req.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
                     waiting.add(sink)
         self._pending = kept
+        self._pending_messages = sum(
+            len(req.messages) for op, _ in kept if (req := request_of(op)) is not None and req.messages is not None
+        )
         return batch
 
     def _answer(self, batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
@@ -413,6 +447,9 @@ class _StepThread:
                 self._loop.call_soon_threadsafe(_fail, done, exc)
             else:
                 self._loop.call_soon_threadsafe(_resolve, done, result)
+
+
+_op_of = operator.itemgetter(0)  # of an (op, sink) pair
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

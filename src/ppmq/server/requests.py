@@ -91,37 +91,67 @@ class Requests:
 
     # --- the read callback's side ----------------------------------------------------
     def feed(self, data: bytes) -> None:
-        frames = self.framer.feed(data)
-        if self.read_timeout_s and (self.framer.buffer or self._frame_started is not None or self._timer is not None):
+        """What one read brought. The usual read is one request whole on a line of
+        its own, as a client that waits for each reply sends it: it is decoded as
+        it is, the frame the framer would cut from it. Any other read (part of a
+        frame, several, or a line that is not one valid request, which may be
+        several values) goes through the framer."""
+        framer = self.framer
+        if (
+            not framer.buffer
+            and framer.too_large is None
+            and data[-2:] == b"}\n"
+            and data[:1] == b"{"
+            and type(data) is bytes
+            and b"\n" not in data[:-1]
+            and (size := len(data) - 1) <= framer.max_frame_bytes
+        ):
+            try:
+                request = p.decode_request(data)
+            except BadRequest:
+                pass  # the framer's to cut, and decode_request's to name what is wrong
+            else:
+                if self._next_read is not None and not self._next_read.done():
+                    self._next_read.set_result(data)
+                op: Decoded = request if self.authorize is None else Guarded(request, self.authorize)
+                if self._busy or self._held or (sink := self._now(op, size)) is None:
+                    self._hold([data[:-1]], 0, op)
+                else:
+                    self.writer.submit(op, sink)
+                return
+        frames = framer.feed(data)
+        if self.read_timeout_s and (framer.buffer or self._frame_started is not None or self._timer is not None):
             self._note_partial(bool(frames))
         if self._next_read is not None and not self._next_read.done():
             self._next_read.set_result(data)
         if self._busy or self._held:
             self._hold(frames, 0, None)
             return
-        channel = self.channel
         for i, frame in enumerate(frames):
             op = _decode(frame, self.authorize)
-            if not self._now(op, len(frame)):
+            sink = self._now(op, len(frame))
+            if sink is None:
                 self._hold(frames, i, op)
                 return
-            self.writer.submit(op, channel.expect(len(frame)))
-        if self.framer.too_large is not None:  # nothing after it is read
+            self.writer.submit(op, sink)
+        if framer.too_large is not None:  # nothing after it is read
             self._pause()
             self._wake_task()
 
-    def _now(self, op: Decoded, frame_bytes: int) -> bool:
-        """The request may be handed over from the read callback: nothing about it waits:
-        not a TAKE, nor one that must go alone (`_answers_with_state`), while the
-        connection has room for it and the server is not stopping."""
+    def _now(self, op: Decoded, frame_bytes: int) -> ReplySink | None:
+        """Where the reply goes, if the request may be handed over from the read
+        callback (it is then counted as outstanding); None if it waits for the
+        task: a TAKE, one that must go alone (`_answers_with_state`) while others
+        are outstanding, one the connection has no room for, or any while the
+        server is stopping."""
         if self.stopping is not None and self.stopping.is_set():
-            return False
+            return None
         request = op.request if type(op) is Guarded else op
         if type(request) is not p.Request or request.command is None:  # the usual request: no command
-            return self.channel.fits(frame_bytes, False)
+            return self.channel.admit_now(frame_bytes, False)
         if self.takes is not None and _take_of(op) is not None:
-            return False
-        return self.channel.fits(frame_bytes, _answers_with_state(op))
+            return None
+        return self.channel.admit_now(frame_bytes, _answers_with_state(op))
 
     def _hold(self, frames: list[bytes], first: int, op: Decoded | None) -> None:
         """frames[first:] wait for the task (the first one decoded as `op`); the

@@ -2,14 +2,14 @@
 
 A TAKE goes to the writer as a `Take` op, and the step that applies it answers
 with what can be taken now, possibly nothing. One that got nothing and may wait
-(`Wait` > 0) waits here, on the event loop: a future and a timer, no step. After
-every step (`GroupCommit.watch_steps`) the waiting TAKEs of each subscription are
-looked at, and as many as the messages now takeable can serve are sent again,
+(`Wait` > 0) waits here, on the event loop: a future and a timer, no step. While
+any TAKE waits, this follows the writer's steps (`GroupCommit.follow`): after
+every step the waiting TAKEs of each subscription are looked at, and as many as the messages now takeable can serve are sent again,
 oldest first (a step that published to the topic, acked, nacked or requeued is
 what makes messages takeable). One that again finds nothing, because a
 competing worker was faster, waits again until its Wait runs out. A step that
 publishes to the topic does not wait for that: the waiting TAKEs its messages
-could serve join it (`GroupCommit.join_steps`), are applied after the publish, and
+could serve join it, are applied after the publish, and
 are answered with its commit, one step and one fsync instead of two.
 
 A taker is one connection of a listener, numbered by `new_taker`, so that every
@@ -62,8 +62,6 @@ class TakeWaits:
         self._woken: dict[Key, int] = {}  # messages asked for by woken TAKEs not answered yet
         self._took: set[int] = set()  # takers that sent a TAKE: Abandoned when they go
         self._stopped = False
-        writer.watch_steps(self._wake_all)
-        writer.join_steps(self._join)
 
     def new_taker(self) -> int:
         return next(self._ids)
@@ -140,6 +138,8 @@ class TakeWaits:
         if self._stopped:
             return False
         loop = asyncio.get_running_loop()
+        if not self._waiting:  # the first TAKE waiting: steps concern us
+            self._writer.follow(self)
         self._waiting.setdefault(key, {})[waiter] = None
         timer = loop.call_later(timeout_s, _resolve, waiter.future, False)
         on_read = partial(_on_read, waiter.future)
@@ -152,12 +152,16 @@ class TakeWaits:
             timer.cancel()
             if closed is not None:
                 closed.remove_done_callback(on_read)
-            waiters = self._waiting.get(key, {})
-            waiters.pop(waiter, None)
-            if not waiters:
-                self._waiting.pop(key, None)
+            waiters = self._waiting.get(key)
+            if waiters is not None:
+                waiters.pop(waiter, None)
+                if not waiters:
+                    del self._waiting[key]
+                    if not self._waiting:  # the last TAKE waiting: steps no longer concern us
+                        self._writer.unfollow(self)
 
-    def _wake_all(self) -> None:
+    def stepped(self) -> None:
+        """After a step: wake the waiting TAKEs that what it left takeable can serve."""
         for key in list(self._waiting):
             self._wake(key)
 
@@ -188,7 +192,7 @@ class TakeWaits:
             woken.append(waiter)
         return woken
 
-    def _join(self, ops: list[Op]) -> list[tuple[Op, Callable[[p.Reply], None]]]:
+    def join(self, ops: list[Op]) -> list[tuple[Op, Callable[[p.Reply], None]]]:
         """The waiting TAKEs that join a step publishing to their topic, oldest
         first, as many as the messages published and their Window's room could
         serve (less what woken ones will take already): taken after the

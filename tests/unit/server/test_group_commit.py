@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 
 import msgspec
 import pytest
 
+from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Delivery
 from ppmq.protocol import messages as p
@@ -397,3 +399,61 @@ def test_a_publish_waits_for_the_acks_of_every_subscriber_it_waits_for(tmp_path,
     # (both batches acked; the new message waits ready for each, since neither is open here)
     assert [(broker.state.subs["t"][s].inflight, broker.state.subs["t"][s].ready) for s in ("s", "r")] == [(0, [ready + 1])] * 2
     store.close()
+
+
+def _batches_by_the_rule(pending: list[tuple[p.Request, str]], max_ops: int, max_messages: int, chunk: int) -> list[list[p.Request]]:
+    """The steps' ops as _take_batch's docstring says, one op at a time: up to
+    max_ops ops and max_messages messages (a large publish counting one chunk),
+    a connection's ops after its large publish left for a later step (none is
+    staged here: each step answers)."""
+    batches = []
+    while pending:
+        batch: list[tuple[p.Request, str]] = []
+        kept, messages, waiting = [], 0, set()
+        for i, (op, sink) in enumerate(pending):
+            if len(batch) >= max_ops or (batch and messages >= max_messages):
+                kept += pending[i:]
+                break
+            if sink in waiting:
+                kept.append((op, sink))
+                continue
+            batch.append((op, sink))
+            n = len(op.messages or ())
+            messages += min(n, chunk)
+            if n > chunk:
+                waiting.add(sink)
+        batches.append([op for op, _ in batch])
+        pending = kept
+    return batches
+
+
+def _queues() -> list[list[tuple[int, str]]]:
+    """Queues of (messages, connection) to take steps from: at the limits, then at random."""
+    at_limits = [[(n, "a"), (m, "b"), (0, "a")] for n in range(8) for m in range(4)]
+    at_limits += [[(n, "a"), (0, "a"), (0, "b")] for n in range(4, 9)]  # up to a publish of a chunk, and over
+    at_limits += [[(0, "a"), (0, "b")] * 2, [(0, "a"), (0, "b")] * 2 + [(0, "a")]]  # as many ops as a step takes, and one more
+    rng = random.Random(7)
+    return at_limits + [[(rng.choice([0, 0, 1, 2, 3, 5, 7]), rng.choice("ab")) for _ in range(rng.randrange(1, 9))] for _ in range(60)]
+
+
+@pytest.mark.parametrize("max_messages, chunk", [(5, 5), (8, 5), (5, 6)])
+@pytest.mark.parametrize("queued", _queues())
+def test_the_steps_take_what_is_queued_as_the_rule_says_whether_all_of_it_fits_or_not(queued, max_messages, chunk, monkeypatch):
+    # Given small limits, and ops of two connections
+    monkeypatch.setattr(writer_module, "MAX_OPS_PER_STEP", 4)
+    monkeypatch.setattr(writer_module, "MAX_MESSAGES_PER_STEP", max_messages)
+    monkeypatch.setattr(staging, "CHUNK_MESSAGES", chunk)
+    sinks = {"a": lambda reply: None, "b": lambda reply: None}
+    pending = [
+        (p.Request(topic="t", messages=[p.Message(payload=msgspec.Raw(b"1"))] * n if n else None, acks=None if n else ["1"]), name)
+        for n, name in queued
+    ]
+    writer = GroupCommit(None)  # type: ignore[arg-type]  # no step runs: only what each would take
+    # When they are queued while a step runs, and each step takes its batch
+    for op, name in pending:
+        writer.submit(op, sinks[name])
+    taken = []
+    while writer._pending:
+        taken.append([op for op, _ in writer._take_batch()])
+    # Then each step took what the rule says
+    assert taken == _batches_by_the_rule(pending, 4, max_messages, chunk)
