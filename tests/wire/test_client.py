@@ -235,10 +235,9 @@ def test_the_blocking_client_raises_client_error_with_the_brokers_status(broker_
 def test_a_publish_over_max_frame_bytes_raises_the_brokers_413_not_the_broken_pipe(broker_factory):
     # Given a broker that takes frames of 64 KiB at most
     b = broker_factory([{"Name": "t", "Subscribers": ["s"]}], ["s"], MaxFrameBytes="64KiB")
-    with b.client() as c:
-        # When a publish sends a frame far larger, which the broker refuses before it is all sent
-        with pytest.raises(ClientError) as err:
-            c.publish("t", [{"Payload": "x" * (8 << 20)}])
+    # When a publish sends a frame far larger, which the broker refuses before it is all sent
+    with b.client() as c, pytest.raises(ClientError) as err:
+        c.publish("t", [{"Payload": "x" * (8 << 20)}])
     # Then the error is the broker's, and nothing was stored
     assert (err.value.status, err.value.error) == (413, "frame exceeds MaxFrameBytes (65536 bytes)")
     assert b.status()["Topics"]["t"]["Published"] == 0
