@@ -80,6 +80,7 @@ class Broker:
         # Topic -> the last id its sequence handed out in a step whose batches
         # left but whose commit failed: no rollback takes the sequence below it.
         self._let_out: dict[str, int] = {}
+        self._topology_before: Snapshot | None = None  # the config in force before the step's first reload, once it has one
         with store.write() as txn:
             self.state = state = load_state(txn)
             self._ledger = ledger = Ledger(state)  # the counters' records, and their undo
@@ -99,6 +100,9 @@ class Broker:
         self._ledger.take_touched()
         self._dispatcher.index_backlog()
         self._next_tick_ns = now_ns
+        # The push subscribers of a topic whose acks a publish to it is worth
+        # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
+        self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
 
     # --- what the server reads between steps, from the counters alone ------------------
 
@@ -133,9 +137,6 @@ class Broker:
         """sub has messages ready that wait for room in its Window, as the last
         step left them (read from the event loop like has_pending)."""
         return bool(self._dispatcher.backlog.get(sub))
-
-    def awaiting_acks(self, topic: str) -> list[str]:
-        return self._dispatcher.awaiting_acks(topic)
 
     def ready_topics(self, sub: str) -> list[str]:
         return self._router.ready_topics(sub)
@@ -172,11 +173,11 @@ class Broker:
         if now_ns >= self._next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
         dispatcher, router = self._dispatcher, self._router
-        for sub in open_subs:
-            sub_lanes = router.lanes_of(sub, lanes) if lanes else None
-            for topic in dispatcher.pending_topics(sub):
-                if dispatcher.space(sub, topic, sub_lanes) > 0:
-                    return True
+        if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
+            return False
+        for sub, _, topic in dispatcher.pending(open_subs):
+            if dispatcher.space(sub, topic, router.lanes_of(sub, lanes) if lanes else None) > 0:
+                return True
         return False
 
     def step(
@@ -220,7 +221,8 @@ class Broker:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._router.left_flight())
+        left = self._router.left_flight() if self._router.watch is not None else {}
+        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, left)
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -254,15 +256,18 @@ class Broker:
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool
     ) -> tuple[list, list[Delivery], int, list[Answer]]:
         """One try at the step's transaction; `guarded`: each request in a savepoint."""
-        topology = self._topology.snapshot()
-        self._queues.open, self._queues.fresh, self._events.now_ns = open_subs, {}, now_ns
+        self._topology_before = None  # the config in force before the step's first reload
+        self._queues.start(open_subs)
+        self._events.now_ns = now_ns
         self._ledger.step()
+        self._router.watch = None
         sent = False  # the step's batches left before its commit
         try:
             with self.store.write() as txn:
-                self._router.watch_flights(txn)
+                if self._topology.laned:
+                    self._router.watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
-                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True))
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if self._staging.busy else []
                 if now_ns >= self._next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
@@ -279,7 +284,8 @@ class Broker:
                 self._note_let_out()
             self._ledger.rollback(self.store.committed_meta)
             self._keep_let_out()
-            self._restore_topology(topology)
+            if self._topology_before is not None:
+                self._restore_topology(self._topology_before)
             self._dispatcher.note_backlog(self._ledger.take_touched())
             self._events.clear()
             self._queues.fresh = {}
@@ -295,9 +301,12 @@ class Broker:
     def _reserve_ids(self) -> bool:
         """Renew the reservation of every sequence the step may have used (those
         of the topics it touched); True if its batches must wait for its commit."""
-        topics = self.state.topics
-        held = [stats.reserve() for stats in map(topics.peek, self._ledger.touched) if stats is not None]
-        return any(held)
+        topics, held = self.state.topics, False
+        for name in self._ledger.touched:
+            stats = topics.peek(name)
+            if stats is not None and stats.reserve():
+                held = True
+        return held
 
     def _note_let_out(self) -> None:
         """The batches of a step that is being rolled back left: the ids its
@@ -406,6 +415,7 @@ class Broker:
         topology, owners = self._topology.snapshot(), self._takers.mark()
         fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._queues.fresh.items()}
         self._ledger.begin()
+        self._queues.forget()  # so that the queues it changes note their counters at this level
         try:
             with txn.savepoint():
                 result = apply()
@@ -512,6 +522,8 @@ class Broker:
     def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
         """All of the new config, or none of it (the old one keeps running); the
         reload is always answered, so whoever asked for it never waits for ever."""
+        if self._topology_before is None:  # a failed step puts it back
+            self._topology_before = self._topology.snapshot()
         try:
             self._undoable(txn, lambda: self._switch(txn, config))
         except ConfigError as exc:
@@ -538,6 +550,7 @@ class Broker:
                 self.state.forget(topic)
         self.state.register(config)
         self._topology.install(config, self.state)
+        self._queues.forget()
         self.policy.rules = self._topology.rules
         self._topology.rules.warn_unknown()
         self._dispatcher.index_backlog()
@@ -545,6 +558,7 @@ class Broker:
     def _restore_topology(self, snapshot: Snapshot) -> None:
         """The config in force as `snapshot` held it, access rules included."""
         self._topology.restore(snapshot)
+        self._queues.forget()
         self.policy.rules = self._topology.rules
 
     def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:

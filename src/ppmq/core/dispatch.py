@@ -50,26 +50,39 @@ class Dispatcher:
         # what its topics cost, not what every topic of an open subscriber does
         self.backlog: dict[str, set[str]] = {}
 
-    def pending_topics(self, sub: str) -> list[TopicConfig]:
-        """sub's topics that may have a batch for it: those with messages ready
-        as the last step left them, and those touched since; in config order."""
-        backlog, touched = self.backlog.get(sub), self._ledger.touched
-        names = touched if not backlog else backlog | touched
-        subs, topics = self._state.subs, self._topology.topics
-        found = [topics[name] for name in names if sub in subs.peek(name, ()) and name in topics]
+    def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig]]:
+        """(subscriber, topic's place in the config, topic) of each subscription of
+        `open_subs` that may have a batch: those with messages ready as the last
+        step left them, and those of the topics touched since; in the order they
+        are filled, subscriber by name, then topics in config order."""
+        touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
+        found = []
+        for name in touched:
+            topic, held = topics.get(name), subs.peek(name, ())
+            if topic is not None:
+                found += [(sub, order[name], topic) for sub in held if sub in open_subs]
+        if self.backlog:
+            for sub, names in self.backlog.items():
+                if sub in open_subs:
+                    found += [(sub, order[name], topics[name]) for name in names - touched if name in topics and sub in subs.peek(name, ())]
         if len(found) > 1:
-            order = self._topology.topic_order
-            found.sort(key=lambda topic: order[topic.name])
+            found.sort()  # (subscriber, place) is unique: the topics themselves are never compared
         return found
 
     def note_backlog(self, topics: set[str]) -> None:
-        """After a step: whether each subscription of `topics` has messages ready."""
+        """After a step: whether each subscription of `topics` has messages ready.
+        A subscriber with none anywhere leaves the index, so that an empty index
+        says at a glance that no subscriber waits."""
+        backlog = self.backlog
         for name in topics:
             for sub, stats in self._state.subs.peek(name, {}).items():
                 if any(stats.ready):
-                    self.backlog.setdefault(sub, set()).add(name)
-                elif sub in self.backlog:
-                    self.backlog[sub].discard(name)
+                    backlog.setdefault(sub, set()).add(name)
+                elif sub in backlog:
+                    names = backlog[sub]
+                    names.discard(name)
+                    if not names:
+                        del backlog[sub]
 
     def index_backlog(self) -> None:
         """The backlog index anew, from every topic (at start and after a reload)."""
@@ -87,10 +100,11 @@ class Dispatcher:
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology
-        limit = min(topology.sub_configs[sub].batch_size, topology.in_flight_max[sub] - stats.inflight)
-        if lanes is None or limit <= 0:
-            return max(0, limit)
-        return min(limit, room(lanes, topic.name, topology.windows[sub])[1])
+        batch_size, room_left = topology.sub_configs[sub].batch_size, topology.in_flight_max[sub] - stats.inflight
+        limit = batch_size if batch_size < room_left else room_left
+        if limit <= 0:
+            return 0
+        return limit if lanes is None else min(limit, room(lanes, topic.name, topology.windows[sub])[1])
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
@@ -118,14 +132,15 @@ class Dispatcher:
         message through the ready queue instead of straight into flight."""
         out = []
         router = self._router
-        for sub in sorted(open_subs):
-            lanes = router.lanes_of(sub, router.lanes) if router.lanes else None
-            for topic in self.pending_topics(sub):
-                while (limit := self.space(sub, topic, lanes)) > 0:
-                    delivery = self._delivery(txn, sub, topic, limit, now_ns)
-                    if delivery is None:
-                        break
-                    out.append(delivery if lanes is None else self._router.to_lane(sub, delivery, lanes))
+        lanes, last = None, None
+        for sub, _, topic in self.pending(open_subs):
+            if router.lanes and sub != last:
+                lanes, last = router.lanes_of(sub, router.lanes), sub
+            while (limit := self.space(sub, topic, lanes)) > 0:
+                delivery = self._delivery(txn, sub, topic, limit, now_ns)
+                if delivery is None:
+                    break
+                out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
         return out
 
     def _delivery(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:

@@ -10,6 +10,7 @@ deletes it, once, with its index entries and its topic's counters.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection, Sequence
 
 import msgspec
@@ -36,6 +37,7 @@ DEAD_LETTER_REASON = {ev.EXPIRE: "expired", ev.OVERFLOW: "overflow"}  # PROTOCOL
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 ID_DIGITS = 20  # a generated key has fewer digits than this (ids are below 10**19)
 _int_list = msgspec.json.Decoder(list[int]).decode
+_CANONICAL_ID = re.compile(f"[1-9][0-9]{{0,{ID_DIGITS - 2}}}")  # ASCII digits, no leading 0, fewer than ID_DIGITS
 
 
 class Settlement:
@@ -54,7 +56,7 @@ class Settlement:
     # --- acks --------------------------------------------------------------------------------
 
     def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        return self.ack_msgs(txn, topic.name, sub, self.msgs_of(txn, topic, keys))
+        return self.ack_msgs(txn, topic.name, sub, generated_ids(keys) if not topic.dedupe else self.msgs_of(txn, topic, keys))
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
@@ -69,8 +71,8 @@ class Settlement:
         ids = queue.ack(msgs)
         if not ids:
             return 0
-        sc = self._topology.sub_configs.get(sub)
-        if sc is None or sc.pull:  # only a Pull subscriber's messages have takers
+        topology = self._topology
+        if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
             self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
@@ -145,7 +147,7 @@ class Settlement:
         stats = self._state.topics[topic]
         stats.stored -= count
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - size)
+        stats.stored_bytes = stats.stored_bytes - size if stats.stored_bytes > size else 0
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
@@ -388,8 +390,12 @@ class Settlement:
         return removed
 
     def next_tick(self, txn: Txn, now_ns: int) -> int:
-        candidates = [now_ns + TICK_NS, txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()]
-        return max(now_ns, min(c for c in candidates if c is not None))
+        """When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS."""
+        tick = now_ns + TICK_NS
+        for due in (txn.next_expiry_ns(), txn.next_copy_expiry_ns(), txn.next_deadline_ns(), txn.next_due_ns()):
+            if due is not None and due < tick:
+                tick = due
+        return tick if tick > now_ns else now_ns
 
 
 def generated_ids(keys: list[str]) -> Sequence[int | None]:
@@ -397,6 +403,8 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
     every key is ASCII digits, none starts with 0 and none is too long, each
     names the id it spells: a few C-level passes over the keys, and the ints
     read by msgspec at once, instead of calls for every key."""
+    if len(keys) == 1:  # the usual ack of one message
+        return [generated_id(keys[0])]
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
         return _int_list(f"[{joined}]")  # canonical decimals: a JSON array of them, read in one call
@@ -406,6 +414,4 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
 def generated_id(key: str) -> int | None:
     """The message id a generated key names (PROTOCOL §3 Keys), or None: only the
     canonical decimal the broker writes names one, so "0002" acks nothing."""
-    if key.isascii() and key.isdigit() and key[0] != "0" and len(key) < ID_DIGITS:
-        return int(key)
-    return None
+    return int(key) if _CANONICAL_ID.fullmatch(key) else None

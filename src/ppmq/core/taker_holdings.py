@@ -86,4 +86,4 @@ class TakerHoldings:
                     owners[m] = taker
 
     def commit(self) -> None:
-        self._log.clear()
+        self._log = []
