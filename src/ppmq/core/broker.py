@@ -271,7 +271,8 @@ class Broker:
                 if now_ns >= self._next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
-                self._queues.settle_all(txn)
+                if self._queues.fresh:  # what no batch took
+                    self._queues.settle_all(txn)
                 self.state.commits += 1
                 held = self._reserve_ids()
                 self._ledger.save(txn)

@@ -21,7 +21,7 @@ from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger
 from ppmq.store.schema import Taken
-from ppmq.store.state import NS, State
+from ppmq.store.state import NS, State, SubStats
 from ppmq.store.store import Txn
 
 
@@ -96,7 +96,10 @@ class Dispatcher:
         below what is in flight, and while it is paused (PROTOCOL §8). Read from
         the counters alone, so the writer can ask it between steps; they are read
         first, since after a batch there is mostly nothing ready."""
-        stats = self._state.subs.peek(topic.name)[sub]  # type: ignore[index]  # a topic of the config in force
+        return self._space(sub, topic, self._state.subs.peek(topic.name)[sub], lanes)  # type: ignore[index]  # a topic of the config in force
+
+    def _space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None) -> int:
+        """`space`, given sub's counters on topic."""
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology
@@ -131,25 +134,20 @@ class Dispatcher:
         connecting after the first publish) behind for good, taking every new
         message through the ready queue instead of straight into flight."""
         out = []
-        router = self._router
+        router, subs = self._router, self._state.subs
         lanes, last = None, None
         for sub, _, topic in self.pending(open_subs):
             if router.lanes and sub != last:
                 lanes, last = router.lanes_of(sub, router.lanes), sub
-            while (limit := self.space(sub, topic, lanes)) > 0:
-                delivery = self._delivery(txn, sub, topic, limit, now_ns)
-                if delivery is None:
+            stats = subs.peek(topic.name)[sub]  # type: ignore[index]  # a topic of the config in force
+            while (limit := self._space(sub, topic, stats, lanes)) > 0:
+                batch = self.batch(txn, sub, topic, limit, now_ns)
+                if batch is None:
                     break
+                ids, fragments = batch
+                delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
                 out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
         return out
-
-    def _delivery(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
-        """The next batch for sub, as the frame pushed to it."""
-        batch = self.batch(txn, sub, topic, limit, now_ns)
-        if batch is None:
-            return None
-        ids, fragments = batch
-        return Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
     def batch(
         self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int, max_bytes: int = 0

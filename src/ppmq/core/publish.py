@@ -58,7 +58,11 @@ class Publisher:
         subs = topic.subscribers if subs is None else subs
         if not subs or not prepared:
             pass  # nobody to deliver to, like a fanout exchange without queues; or nothing to store
-        elif not topic.dedupe and (stored := self._store_new(txn, topic, t, stats, sorted(prepared, key=_PRIO), now_ns, subs)) is not None:
+        elif (
+            not topic.dedupe
+            and (stored := self._store_new(txn, topic, t, stats, sorted(prepared, key=_PRIO) if prepared[1:] else prepared, now_ns, subs))
+            is not None
+        ):
             # The whole batch at once, its ids by priority, then by place in the
             # publish: delivery order is the same (priority, then publish order),
             # but a batch of one priority then takes a run of consecutive ids,
@@ -193,13 +197,13 @@ class Publisher:
         fragments = [*map(TAKEN_FRAGMENT, new)]
         sizes = [*map(len, fragments)]
         size = sum(sizes)
-        if (topic.max_messages or topic.max_bytes) and self._passes_limit(topic, len(sizes), size) is not None:  # topic.limited
+        count = len(keys)
+        if (topic.max_messages or topic.max_bytes) and self._passes_limit(topic, count, size) is not None:  # topic.limited
             if not make_room:
                 return None
             self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
         stats.stored_bytes += size
         _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
-        count = len(keys)
         stats.seq = first + count - 1
         stats.stored += count
         txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)

@@ -122,16 +122,15 @@ class Queue:
             fresh = sorted(fresh, key=TAKEN_PRIO)
         if max_bytes:
             limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
-        taken, rest = fresh[:limit], fresh[limit:]
+        taken = fresh[:limit]
         self._txn.put_flight(self.t, self.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
-        if rest:
+        if limit < n:
             _count_in_order(stats.ready, taken, -1)
-            self.fresh = rest
+            self.fresh, n = fresh[limit:], limit
             self.settle()
         else:  # all of them, the whole queue: nothing is ready any more
             stats.ready = [0] * len(stats.ready)
             self.fresh = None
-        n -= len(rest)
         stats.inflight += n
         stats.delivered += n
         return taken
@@ -333,8 +332,8 @@ class Queues:
 
     def start(self, open_subs: set[str]) -> None:
         """A step begins, in which `open_subs` can take batches; nothing is fresh yet."""
-        self.open, self.fresh = open_subs, {}
-        self.forget()
+        self.open, self.fresh, self._built = open_subs, {}, {}
+        self.readers = open_subs | self._topology.pulled
 
     def forget(self) -> None:
         """Drop the queues built so far: a request that may be undone, an undo
