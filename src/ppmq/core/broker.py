@@ -99,7 +99,7 @@ class Broker:
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
         self._dispatcher.index_backlog()
-        self._next_tick_ns = now_ns
+        self.next_tick_ns = now_ns  # when a step is next due without requests (timers); read by the server between steps
         # The push subscribers of a topic whose acks a publish to it is worth
         # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
         self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
@@ -122,10 +122,6 @@ class Broker:
     @property
     def sub_topics(self) -> dict[str, list[TopicConfig]]:
         return self._topology.sub_topics
-
-    @property
-    def next_tick_ns(self) -> int:
-        return self._next_tick_ns
 
     @property
     def staging(self) -> bool:
@@ -170,13 +166,13 @@ class Broker:
         """Whether a step with no requests would do anything now; `lanes` as for step."""
         if now_ns < self._retry_at_ns:
             return False
-        if now_ns >= self._next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+        if now_ns >= self.next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
         dispatcher, router = self._dispatcher, self._router
         if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
             return False
-        for sub, _, topic in dispatcher.pending(open_subs):
-            if dispatcher.space(sub, topic, router.lanes_of(sub, lanes) if lanes else None) > 0:
+        for sub, _, topic, stats in dispatcher.pending(open_subs):
+            if dispatcher.space(sub, topic, stats, router.lanes_of(sub, lanes) if lanes else None) > 0:
                 return True
         return False
 
@@ -220,7 +216,7 @@ class Broker:
         if self._failures:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
-        self._next_tick_ns = next_tick
+        self.next_tick_ns = next_tick
         left = self._router.left_flight() if self._router.watch is not None else {}
         return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, left)
 
@@ -268,7 +264,7 @@ class Broker:
                     self._router.watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
                 finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if self._staging.busy else []
-                if now_ns >= self._next_tick_ns:
+                if now_ns >= self.next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
                 if self._queues.fresh:  # what no batch took
@@ -332,7 +328,7 @@ class Broker:
         if self._failures == 1:
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
-        self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
+        self._retry_at_ns = self.next_tick_ns = now_ns + delay_ns
         # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
         self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
         err = _reply_error(exc)

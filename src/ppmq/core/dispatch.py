@@ -50,23 +50,27 @@ class Dispatcher:
         # what its topics cost, not what every topic of an open subscriber does
         self.backlog: dict[str, set[str]] = {}
 
-    def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig]]:
-        """(subscriber, topic's place in the config, topic) of each subscription of
+    def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig, SubStats]]:
+        """(subscriber, topic's place in the config, topic, counters) of each subscription of
         `open_subs` that may have a batch: those with messages ready as the last
         step left them, and those of the topics touched since; in the order they
         are filled, subscriber by name, then topics in config order."""
         touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
         found = []
         for name in touched:
-            topic, held = topics.get(name), subs.peek(name, ())
+            topic, held = topics.get(name), subs.peek(name, {})
             if topic is not None:
-                found += [(sub, order[name], topic) for sub in held if sub in open_subs]
+                found += [(sub, order[name], topic, stats) for sub, stats in held.items() if sub in open_subs]
         if self.backlog:
             for sub, names in self.backlog.items():
                 if sub in open_subs:
-                    found += [(sub, order[name], topics[name]) for name in names - touched if name in topics and sub in subs.peek(name, ())]
-        if len(found) > 1:
-            found.sort()  # (subscriber, place) is unique: the topics themselves are never compared
+                    found += [
+                        (sub, order[name], topics[name], stats)
+                        for name in names - touched
+                        if name in topics and (stats := subs.peek(name, {}).get(sub)) is not None
+                    ]
+        if found[1:]:
+            found.sort()  # (subscriber, place) is unique: the topics and counters are never compared
         return found
 
     def note_backlog(self, topics: set[str]) -> None:
@@ -89,17 +93,13 @@ class Dispatcher:
         self.backlog = {}
         self.note_backlog(set(self._state.subs.keys()))
 
-    def space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
-        """How many messages of topic sub's next batch may take now (PROTOCOL §3
-        Batches and window): with lanes, to its least loaded lane, and all lanes'
+    def space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None = None) -> int:
+        """How many messages of topic sub's next batch may take now, from its
+        counters `stats` there (PROTOCOL §3 Batches and window): with lanes, to its least loaded lane, and all lanes'
         Windows cap what is in flight in all; 0 also when a reload lowered Window
         below what is in flight, and while it is paused (PROTOCOL §8). Read from
         the counters alone, so the writer can ask it between steps; they are read
         first, since after a batch there is mostly nothing ready."""
-        return self._space(sub, topic, self._state.subs.peek(topic.name)[sub], lanes)  # type: ignore[index]  # a topic of the config in force
-
-    def _space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None) -> int:
-        """`space`, given sub's counters on topic."""
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology
@@ -124,8 +124,8 @@ class Dispatcher:
         subs, configs, in_flight_max = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.in_flight_max
         return [
             sub for sub in tc.subscribers
-            if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
-            and sum(stats.ready) <= configs[sub].batch_size and stats.inflight >= in_flight_max[sub]
+            if (stats := subs.get(sub)) is not None and stats.inflight >= in_flight_max[sub] and stats.inflight and not stats.paused
+            and not configs[sub].pull and sum(stats.ready) <= configs[sub].batch_size
         ]  # fmt: skip
 
     def fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
@@ -134,19 +134,20 @@ class Dispatcher:
         connecting after the first publish) behind for good, taking every new
         message through the ready queue instead of straight into flight."""
         out = []
-        router, subs = self._router, self._state.subs
+        router = self._router
         lanes, last = None, None
-        for sub, _, topic in self.pending(open_subs):
+        for sub, _, topic, stats in self.pending(open_subs):
             if router.lanes and sub != last:
                 lanes, last = router.lanes_of(sub, router.lanes), sub
-            stats = subs.peek(topic.name)[sub]  # type: ignore[index]  # a topic of the config in force
-            while (limit := self._space(sub, topic, stats, lanes)) > 0:
+            while (limit := self.space(sub, topic, stats, lanes)) > 0:
                 batch = self.batch(txn, sub, topic, limit, now_ns)
                 if batch is None:
                     break
                 ids, fragments = batch
                 delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
                 out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
+                if not any(stats.ready):  # the usual batch takes all that is ready
+                    break
         return out
 
     def batch(

@@ -403,7 +403,7 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
     every key is ASCII digits, none starts with 0 and none is too long, each
     names the id it spells: a few C-level passes over the keys, and the ints
     read by msgspec at once, instead of calls for every key."""
-    if len(keys) == 1:  # the usual ack of one message: generated_id, inline
+    if keys and not keys[1:]:  # the usual ack of one message: generated_id, inline
         return [int(keys[0]) if _CANONICAL_ID.fullmatch(keys[0]) else None]
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
