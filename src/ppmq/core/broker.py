@@ -283,6 +283,7 @@ class Broker:
             self._keep_let_out()
             if self._topology_before is not None:
                 self._restore_topology(self._topology_before)
+            self._queues.forget()  # they may hold counters the rollback replaced
             self._dispatcher.note_backlog(self._ledger.take_touched())
             self._events.clear()
             self._queues.fresh = {}
@@ -412,7 +413,6 @@ class Broker:
         topology, owners = self._topology.snapshot(), self._takers.mark()
         fresh_before = {key: (fresh, len(fresh)) for key, fresh in self._queues.fresh.items()}
         self._ledger.begin()
-        self._queues.forget()  # so that the queues it changes note their counters at this level
         try:
             with txn.savepoint():
                 result = apply()

@@ -314,10 +314,11 @@ class Queues:
     step commits, and `settle_topic` before a change that looks a message up by
     its place (a replacement, a drop, an expiry).
 
-    A subscription's `Queue` is built once for a step (or a request the step
-    may undo) and kept: its counters are the ones State holds until an undo
-    or a reload replaces them, and those end the step or the request, or call
-    `forget`, so no queue outlives the counters it was built with."""
+    A subscription's `Queue` is kept from step to step. The first look at a
+    topic's counters in a step, or in a request that may be undone, goes
+    through State, as the ledger must note it (store/counters.py); a queue
+    whose counters State no longer holds is built anew then, and an undo, a
+    failed step or a reload drop them all (`forget`)."""
 
     def __init__(self, state: State, topology: Topology) -> None:
         self._state = state
@@ -328,45 +329,42 @@ class Queues:
         # whose workers TAKE whenever they like (PROTOCOL §9). New messages stay
         # fresh for them, then wait in their queue's tail in memory.
         self.readers: set[str] | frozenset[str] = frozenset()
-        self._built: dict[tuple[str, str], Queue] = {}  # (topic, subscriber) -> its queue in this step
+        self._built: dict[tuple[str, str], Queue] = {}  # (topic, subscriber) -> its queue
 
     def start(self, open_subs: set[str]) -> None:
         """A step begins, in which `open_subs` can take batches; nothing is fresh yet."""
-        self.open, self.fresh, self._built = open_subs, {}, {}
+        self.open, self.fresh = open_subs, {}
         self.readers = open_subs | self._topology.pulled
 
     def forget(self) -> None:
-        """Drop the queues built so far: a request that may be undone, an undo
-        or a reload begins, after which State may hold other counters."""
+        """Drop the queues built so far: the config in force changed (a reload, or
+        its undo), or the counters they hold were replaced (an undo, a failed step)."""
         self._built = {}
         self.readers = self.open | self._topology.pulled
 
     def of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
         key = (topic, sub)
-        try:
-            queue = self._built[key]
-        except KeyError:
-            queue = self._build(txn, key)
-        queue.fresh = self.fresh.setdefault(key, []) if fresh else None
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        queue.fresh, queue.keep_tail = (self.fresh.setdefault(key, []), True) if fresh else (None, False)
         return queue
 
     def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
         """sub's queue on topic for a batch: its fresh messages go with it."""
         key = (topic, sub)
-        try:
-            queue = self._built[key]
-        except KeyError:
-            queue = self._build(txn, key)
-        queue.fresh = self.fresh.pop(key, None)
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        queue.fresh, queue.keep_tail = self.fresh.pop(key, None), True
         return queue
 
-    def _build(self, txn: Txn, key: tuple[str, str]) -> Queue:
-        """The subscription's queue for this step; its counters looked up as the
-        step's, so that the ledger notes the topic (store/counters.py)."""
+    def _look_up(self, txn: Txn, key: tuple[str, str]) -> Queue:
+        """The subscription's queue, its counters looked up in State (which the
+        ledger notes); built anew unless it holds those very counters."""
         topic, sub = key
-        state = self._state
-        queue = self._built[key] = Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], None, sub in self.readers)
+        stats = self._state.subs[topic][sub]
+        queue = self._built.get(key)
+        if queue is None or queue.stats is not stats:
+            state = self._state
+            queue = self._built[key] = Queue(txn, state.topic_ids[topic], state.sub_ids[sub], stats)
         return queue
 
     def settle_topic(self, txn: Txn, topic: str) -> None:
