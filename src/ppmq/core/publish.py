@@ -25,11 +25,12 @@ from ppmq.core.topology import Topology
 from ppmq.core.validate import Prepared, prepared
 from ppmq.errors import StoreFull
 from ppmq.protocol import messages as p
-from ppmq.store.schema import FLIGHT_ENTRY, TAKEN_FRAGMENT, Body
+from ppmq.store.schema import FLIGHT_ENTRY, TAKEN_FRAGMENT, Body, Taken
 from ppmq.store.state import State, SubStats, TopicStats
 from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
+_KEY, _ENTRY = itemgetter(0), itemgetter(1)  # of _store_new's rows
 
 
 # The journal's columns of messages just stored, in the order of its `publish` record:
@@ -176,7 +177,8 @@ class Publisher:
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        keys, new, first = [], [], stats.seq + 1
+        rows: list[tuple[bytes, Taken]] = []  # (key, the queues' entry) of each message
+        first = stats.seq + 1
         plain, expiring, expires_bytes = p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
         # step or from its tail: the in-flight entries are packed for it, not for
@@ -191,9 +193,9 @@ class Publisher:
             else:
                 key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
                 fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
-            keys.append(key)
             flight = b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns)
-            new.append((m, prio, m, 1, now_ns, fragment, flight, expires_ns))  # one tuple shared by every queue
+            rows.append((key, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one entry shared by every queue
+        keys, new = [*map(_KEY, rows)], [*map(_ENTRY, rows)]  # the columns, in C
         fragments = [*map(TAKEN_FRAGMENT, new)]
         sizes = [*map(len, fragments)]
         size = sum(sizes)

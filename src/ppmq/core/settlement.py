@@ -76,7 +76,9 @@ class Settlement:
             self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
-        self.release(txn, topic, queue.t, queue.s, ids)
+        done = txn.release_holders(queue.t, queue.s, ids)  # release, written out: an ack is the usual way out
+        if done:
+            self._delete_messages(txn, topic, queue.t, done)
         return len(ids)
 
     # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------
