@@ -219,7 +219,7 @@ class Broker:
             self._failures = 0
         self.next_tick_ns = next_tick
         left = self._router.left_flight() if self._router.watch is not None else {}
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, left)
+        return Step(replies[len(carried) :] if carried else replies, deliveries, next_tick, self._events.take(), ended + finished, left)
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it

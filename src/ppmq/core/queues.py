@@ -66,9 +66,8 @@ class Queue:
         has nothing older queued they stay fresh (those `may_stay_fresh` allows;
         None: all), else they get ready rows; those with a due time (`due`, 0:
         none) wait in the delayed rows instead."""
-        fresh = self.fresh
-        caught_up = open_ and fresh is not None and sum(self.stats.ready) == len(fresh)
-        ready = self.stats.ready
+        fresh, ready = self.fresh, self.stats.ready
+        caught_up = open_ and fresh is not None and sum(ready) == (len(fresh) if fresh else 0)  # its fresh ones are all it holds ready
         if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
             for f in msgs:  # a plain loop indexing the tuple: cheaper than Counter
                 ready[f[1]] += 1
