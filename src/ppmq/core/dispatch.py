@@ -51,10 +51,11 @@ class Dispatcher:
         self.backlog: dict[str, set[str]] = {}
 
     def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig, SubStats]]:
-        """(subscriber, topic's place in the config, topic, counters) of each subscription of
-        `open_subs` that may have a batch: those with messages ready as the last
-        step left them, and those of the topics touched since; in the order they
-        are filled, subscriber by name, then topics in config order."""
+        """(subscriber, topic's place in the config, topic, counters) of each
+        subscription of `open_subs` that may have a batch: those with messages
+        ready as the last step left them, and those of the topics touched since;
+        in the order they are filled, subscriber by name, then topics in config
+        order."""
         touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
         found = []
         for name in touched:
@@ -95,11 +96,12 @@ class Dispatcher:
 
     def space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None = None) -> int:
         """How many messages of topic sub's next batch may take now, from its
-        counters `stats` there (PROTOCOL §3 Batches and window): with lanes, to its least loaded lane, and all lanes'
-        Windows cap what is in flight in all; 0 also when a reload lowered Window
-        below what is in flight, and while it is paused (PROTOCOL §8). Read from
-        the counters alone, so the writer can ask it between steps; they are read
-        first, since after a batch there is mostly nothing ready."""
+        counters `stats` there (PROTOCOL §3 Batches and window): with lanes, to
+        its least loaded lane, and all lanes' Windows cap what is in flight in
+        all; 0 also when a reload lowered Window below what is in flight, and
+        while it is paused (PROTOCOL §8). Read from the counters alone, so the
+        writer can ask it between steps; they are read first, since after a
+        batch there is mostly nothing ready."""
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology

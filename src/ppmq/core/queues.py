@@ -294,8 +294,9 @@ class Queue:
 
 
 def _count_in_order(ready: list[int], msgs: list[Taken], sign: int) -> None:
-    """_count of msgs in queue order (by priority, as a batch takes them): a
-    bisect per priority instead of a step per message."""
+    """Add (sign 1) or take (-1) msgs, in queue order (by priority, as a batch
+    takes them), to the ready counters of their priorities: a bisect per
+    priority instead of a step per message."""
     lo, n = 0, len(msgs)
     while lo < n:
         prio = msgs[lo][1]
