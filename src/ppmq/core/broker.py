@@ -213,7 +213,6 @@ class Broker:
                 replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
         except StoreError as exc:
             return self._failed(ops, len(carried), exc, now_ns, ended)
-        self._staging.committed()
         if self._failures:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
@@ -264,7 +263,8 @@ class Broker:
                 if self._topology.laned:
                     self._router.watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
-                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if self._staging.busy else []
+                staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if staged else []
                 if now_ns >= self.next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
@@ -291,6 +291,8 @@ class Broker:
             self._takers.undo()
             raise
         self._ledger.stepped()
+        if staged:
+            self._staging.committed()
         self._dispatcher.note_backlog(self._ledger.take_touched())
         self._takers.commit()
         if early is not None and deliveries and held:
@@ -437,7 +439,10 @@ class Broker:
         accepted, body = 0, None
         topics = self._topology.topics
         if req.messages is not None:
-            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Messages")  # which raises the error
+            try:
+                topic = topics[req.topic or ""]
+            except KeyError:
+                topic = self._topology.topic_for(req, "Messages")  # which raises the error
             accepted = len(req.messages)
             if accepted > staging.CHUNK_MESSAGES and is_large(topic, req.messages):  # the module's, which tests shrink
                 if not self._publisher.publish_staged(txn, topic, req, now_ns):
@@ -447,7 +452,10 @@ class Broker:
                 txn.refuse_when_full()
                 self._publisher.publish(txn, topic, prepared, now_ns)
         if req.acks is not None:
-            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Acks")
+            try:
+                topic = topics[req.topic or ""]
+            except KeyError:
+                topic = self._topology.topic_for(req, "Acks")  # which raises the error
             sub = req.subscriber if req.subscriber in topic.subscribers else self._topology.subscriber_of(req.subscriber, topic, "Acks")
             accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
         if req.nacks is not None or req.rejects is not None or req.touch is not None or req.delay is not None:
