@@ -294,7 +294,8 @@ class Broker:
         if staged:
             self._staging.committed()
         self._dispatcher.note_backlog(self._ledger.take_touched())
-        self._takers.commit()
+        if self._takers.log:
+            self._takers.commit()
         if early is not None and deliveries and held:
             early(deliveries)
         return replies, deliveries, next_tick, finished

@@ -59,8 +59,8 @@ class Dispatcher:
         touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
         found = []
         for name in touched:
-            topic, held = topics.get(name), subs.peek(name, {})
-            if topic is not None:
+            if name in topics:
+                topic, held = topics[name], subs.peek(name, {})
                 found += [(sub, order[name], topic, stats) for sub, stats in held.items() if sub in open_subs]
         if self.backlog:
             for sub, names in self.backlog.items():
@@ -120,16 +120,18 @@ class Dispatcher:
         of their own. A subscriber with more ready is behind anyway, and a
         publisher is not held back by a slow one. Read from the counters
         alone, between steps."""
-        tc = self._topology.topics.get(topic)
-        if tc is None:
+        topics = self._topology.topics
+        if topic not in topics:
             return []
         subs, configs, in_flight_max = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.in_flight_max
         awaited = []  # mostly none: built by a loop, which costs no call then
-        for sub in tc.subscribers:
-            stats = subs.get(sub)
+        for sub in topics[topic].subscribers:
+            try:
+                stats = subs[sub]
+            except KeyError:  # a reload on the writer thread dropped it meanwhile
+                continue
             if (
-                stats is not None
-                and stats.inflight >= in_flight_max[sub]
+                stats.inflight >= in_flight_max[sub]
                 and stats.inflight
                 and not stats.paused
                 and not configs[sub].pull

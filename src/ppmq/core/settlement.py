@@ -144,8 +144,8 @@ class Settlement:
             self._delete_messages(txn, topic, t, done)
 
     def _delete_messages(self, txn: Txn, topic: str, t: int, ms: list[int]) -> None:
-        tc = self._topology.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        count, size = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
+        topics = self._topology.topics  # without the topic, being dropped: remove any index entry
+        count, size = txn.delete_messages(t, ms, dedupe=topic not in topics or topics[topic].dedupe)
         stats = self._state.topics[topic]
         stats.stored -= count
         # max(): a store written before this counter existed holds uncounted bytes
