@@ -158,7 +158,8 @@ class Policy:
         """
         try:
             if own is not None:
-                _check_delivery(req, own)
+                if req.messages is not None or req.command is not None or req.subscriber not in (None, own):
+                    _check_delivery(req, own)  # what is neither an ack nor its subscriber's own may be refused
                 return
             rules = self.rules  # one value for the whole request, whatever a reload does
             if rules is None:

@@ -25,6 +25,7 @@ from typing import TypeVar
 from msgspec import UNSET
 
 from ppmq.config import Config, SubscriberConfig, TopicConfig
+from ppmq.core import staging
 from ppmq.core.access import Policy
 from ppmq.core.admin import Admin
 from ppmq.core.dispatch import Dispatcher
@@ -80,6 +81,7 @@ class Broker:
         # Topic -> the last id its sequence handed out in a step whose batches
         # left but whose commit failed: no rollback takes the sequence below it.
         self._let_out: dict[str, int] = {}
+        self._topology_before: Snapshot | None = None  # the config in force before the step's first reload, once it has one
         with store.write() as txn:
             self.state = state = load_state(txn)
             self._ledger = ledger = Ledger(state)  # the counters' records, and their undo
@@ -98,7 +100,10 @@ class Broker:
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
         self._dispatcher.index_backlog()
-        self._next_tick_ns = now_ns
+        self.next_tick_ns = now_ns  # when a step is next due without requests (timers); read by the server between steps
+        # The push subscribers of a topic whose acks a publish to it is worth
+        # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
+        self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
 
     # --- what the server reads between steps, from the counters alone ------------------
 
@@ -120,10 +125,6 @@ class Broker:
         return self._topology.sub_topics
 
     @property
-    def next_tick_ns(self) -> int:
-        return self._next_tick_ns
-
-    @property
     def staging(self) -> bool:
         """A large publish is in progress (or its rows are being deleted): step
         again even without requests."""
@@ -132,10 +133,7 @@ class Broker:
     def has_backlog(self, sub: str) -> bool:
         """sub has messages ready that wait for room in its Window, as the last
         step left them (read from the event loop like has_pending)."""
-        return bool(self._dispatcher.backlog.get(sub))
-
-    def awaiting_acks(self, topic: str) -> list[str]:
-        return self._dispatcher.awaiting_acks(topic)
+        return sub in self._dispatcher.backlog
 
     def ready_topics(self, sub: str) -> list[str]:
         return self._router.ready_topics(sub)
@@ -169,14 +167,14 @@ class Broker:
         """Whether a step with no requests would do anything now; `lanes` as for step."""
         if now_ns < self._retry_at_ns:
             return False
-        if now_ns >= self._next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+        if now_ns >= self.next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
         dispatcher, router = self._dispatcher, self._router
-        for sub in open_subs:
-            sub_lanes = router.lanes_of(sub, lanes) if lanes else None
-            for topic in dispatcher.pending_topics(sub):
-                if dispatcher.space(sub, topic, sub_lanes) > 0:
-                    return True
+        if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
+            return False
+        for sub, _, topic, stats in dispatcher.pending(open_subs):
+            if dispatcher.space(sub, topic, stats, router.lanes_of(sub, lanes) if lanes else None) > 0:
+                return True
         return False
 
     def step(
@@ -215,12 +213,12 @@ class Broker:
                 replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
         except StoreError as exc:
             return self._failed(ops, len(carried), exc, now_ns, ended)
-        self._staging.committed()
         if self._failures:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
-        self._next_tick_ns = next_tick
-        return Step(replies[len(carried) :], deliveries, next_tick, self._events.take(), ended + finished, self._router.left_flight())
+        self.next_tick_ns = next_tick
+        left = self._router.left_flight() if self._router.watch is not None else {}
+        return Step(replies[len(carried) :] if carried else replies, deliveries, next_tick, self._events.take(), ended + finished, left)
 
     def _clear_stale_readers(self) -> int:
         """A reader killed inside a snapshot (a report, fsck) pins the pages it
@@ -254,19 +252,24 @@ class Broker:
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool
     ) -> tuple[list, list[Delivery], int, list[Answer]]:
         """One try at the step's transaction; `guarded`: each request in a savepoint."""
-        topology = self._topology.snapshot()
-        self._queues.open, self._queues.fresh, self._events.now_ns = open_subs, {}, now_ns
+        self._topology_before = None  # the config in force before the step's first reload
+        self._queues.start(open_subs)
+        self._events.now_ns = now_ns
         self._ledger.step()
+        self._router.watch = None
         sent = False  # the step's batches left before its commit
         try:
             with self.store.write() as txn:
-                self._router.watch_flights(txn)
+                if self._topology.laned:
+                    self._router.watch_flights(txn)
                 replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
-                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True))
-                if now_ns >= self._next_tick_ns:
+                staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
+                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if staged else []
+                if now_ns >= self.next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
-                self._queues.settle_all(txn)
+                if self._queues.fresh:  # what no batch took
+                    self._queues.settle_all(txn)
                 self.state.commits += 1
                 held = self._reserve_ids()
                 self._ledger.save(txn)
@@ -279,14 +282,20 @@ class Broker:
                 self._note_let_out()
             self._ledger.rollback(self.store.committed_meta)
             self._keep_let_out()
-            self._restore_topology(topology)
+            if self._topology_before is not None:
+                self._restore_topology(self._topology_before)
+            self._queues.forget()  # they may hold counters the rollback replaced
             self._dispatcher.note_backlog(self._ledger.take_touched())
             self._events.clear()
             self._queues.fresh = {}
             self._takers.undo()
             raise
-        self._dispatcher.note_backlog(self._ledger.stepped())
-        self._takers.commit()
+        touched = self._ledger.stepped()
+        if staged:
+            self._staging.committed()
+        self._dispatcher.note_backlog(touched)
+        if self._takers.log:
+            self._takers.commit()
         if early is not None and deliveries and held:
             early(deliveries)
         return replies, deliveries, next_tick, finished
@@ -294,9 +303,12 @@ class Broker:
     def _reserve_ids(self) -> bool:
         """Renew the reservation of every sequence the step may have used (those
         of the topics it touched); True if its batches must wait for its commit."""
-        topics = self.state.topics
-        held = [stats.reserve() for stats in map(topics.peek, self._ledger.touched) if stats is not None]
-        return any(held)
+        topics, held = self.state.topics, False
+        for name in self._ledger.touched:
+            stats = topics.peek(name)
+            if stats is not None and stats.reserve():
+                held = True
+        return held
 
     def _note_let_out(self) -> None:
         """The batches of a step that is being rolled back left: the ids its
@@ -321,7 +333,7 @@ class Broker:
         if self._failures == 1:
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
-        self._retry_at_ns = self._next_tick_ns = now_ns + delay_ns
+        self._retry_at_ns = self.next_tick_ns = now_ns + delay_ns
         # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
         self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
         err = _reply_error(exc)
@@ -428,17 +440,23 @@ class Broker:
         accepted, body = 0, None
         topics = self._topology.topics
         if req.messages is not None:
-            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Messages")  # which raises the error
-            if is_large(topic, req.messages):
+            try:
+                topic = topics[req.topic or ""]
+            except KeyError:
+                topic = self._topology.topic_for(req, "Messages")  # which raises the error
+            accepted = len(req.messages)
+            if accepted > staging.CHUNK_MESSAGES and is_large(topic, req.messages):  # the module's, which tests shrink
                 if not self._publisher.publish_staged(txn, topic, req, now_ns):
                     return None
             else:
                 prepared = prepare(topic, req.messages, self._topology.config.max_message_bytes, now_ns)
                 txn.refuse_when_full()
                 self._publisher.publish(txn, topic, prepared, now_ns)
-            accepted += len(req.messages)
         if req.acks is not None:
-            topic = topics.get(req.topic or "") or self._topology.topic_for(req, "Acks")
+            try:
+                topic = topics[req.topic or ""]
+            except KeyError:
+                topic = self._topology.topic_for(req, "Acks")  # which raises the error
             sub = req.subscriber if req.subscriber in topic.subscribers else self._topology.subscriber_of(req.subscriber, topic, "Acks")
             accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
         if req.nacks is not None or req.rejects is not None or req.touch is not None or req.delay is not None:
@@ -511,6 +529,8 @@ class Broker:
     def _reconfigure(self, txn: Txn, config: Config) -> p.Reply:
         """All of the new config, or none of it (the old one keeps running); the
         reload is always answered, so whoever asked for it never waits for ever."""
+        if self._topology_before is None:  # a failed step puts it back
+            self._topology_before = self._topology.snapshot()
         try:
             self._undoable(txn, lambda: self._switch(txn, config))
         except ConfigError as exc:
@@ -537,6 +557,7 @@ class Broker:
                 self.state.forget(topic)
         self.state.register(config)
         self._topology.install(config, self.state)
+        self._queues.forget()
         self.policy.rules = self._topology.rules
         self._topology.rules.warn_unknown()
         self._dispatcher.index_backlog()
@@ -544,6 +565,7 @@ class Broker:
     def _restore_topology(self, snapshot: Snapshot) -> None:
         """The config in force as `snapshot` held it, access rules included."""
         self._topology.restore(snapshot)
+        self._queues.forget()
         self.policy.rules = self._topology.rules
 
     def _drop_subscription(self, txn: Txn, topic: str, sub: str) -> None:

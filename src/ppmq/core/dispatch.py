@@ -21,7 +21,7 @@ from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger
 from ppmq.store.schema import Taken
-from ppmq.store.state import NS, State
+from ppmq.store.state import NS, State, SubStats
 from ppmq.store.store import Txn
 
 
@@ -50,47 +50,66 @@ class Dispatcher:
         # what its topics cost, not what every topic of an open subscriber does
         self.backlog: dict[str, set[str]] = {}
 
-    def pending_topics(self, sub: str) -> list[TopicConfig]:
-        """sub's topics that may have a batch for it: those with messages ready
-        as the last step left them, and those touched since; in config order."""
-        backlog, touched = self.backlog.get(sub), self._ledger.touched
-        names = touched if not backlog else backlog | touched
-        subs, topics = self._state.subs, self._topology.topics
-        found = [topics[name] for name in names if sub in subs.peek(name, ()) and name in topics]
-        if len(found) > 1:
-            order = self._topology.topic_order
-            found.sort(key=lambda topic: order[topic.name])
+    def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig, SubStats]]:
+        """(subscriber, topic's place in the config, topic, counters) of each
+        subscription of `open_subs` that may have a batch: those with messages
+        ready as the last step left them, and those of the topics touched since;
+        in the order they are filled, subscriber by name, then topics in config
+        order."""
+        touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
+        found = []
+        for name in touched:
+            if name in topics:
+                topic, held = topics[name], subs.peek(name, {})
+                found += [(sub, order[name], topic, stats) for sub, stats in held.items() if sub in open_subs]
+        if self.backlog:
+            for sub, names in self.backlog.items():
+                if sub in open_subs:
+                    found += [
+                        (sub, order[name], topics[name], stats)
+                        for name in names - touched
+                        if name in topics and (stats := subs.peek(name, {}).get(sub)) is not None
+                    ]
+        if found[1:]:
+            found.sort()  # (subscriber, place) is unique: the topics and counters are never compared
         return found
 
     def note_backlog(self, topics: set[str]) -> None:
-        """After a step: whether each subscription of `topics` has messages ready."""
+        """After a step: whether each subscription of `topics` has messages ready.
+        A subscriber with none anywhere leaves the index, so that an empty index
+        says at a glance that no subscriber waits."""
+        backlog = self.backlog
         for name in topics:
             for sub, stats in self._state.subs.peek(name, {}).items():
                 if any(stats.ready):
-                    self.backlog.setdefault(sub, set()).add(name)
-                elif sub in self.backlog:
-                    self.backlog[sub].discard(name)
+                    backlog.setdefault(sub, set()).add(name)
+                elif sub in backlog:
+                    names = backlog[sub]
+                    names.discard(name)
+                    if not names:
+                        del backlog[sub]
 
     def index_backlog(self) -> None:
         """The backlog index anew, from every topic (at start and after a reload)."""
         self.backlog = {}
         self.note_backlog(set(self._state.subs.keys()))
 
-    def space(self, sub: str, topic: TopicConfig, lanes: Lanes | None = None) -> int:
-        """How many messages of topic sub's next batch may take now (PROTOCOL §3
-        Batches and window): with lanes, to its least loaded lane, and all lanes'
-        Windows cap what is in flight in all; 0 also when a reload lowered Window
-        below what is in flight, and while it is paused (PROTOCOL §8). Read from
-        the counters alone, so the writer can ask it between steps; they are read
-        first, since after a batch there is mostly nothing ready."""
-        stats = self._state.subs.peek(topic.name)[sub]  # type: ignore[index]  # a topic of the config in force
+    def space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None = None) -> int:
+        """How many messages of topic sub's next batch may take now, from its
+        counters `stats` there (PROTOCOL §3 Batches and window): with lanes, to
+        its least loaded lane, and all lanes' Windows cap what is in flight in
+        all; 0 also when a reload lowered Window below what is in flight, and
+        while it is paused (PROTOCOL §8). Read from the counters alone, so the
+        writer can ask it between steps; they are read first, since after a
+        batch there is mostly nothing ready."""
         if stats.paused or not any(stats.ready):
             return 0
         topology = self._topology
-        limit = min(topology.sub_configs[sub].batch_size, topology.in_flight_max[sub] - stats.inflight)
-        if lanes is None or limit <= 0:
-            return max(0, limit)
-        return min(limit, room(lanes, topic.name, topology.windows[sub])[1])
+        batch_size, room_left = topology.sub_configs[sub].batch_size, topology.in_flight_max[sub] - stats.inflight
+        limit = batch_size if batch_size < room_left else room_left
+        if limit <= 0:
+            return 0
+        return limit if lanes is None else min(limit, room(lanes, topic.name, topology.windows[sub])[1])
 
     def awaiting_acks(self, topic: str) -> list[str]:
         """The push subscribers of topic whose acks a publish to it is worth
@@ -101,15 +120,25 @@ class Dispatcher:
         of their own. A subscriber with more ready is behind anyway, and a
         publisher is not held back by a slow one. Read from the counters
         alone, between steps."""
-        tc = self._topology.topics.get(topic)
-        if tc is None:
+        topics = self._topology.topics
+        if topic not in topics:
             return []
         subs, configs, in_flight_max = self._state.subs.peek(topic, {}), self._topology.sub_configs, self._topology.in_flight_max
-        return [
-            sub for sub in tc.subscribers
-            if (stats := subs.get(sub)) is not None and stats.inflight and not stats.paused and not configs[sub].pull
-            and sum(stats.ready) <= configs[sub].batch_size and stats.inflight >= in_flight_max[sub]
-        ]  # fmt: skip
+        awaited = []  # mostly none: built by a loop, which costs no call then
+        for sub in topics[topic].subscribers:
+            try:
+                stats = subs[sub]
+            except KeyError:  # a reload on the writer thread dropped it meanwhile
+                continue
+            if (
+                stats.inflight >= in_flight_max[sub]
+                and stats.inflight
+                and not stats.paused
+                and not configs[sub].pull
+                and sum(stats.ready) <= configs[sub].batch_size
+            ):
+                awaited.append(sub)
+        return awaited
 
     def fill(self, txn: Txn, open_subs: set[str], now_ns: int) -> list[Delivery]:
         """Batches for every open subscriber, as many as its Window allows: one
@@ -118,23 +147,20 @@ class Dispatcher:
         message through the ready queue instead of straight into flight."""
         out = []
         router = self._router
-        for sub in sorted(open_subs):
-            lanes = router.lanes_of(sub, router.lanes) if router.lanes else None
-            for topic in self.pending_topics(sub):
-                while (limit := self.space(sub, topic, lanes)) > 0:
-                    delivery = self._delivery(txn, sub, topic, limit, now_ns)
-                    if delivery is None:
-                        break
-                    out.append(delivery if lanes is None else self._router.to_lane(sub, delivery, lanes))
+        lanes, last = None, None
+        for sub, _, topic, stats in self.pending(open_subs):
+            if router.lanes and sub != last:
+                lanes, last = router.lanes_of(sub, router.lanes), sub
+            while (limit := self.space(sub, topic, stats, lanes)) > 0:
+                batch = self.batch(txn, sub, topic, limit, now_ns)
+                if batch is None:
+                    break
+                ids, fragments = batch
+                delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
+                out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
+                if not any(stats.ready):  # the usual batch takes all that is ready
+                    break
         return out
-
-    def _delivery(self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int) -> Delivery | None:
-        """The next batch for sub, as the frame pushed to it."""
-        batch = self.batch(txn, sub, topic, limit, now_ns)
-        if batch is None:
-            return None
-        ids, fragments = batch
-        return Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
 
     def batch(
         self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int, max_bytes: int = 0

@@ -54,16 +54,16 @@ class LaneRouter:
         return msgspec.structs.replace(delivery, lane=lane)
 
     def watch_flights(self, txn: Txn) -> None:
-        """Note, in this step's transaction, what leaves flight to subscribers with lanes."""
-        laned = self._topology.laned
-        self.watch = FlightWatch(laned) if laned else None
-        if self.watch is not None:
-            txn.watch_flights(self.watch)
+        """Note, in this step's transaction, what leaves flight to subscribers with
+        lanes; a step of a config without any does not ask (and `watch` stays None)."""
+        self.watch = FlightWatch(self._topology.laned)
+        txn.watch_flights(self.watch)
 
     def left_flight(self) -> dict[str, dict[str, list[int]]]:
-        """Subscriber -> topic -> the messages that left flight in the step (Step.left)."""
+        """Subscriber -> topic -> the messages that left flight in the step (Step.left),
+        asked only after a step that watched them."""
         left: dict[str, dict[str, list[int]]] = {}
-        if self.watch is not None:
-            for (t, s), ms in self.watch.gone().items():
-                left.setdefault(self._topology.sub_by_id[s], {})[self._topology.topic_by_id[t]] = ms
+        assert self.watch is not None, "asked after watch_flights"
+        for (t, s), ms in self.watch.gone().items():
+            left.setdefault(self._topology.sub_by_id[s], {})[self._topology.topic_by_id[t]] = ms
         return left

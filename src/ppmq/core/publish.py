@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import NamedTuple
 
 import msgspec
 
@@ -26,20 +25,18 @@ from ppmq.core.topology import Topology
 from ppmq.core.validate import Prepared, prepared
 from ppmq.errors import StoreFull
 from ppmq.protocol import messages as p
-from ppmq.store.schema import FLIGHT_ENTRY, Body
-from ppmq.store.state import State, SubStats
+from ppmq.store.schema import FLIGHT_ENTRY, TAKEN_FRAGMENT, Body, Taken
+from ppmq.store.state import State, SubStats, TopicStats
 from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
+_KEY, _ENTRY = itemgetter(0), itemgetter(1)  # of _store_new's rows
 
 
-class Stored(NamedTuple):
-    """The journal's columns of messages just stored, in the order of its `publish` record."""
-
-    ids: range  # consecutive: the topic's next
-    prio: Sequence[int]
-    size: Sequence[int]  # of their JSON as delivered
-    expires_ns: Sequence[int]
+# The journal's columns of messages just stored, in the order of its `publish` record:
+# their ids (consecutive: the topic's next), priorities, sizes (of their JSON as
+# delivered) and expiries. A plain tuple: built inline, with no call.
+Stored = tuple[range, Sequence[int], Sequence[int], Sequence[int]]
 
 
 class Publisher:
@@ -58,11 +55,15 @@ class Publisher:
     def publish(self, txn: Txn, topic: TopicConfig, prepared: list[Prepared], now_ns: int, subs: list[str] | None = None) -> None:
         """Counted as published once stored: a refused dead-letter copy is not.
         `subs`: the subscribers that get the messages (a redrive's one); default all."""
-        t = self._state.topic_ids[topic.name]
+        t, stats = self._state.topic_ids[topic.name], self._state.topics[topic.name]
         subs = topic.subscribers if subs is None else subs
         if not subs or not prepared:
             pass  # nobody to deliver to, like a fanout exchange without queues; or nothing to store
-        elif not topic.dedupe and (stored := self._store_new(txn, topic, t, sorted(prepared, key=_PRIO), now_ns, subs)) is not None:
+        elif (
+            not topic.dedupe
+            and (stored := self._store_new(txn, topic, t, stats, sorted(prepared, key=_PRIO) if prepared[1:] else prepared, now_ns, subs))
+            is not None
+        ):
             # The whole batch at once, its ids by priority, then by place in the
             # publish: delivery order is the same (priority, then publish order),
             # but a batch of one priority then takes a run of consecutive ids,
@@ -72,7 +73,7 @@ class Publisher:
             if self._events.journaled:
                 self._events.publish(topic.name, *stored, False)
         elif topic.dedupe and (not topic.limited or self._room_for_all_new(topic, len(prepared))):
-            self._publish_deduped(txn, topic, t, prepared, now_ns, subs)
+            self._publish_deduped(txn, topic, t, stats, prepared, now_ns, subs)
         else:
             journaled = []  # (id, prio, size, expires_ns, replaced) of each message stored
             for i, msg in enumerate(prepared):  # one by one: a limit may drop, and what it drops depends on the last
@@ -82,16 +83,18 @@ class Publisher:
                     journaled.append(self._replace_row(txn, topic, t, old, msg, now_ns))
                     continue
                 try:
-                    stored = self._store_new(txn, topic, t, [msg], now_ns, subs, make_room=True)
+                    stored = self._store_new(txn, topic, t, stats, [msg], now_ns, subs, make_room=True)
                 except StoreFull as exc:
                     raise StoreFull(f"Messages[{i}]: {exc}") from None
                 assert stored is not None  # make_room: stored, or StoreFull raised
                 journaled.extend(zip(*stored, repeat(False)))
             if self._events.journaled and journaled:
                 self._events.publish(topic.name, *zip(*journaled))
-        self._state.topics[topic.name].published += len(prepared)
+        stats.published += len(prepared)
 
-    def _publish_deduped(self, txn: Txn, topic: TopicConfig, t: int, prepared: list[Prepared], now_ns: int, subs: list[str]) -> None:
+    def _publish_deduped(
+        self, txn: Txn, topic: TopicConfig, t: int, stats: TopicStats, prepared: list[Prepared], now_ns: int, subs: list[str]
+    ) -> None:
         """A Dedupe topic's batch (with room for all of it): each message sees the ones
         before it, as if stored one by one, but the new keys between two
         replacements are stored together, with one store write for the run. A
@@ -104,7 +107,7 @@ class Publisher:
 
         def store_run() -> None:
             if run:
-                stored = self._store_new(txn, topic, t, run, now_ns, subs)
+                stored = self._store_new(txn, topic, t, stats, run, now_ns, subs)
                 assert stored is not None  # there is room for all of the publish (_room_for_all_new)
                 journaled.extend(zip(*stored, repeat(False)))
                 run.clear()
@@ -159,24 +162,29 @@ class Publisher:
         return True
 
     def _store_new(
-        self, txn: Txn, topic: TopicConfig, t: int, batch: list[Prepared], now_ns: int, subs: list[str], *, make_room: bool = False
+        self,
+        txn: Txn,
+        topic: TopicConfig,
+        t: int,
+        stats: TopicStats,
+        batch: list[Prepared],
+        now_ns: int,
+        subs: list[str],
+        *,
+        make_room: bool = False,
     ) -> Stored | None:
         """Store messages with new ids for `subs`, each store write once for the
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        stats = self._state.topics[topic.name]
-        keys, fragments, new, first = [], [], [], stats.seq + 1
-        flight_entry, plain, expiring, expires_bytes = (
-            FLIGHT_ENTRY.pack,
-            p.GENERATED_FRAGMENT,
-            p.GENERATED_EXPIRING_FRAGMENT,
-            p.expires_bytes,
-        )
+        rows: list[tuple[bytes, Taken]] = []  # (key, the queues' entry) of each message
+        first = stats.seq + 1
+        plain, expiring, expires_bytes = p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
         # step or from its tail: the in-flight entries are packed for it, not for
         # a backlog nobody reads now.
-        takes_fresh = any(map(self._queues.reads_now, subs))
+        readers = self._queues.readers
+        flight_entry = FLIGHT_ENTRY.pack if not readers.isdisjoint(subs) else None
         for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
@@ -185,29 +193,32 @@ class Publisher:
             else:
                 key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
                 fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
-            keys.append(key)
-            fragments.append(fragment)
-            flight = flight_entry(m, prio, m, 1, now_ns) if takes_fresh else b""
-            new.append((m, prio, m, 1, now_ns, fragment, flight, expires_ns))  # one tuple shared by every queue
-        sizes = list(map(len, fragments))
-        if topic.limited and self._passes_limit(topic, len(sizes), sum(sizes)) is not None:
+            flight = b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns)
+            rows.append((key, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one entry shared by every queue
+        keys, new = [*map(_KEY, rows)], [*map(_ENTRY, rows)]  # the columns, in C
+        fragments = [*map(TAKEN_FRAGMENT, new)]
+        sizes = [*map(len, fragments)]
+        size = sum(sizes)
+        count = len(keys)
+        if (topic.max_messages or topic.max_bytes) and self._passes_limit(topic, count, size) is not None:  # topic.limited
             if not make_room:
                 return None
-            (size,) = sizes
             self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
-        stats.stored_bytes += sum(sizes)
+        stats.stored_bytes += size
         _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
-        stats.seq = first + len(keys) - 1
-        stats.stored += len(keys)
+        stats.seq = first + count - 1
+        stats.stored += count
         txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
         due = dues if any(dues) else None
+        of = self._queues.of
         for name in subs:
-            reads = self._queues.reads_now(name)
-            self._queues.of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
-        txn.put_new_holders(t, [self._state.sub_ids[name] for name in subs], first, prios)
-        return Stored(range(first, first + len(keys)), prios, sizes, expiries)
+            reads = name in readers
+            of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
+        sub_ids = self._topology.sub_ids_of[topic.name] if subs is topic.subscribers else [self._state.sub_ids[name] for name in subs]
+        txn.put_new_holders(t, sub_ids, first, prios)
+        return range(first, first + count), prios, sizes, expiries
 
     # --- per-topic limits: MaxMessages, MaxBytes, OverflowPolicy ---------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
@@ -66,11 +66,11 @@ class Queue:
         has nothing older queued they stay fresh (those `may_stay_fresh` allows;
         None: all), else they get ready rows; those with a due time (`due`, 0:
         none) wait in the delayed rows instead."""
-        fresh = self.fresh
-        caught_up = open_ and fresh is not None and sum(self.stats.ready) == len(fresh)
-        ready = self.stats.ready
+        fresh, ready = self.fresh, self.stats.ready
+        caught_up = open_ and fresh is not None and sum(ready) == (len(fresh) if fresh else 0)  # its fresh ones are all it holds ready
         if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
-            _count(ready, msgs, 1)
+            for f in msgs:  # a plain loop indexing the tuple: cheaper than Counter
+                ready[f[1]] += 1
             if caught_up and fresh is not None:
                 fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
             else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
@@ -112,20 +112,26 @@ class Queue:
         the first `limit` of them in queue order, as far as a batch of
         `max_bytes` holds them (0: no bound), now in flight; the rest settle.
         None otherwise."""
-        fresh = self.fresh
-        if not fresh or sum(self.stats.ready) != len(fresh):
+        fresh, stats = self.fresh, self.stats
+        if not fresh or sum(stats.ready) != (n := len(fresh)):
             return None
-        # Queue order is priority, then position: the list is in position order
-        # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
-        if len(fresh) > 1:
+        if n > 1:
+            # Queue order is priority, then position: the list is in position order
+            # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
             fresh = sorted(fresh, key=TAKEN_PRIO)
         if max_bytes:
             limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
-        taken, self.fresh = fresh[:limit], fresh[limit:]
-        self._txn.put_flight(self.t, self.s, list(map(TAKEN_FLIGHT, taken)), deadline_ns, list(map(TAKEN_M, taken)))
-        _count_in_order(self.stats.ready, taken, -1)
-        self._count_delivered(len(taken), 0)
-        self.settle()  # the rest
+        taken = fresh[:limit]
+        self._txn.put_flight(self.t, self.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
+        if limit < n:
+            _count_in_order(stats.ready, taken, -1)
+            self.fresh, n = fresh[limit:], limit
+            self.settle()
+        else:  # all of them, the whole queue: nothing is ready any more
+            stats.ready = [0] * len(stats.ready)
+            self.fresh = None
+        stats.inflight += n
+        stats.delivered += n
         return taken
 
     def pull(
@@ -150,13 +156,11 @@ class Queue:
             # the truth, and a count they do not back would make every step come back.
             log.error("store: topic %d subscriber %d counted %s ready but has none; counters reset", self.t, self.s, ready)
             self.stats.ready = [0] * len(ready)
-        self._count_delivered(len(taken), len(taken) - [*map(TAKEN_ATTEMPTS, taken)].count(1))  # delivered before: more than 1
-        return Pulled(taken, expired)
-
-    def _count_delivered(self, n: int, again: int) -> None:
+        n = len(taken)
         self.stats.inflight += n
         self.stats.delivered += n
-        self.stats.redelivered += again
+        self.stats.redelivered += n - [*map(TAKEN_ATTEMPTS, taken)].count(1)  # delivered before: more than 1
+        return Pulled(taken, expired)
 
     # --- leaving flight ----------------------------------------------------------------------
 
@@ -166,9 +170,11 @@ class Queue:
         ignored (PROTOCOL §3 Acks)."""
         named: list[int] = ms if None not in ms else [m for m in ms if m is not None]  # type: ignore[assignment]  # checked: no None (a list)
         acked = self._txn.ack_flights(self.t, self.s, named)
-        self.stats.inflight -= len(acked)
-        self.stats.acked += len(acked)
-        self.stats.ignored_acks += len(ms) - len(acked)
+        stats, n = self.stats, len(acked)
+        stats.inflight -= n
+        stats.acked += n
+        if n != len(ms):
+            stats.ignored_acks += len(ms) - n
         return acked
 
     def unflight(self, m: int) -> Flight | None:
@@ -287,16 +293,10 @@ class Queue:
         return msgs
 
 
-def _count(ready: list[int], msgs: Iterable[Taken], sign: int) -> None:
-    """Add (sign 1) or take (-1) msgs to the ready counters of their priorities.
-    A plain loop indexing the tuple: cheaper than Counter."""
-    for f in msgs:
-        ready[f[1]] += sign
-
-
 def _count_in_order(ready: list[int], msgs: list[Taken], sign: int) -> None:
-    """_count of msgs in queue order (by priority, as a batch takes them): a
-    bisect per priority instead of a step per message."""
+    """Add (sign 1) or take (-1) msgs, in queue order (by priority, as a batch
+    takes them), to the ready counters of their priorities: a bisect per
+    priority instead of a step per message."""
     lo, n = 0, len(msgs)
     while lo < n:
         prio = msgs[lo][1]
@@ -312,43 +312,68 @@ class Queues:
     (open, or Pull) with nothing older queued: a batch in the same step takes
     them from memory; `settle_all` writes the ones no batch took before the
     step commits, and `settle_topic` before a change that looks a message up by
-    its place (a replacement, a drop, an expiry)."""
+    its place (a replacement, a drop, an expiry).
+
+    A subscription's `Queue` is kept from step to step. The first look at a
+    topic's counters in a step, or in a request that may be undone, goes
+    through State, as the ledger must note it (store/counters.py); a queue
+    whose counters State no longer holds is built anew then, and an undo, a
+    failed step or a reload drop them all (`forget`)."""
 
     def __init__(self, state: State, topology: Topology) -> None:
         self._state = state
         self._topology = topology
         self.fresh: dict[tuple[str, str], list[Taken]] = {}  # (topic, subscriber) -> its fresh messages, oldest first
         self.open: set[str] = set()  # the subscribers that can take a batch in this step
+        # Those that may take a batch in this step: open, or Pull subscribers,
+        # whose workers TAKE whenever they like (PROTOCOL §9). New messages stay
+        # fresh for them, then wait in their queue's tail in memory.
+        self.readers: set[str] | frozenset[str] = frozenset()
+        self._built: dict[tuple[str, str], Queue] = {}  # (topic, subscriber) -> its queue
 
-    def reads_now(self, sub: str) -> bool:
-        """Whether sub may take a batch in this step: it is open, or it is a Pull
-        subscriber, whose workers TAKE whenever they like (PROTOCOL §9). New
-        messages stay fresh for it, then wait in its queue's tail in memory."""
-        return sub in self.open or self._topology.sub_configs[sub].pull
+    def start(self, open_subs: set[str]) -> None:
+        """A step begins, in which `open_subs` can take batches; nothing is fresh yet."""
+        self.open, self.fresh = open_subs, {}
+        self.readers = open_subs | self._topology.pulled
+
+    def forget(self) -> None:
+        """Drop the queues built so far: the config in force changed (a reload, or
+        its undo), or the counters they hold were replaced (an undo, a failed step)."""
+        self._built = {}
+        self.readers = self.open | self._topology.pulled
 
     def of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
         """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
-        state = self._state
-        fresh_list = self.fresh.setdefault((topic, sub), []) if fresh else None
-        return Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], fresh_list, fresh)
+        key = (topic, sub)
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        queue.fresh, queue.keep_tail = (self.fresh.setdefault(key, []), True) if fresh else (None, False)
+        return queue
 
     def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
         """sub's queue on topic for a batch: its fresh messages go with it."""
-        state = self._state
-        return Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], self.fresh.pop((topic, sub), None), True)
+        key = (topic, sub)
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        queue.fresh, queue.keep_tail = self.fresh.pop(key, None), True
+        return queue
+
+    def _look_up(self, txn: Txn, key: tuple[str, str]) -> Queue:
+        """The subscription's queue, its counters looked up in State (which the
+        ledger notes); built anew unless it holds those very counters."""
+        topic, sub = key
+        stats = self._state.subs[topic][sub]
+        queue = self._built.get(key)
+        if queue is None or queue.stats is not stats:
+            state = self._state
+            queue = self._built[key] = Queue(txn, state.topic_ids[topic], state.sub_ids[sub], stats)
+        return queue
 
     def settle_topic(self, txn: Txn, topic: str) -> None:
         """The fresh messages of one topic join its ready queues now."""
         for key in [key for key in self.fresh if key[0] == topic]:
-            self._settle(txn, key, self.fresh.pop(key))
+            self.taking(txn, *key).settle()
 
     def settle_all(self, txn: Txn) -> None:
         """Fresh messages no batch took join the ready queues."""
-        for key, fresh in self.fresh.items():
-            self._settle(txn, key, fresh)
-        self.fresh = {}
-
-    def _settle(self, txn: Txn, key: tuple[str, str], fresh: list[Taken]) -> None:
-        topic, sub = key
-        state = self._state
-        Queue(txn, state.topic_ids[topic], state.sub_ids[sub], state.subs[topic][sub], fresh, True).settle()
+        if self.fresh:
+            for key in list(self.fresh):
+                self.taking(txn, *key).settle()

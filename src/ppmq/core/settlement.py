@@ -10,6 +10,7 @@ deletes it, once, with its index entries and its topic's counters.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection, Sequence
 
 import msgspec
@@ -36,6 +37,7 @@ DEAD_LETTER_REASON = {ev.EXPIRE: "expired", ev.OVERFLOW: "overflow"}  # PROTOCOL
 PER_TICK = 10_000  # expiries or redeliveries in one transaction; the rest go in the next tick
 ID_DIGITS = 20  # a generated key has fewer digits than this (ids are below 10**19)
 _int_list = msgspec.json.Decoder(list[int]).decode
+_CANONICAL_ID = re.compile(f"[1-9][0-9]{{0,{ID_DIGITS - 2}}}")  # ASCII digits, no leading 0, fewer than ID_DIGITS
 
 
 class Settlement:
@@ -54,7 +56,7 @@ class Settlement:
     # --- acks --------------------------------------------------------------------------------
 
     def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        return self.ack_msgs(txn, topic.name, sub, self.msgs_of(txn, topic, keys))
+        return self.ack_msgs(txn, topic.name, sub, generated_ids(keys) if not topic.dedupe else self.msgs_of(txn, topic, keys))
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
@@ -69,12 +71,14 @@ class Settlement:
         ids = queue.ack(msgs)
         if not ids:
             return 0
-        sc = self._topology.sub_configs.get(sub)
-        if sc is None or sc.pull:  # only a Pull subscriber's messages have takers
+        topology = self._topology
+        if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
             self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(topic, sub, reason, ids)
-        self.release(txn, topic, queue.t, queue.s, ids)
+        done = txn.release_holders(queue.t, queue.s, ids)  # release, written out: an ack is the usual way out
+        if done:
+            self._delete_messages(txn, topic, queue.t, done)
         return len(ids)
 
     # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------
@@ -140,12 +144,12 @@ class Settlement:
             self._delete_messages(txn, topic, t, done)
 
     def _delete_messages(self, txn: Txn, topic: str, t: int, ms: list[int]) -> None:
-        tc = self._topology.topics.get(topic)  # None: the topic is being dropped; remove any index entry
-        count, size = txn.delete_messages(t, ms, dedupe=tc is None or tc.dedupe)
+        topics = self._topology.topics  # without the topic, being dropped: remove any index entry
+        count, size = txn.delete_messages(t, ms, dedupe=topic not in topics or topics[topic].dedupe)
         stats = self._state.topics[topic]
         stats.stored -= count
         # max(): a store written before this counter existed holds uncounted bytes
-        stats.stored_bytes = max(0, stats.stored_bytes - size)
+        stats.stored_bytes = stats.stored_bytes - size if stats.stored_bytes > size else 0
 
     # --- RECONNECT, redelivery, returned batches ----------------------------------------
 
@@ -401,6 +405,8 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
     every key is ASCII digits, none starts with 0 and none is too long, each
     names the id it spells: a few C-level passes over the keys, and the ints
     read by msgspec at once, instead of calls for every key."""
+    if keys and not keys[1:]:  # the usual ack of one message: generated_id, inline
+        return [int(keys[0]) if _CANONICAL_ID.fullmatch(keys[0]) else None]
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
         return _int_list(f"[{joined}]")  # canonical decimals: a JSON array of them, read in one call
@@ -410,6 +416,4 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
 def generated_id(key: str) -> int | None:
     """The message id a generated key names (PROTOCOL §3 Keys), or None: only the
     canonical decimal the broker writes names one, so "0002" acks nothing."""
-    if key.isascii() and key.isdigit() and key[0] != "0" and len(key) < ID_DIGITS:
-        return int(key)
-    return None
+    return int(key) if _CANONICAL_ID.fullmatch(key) else None

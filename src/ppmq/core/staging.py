@@ -103,11 +103,13 @@ class Staging:
         self._uncommitted = record  # the record as the current step leaves it
         self._new: list[Job] = []  # queued in the current step
         self._touched: Job | None = None  # the job the current step worked on
+        # Steps are needed even without requests: a job to advance, rows to
+        # delete. Kept by every change to the three above (_note_busy), so
+        # that a step asks it without a call.
+        self.busy = record is not None
 
-    @property
-    def busy(self) -> bool:
-        """Steps are needed even without requests: a job to advance, rows to delete."""
-        return bool(self._active or self._waiting or self._orphan)
+    def _note_busy(self) -> None:
+        self.busy = bool(self._active or self._waiting or self._orphan)
 
     def job_of(self, req: p.Request) -> Job | None:
         """The job whose turn it is, if req is its request; None for a newcomer."""
@@ -119,13 +121,13 @@ class Staging:
         job = Job(req, req.messages, topic, now_ns, event, ready=[0] * topic.priorities)
         self._waiting.append(job)
         self._new.append(job)
+        self.busy = True
 
     def step(self, txn: Txn, apply: Callable[[p.Request], p.Reply | None]) -> list[Answer]:
         """One chunk of work: an orphan's rows deleted, or the next chunk of the job
         whose turn it is, through `apply` (the broker's request path), which answers
-        None until the job is whole. Returns the job's answer once it has one."""
-        if not self.busy:
-            return []  # nothing staged: the record is absent, and stays so
+        None until the job is whole. Returns the job's answer once it has one.
+        Asked only while `busy`: otherwise the record is absent, and stays so."""
         answers = []
         if self._orphan is not None:
             self._delete_chunk(txn, self._orphan)
@@ -139,6 +141,7 @@ class Staging:
                 self._active = None
                 self._orphan = txn.staged()  # a failed job's rows; None once a job is whole
         self._uncommitted = txn.staged()
+        self._note_busy()
         return answers
 
     def committed(self) -> None:
@@ -152,6 +155,7 @@ class Staging:
         new = self._new
         self._waiting = deque(j for j in self._waiting if j not in new)
         self._new = []
+        self._note_busy()
 
     def rolled_back(self, error: RequestError) -> list[Answer]:
         """The step's transaction failed: what it did to staging did not happen. The
@@ -163,6 +167,7 @@ class Staging:
         self._active = None
         self._orphan = self._uncommitted = self._committed
         self._touched = None
+        self._note_busy()
         return answers
 
     def store_chunk(

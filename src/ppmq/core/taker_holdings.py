@@ -31,19 +31,20 @@ class TakerHoldings:
     def __init__(self) -> None:
         self._owner: dict[Key, dict[int, int]] = {}  # (topic, subscriber) -> message id -> taker
         # (key, messages, each one's previous taker or None) since the commit: an
-        # entry a take or an ack, whose messages are set or looked up in C
-        self._log: list[tuple[Key, tuple[int, ...], list[int | None]]] = []
+        # entry a take or an ack, whose messages are set or looked up in C; empty
+        # when nothing changed, so that a step commits it only when it has any
+        self.log: list[tuple[Key, tuple[int, ...], list[int | None]]] = []
 
     def took(self, key: Key, taker: int, ms: list[int]) -> None:
         owners = self._owner.setdefault(key, {})
-        self._log.append((key, tuple(ms), list(map(owners.get, ms))))
+        self.log.append((key, tuple(ms), list(map(owners.get, ms))))
         owners.update(zip(ms, repeat(taker)))
 
     def release(self, key: Key, ms: list[int]) -> None:
         """Acked (by whichever connection): nobody holds ms any more."""
         owners = self._owner.get(key)
         if owners:
-            self._log.append((key, tuple(ms), list(map(owners.pop, ms, repeat(None)))))
+            self.log.append((key, tuple(ms), list(map(owners.pop, ms, repeat(None)))))
 
     def abandon(self, taker: int) -> list[tuple[Key, list[int]]]:
         """What taker holds, per subscription; it holds nothing any more."""
@@ -71,13 +72,13 @@ class TakerHoldings:
     # --- undo ------------------------------------------------------------------------
 
     def mark(self) -> int:
-        return len(self._log)
+        return len(self.log)
 
     def undo(self, mark: int = 0) -> None:
         """Put back every change made since `mark`, newest first (a message named
         twice in one entry was taken out by its first mention)."""
-        while len(self._log) > mark:
-            key, ms, before = self._log.pop()
+        while len(self.log) > mark:
+            key, ms, before = self.log.pop()
             owners = self._owner.setdefault(key, {})
             for m, taker in zip(reversed(ms), reversed(before)):
                 if taker is None:
@@ -86,4 +87,4 @@ class TakerHoldings:
                     owners[m] = taker
 
     def commit(self) -> None:
-        self._log.clear()
+        self.log = []

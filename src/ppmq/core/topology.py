@@ -29,6 +29,8 @@ class Topology:
         self.sub_topics: dict[str, list[TopicConfig]] = {}  # subscriber -> the topics it takes
         self.topic_by_id: dict[int, str] = {}
         self.sub_by_id: dict[int, str] = {}
+        self.pulled: frozenset[str] = frozenset()  # the Pull subscribers (PROTOCOL §9)
+        self.sub_ids_of: dict[str, list[int]] = {}  # topic -> the store ids of its subscribers, in config order
         self.rules: Rules  # the access rules of config, set by install
         self.topic_order: dict[str, int] = {}  # topic -> its place in the config: the order subscribers are filled in
         self.windows: dict[str, int] = {}  # subscriber -> its Window a connection (PROTOCOL §3)
@@ -44,6 +46,8 @@ class Topology:
         self.sub_topics = {s.name: [t for t in config.topics if s.name in t.subscribers] for s in config.subscribers}
         self.topic_by_id = {i: n for n, i in state.topic_ids.items()}
         self.sub_by_id = {i: n for n, i in state.sub_ids.items()}
+        self.pulled = frozenset(s.name for s in config.subscribers if s.pull)
+        self.sub_ids_of = {t.name: [state.sub_ids[name] for name in t.subscribers] for t in config.topics}
         self.rules = Rules(config)
         self.topic_order = {t.name: i for i, t in enumerate(config.topics)}
         self.windows = {s.name: config.window(s) for s in config.subscribers}

@@ -105,6 +105,9 @@ class Tracked(dict[str, _V]):
         # A lookup that notes nothing, for readers outside the step (and the
         # step's own pure reads): rows' own get, which costs no Python call.
         self.peek = rows.get  # type: ignore[method-assign]  # typed below
+        # The keys looked up at the current level: a live view of the dict itself,
+        # whose `in` is dict's own, no call made (Queues.of asks it per lookup).
+        self.seen = dict.keys(self)
 
     if TYPE_CHECKING:
         peek = dict.get

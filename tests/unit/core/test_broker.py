@@ -150,6 +150,47 @@ def test_a_status_that_fails_mid_step_keeps_the_publishes_answered_before_it(tmp
     assert check(read_snapshot(str(tmp_path)), broker.config) == []
 
 
+def test_the_queues_kept_from_step_to_step_count_right_around_an_undone_request_and_a_failed_commit(tmp_path, monkeypatch):
+    # Given a message in flight to s, its queue built in that step
+    broker, store = open_broker(tmp_path)
+    broker.step([publish(b"1")], {"s"}, NOW)
+    # When its ack shares a step with a STATUS that fails, and so runs again, each request undoable
+    monkeypatch.setattr(broker_module, "status_body", lambda *a: 1 / 0)
+    step = broker.step([p.Request(topic="t", subscriber="s", acks=["1"]), STATUS], set(), NOW)
+    # Then the ack counts once
+    assert [r.status for r in step.replies] == [200, 500]
+    stats = broker.state.subs["t"]["s"]
+    assert (stats.inflight, stats.acked, stats.delivered) == (0, 1, 1)
+    # And when a step whose commit fails delivers the next message, the next step delivers it again, counted once
+    failing = store.write
+
+    def write_then_fail():
+        writing = failing()
+
+        class Failing:
+            def __enter__(self):
+                return writing.__enter__()
+
+            def __exit__(self, *exc):
+                writing.__exit__(StoreError, StoreError("disk"), None)
+                raise StoreError("disk")
+
+        return Failing()
+
+    monkeypatch.setattr(store, "write", write_then_fail)
+    assert broker.step([publish(b"2")], {"s"}, NOW).replies[0].status == 500
+    monkeypatch.setattr(store, "write", failing)
+    step = broker.step([], {"s"}, broker.next_tick_ns)
+    stats = broker.state.subs["t"]["s"]
+    assert [d.msgs for d in step.deliveries] == []  # the failed publish was never stored
+    assert (stats.inflight, stats.acked, stats.delivered, stats.ready) == (0, 1, 1, [0])
+    assert broker.step([publish(b"3")], {"s"}, broker.next_tick_ns).deliveries[0].msgs == [2]
+    stats = broker.state.subs["t"]["s"]
+    assert (stats.inflight, stats.acked, stats.delivered, stats.ready) == (1, 1, 2, [0])
+    store.close()
+    assert check(read_snapshot(str(tmp_path)), broker.config) == []
+
+
 def test_an_access_check_that_fails_on_a_bug_costs_its_request_alone_answered_500_and_logged(tmp_path, caplog):
     # Given a publish whose connection's access check meets a bug, and a publish without one after it
     broker, store = open_broker(tmp_path)
