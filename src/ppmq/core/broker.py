@@ -58,7 +58,7 @@ MAX_RETRY_NS = 5 * NS
 class _Replay(Exception):
     """Control flow of the step, not an error: a request failed in a step applied
     without savepoints, so the step is rolled back, to run again with them
-    (Broker._commit). Private to this module, and kept out of ppmq.errors."""
+    (Broker._transact). Private to this module, and kept out of ppmq.errors."""
 
 
 class Broker:
@@ -201,16 +201,24 @@ class Broker:
         self._router.lanes = lanes or {}
         carried, self._carried = self._carried, []
         ops = carried + ops
-        self._clear_stale_readers()
+        # A reader killed inside a snapshot (a report, fsck) pins the pages it
+        # could see until its slot is freed, so every commit would grow the file:
+        # look for such slots at every step (a look at LMDB's reader table, well
+        # under a microsecond).
+        cleared = self.store.clear_stale_readers()
+        if cleared:
+            _freed_readers(cleared)
         ended: list[Answer] = []  # a staged publish the failed first try ended
         try:
             try:
-                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
+                replies, deliveries, next_tick, finished = self._transact(ops, open_subs, now_ns, early)
             except StoreFullError as exc:
                 ended = self._staging.rolled_back(_reply_error(exc))
-                if not self._clear_stale_readers():
+                cleared = self.store.clear_stale_readers()
+                if not cleared:
                     raise
-                replies, deliveries, next_tick, finished = self._commit(ops, open_subs, now_ns, early)
+                _freed_readers(cleared)
+                replies, deliveries, next_tick, finished = self._transact(ops, open_subs, now_ns, early)
         except StoreError as exc:
             return self._failed(ops, len(carried), exc, now_ns, ended)
         if self._failures:
@@ -220,38 +228,19 @@ class Broker:
         left = self._router.left_flight() if self._router.watch is not None else {}
         return Step(replies[len(carried) :] if carried else replies, deliveries, next_tick, self._events.take(), ended + finished, left)
 
-    def _clear_stale_readers(self) -> int:
-        """A reader killed inside a snapshot (a report, fsck) pins the pages it
-        could see until its slot is freed, so every commit would grow the file:
-        look for such slots at every step (a look at LMDB's reader table, well
-        under a microsecond)."""
-        cleared = self.store.clear_stale_readers()
-        if cleared:
-            log.warning("freed %d reader slots of processes that died inside a read", cleared)
-        return cleared
-
-    def _commit(
-        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None
+    def _transact(
+        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool = False
     ) -> tuple[list, list[Delivery], int, list[Answer]]:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised.
 
-        The step's requests are applied as if none will fail: a request that
-        does fail (rare: most are refused before they change anything) rolls the
-        whole step back, and it runs again with a savepoint around each request,
-        so that the failed one alone is undone and answered with its error. A
-        savepoint and the undo levels of the counters would otherwise be the
-        fixed cost of every request."""
-        try:
-            return self._transact(ops, open_subs, now_ns, early, guarded=False)
-        except _Replay:
-            self._staging.forget_new()
-            return self._transact(ops, open_subs, now_ns, early, guarded=True)
-
-    def _transact(
-        self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool
-    ) -> tuple[list, list[Delivery], int, list[Answer]]:
-        """One try at the step's transaction; `guarded`: each request in a savepoint."""
+        The step's requests are applied as if none will fail (`_apply`): a
+        request that does fail (rare: most are refused before they change
+        anything) rolls the whole step back, and it runs again `guarded`, with
+        a savepoint around each request (`_apply_guarded`), so that the failed
+        one alone is undone and answered with its error. A savepoint and the
+        undo levels of the counters would otherwise be the fixed cost of every
+        request."""
         self._topology_before = None  # the config in force before the step's first reload
         self._queues.start(open_subs)
         self._events.now_ns = now_ns
@@ -262,9 +251,10 @@ class Broker:
             with self.store.write() as txn:
                 if self._topology.laned:
                     self._router.watch_flights(txn)
-                replies = [self._apply(txn, op, now_ns, guarded) for op in ops]
+                apply = self._apply_guarded if guarded else self._apply
+                replies = [apply(txn, op, now_ns) for op in ops]
                 staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
-                finished = self._staging.step(txn, lambda req: self._apply(txn, req, now_ns, True)) if staged else []
+                finished = self._staging.step(txn, lambda req: self._apply_guarded(txn, req, now_ns)) if staged else []
                 if now_ns >= self.next_tick_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
@@ -277,18 +267,12 @@ class Broker:
                 if early is not None and deliveries and not held:
                     early(deliveries)
                     sent = True
+        except _Replay:
+            self._roll_back(sent)
+            self._staging.forget_new()
+            return self._transact(ops, open_subs, now_ns, early, guarded=True)
         except BaseException:
-            if sent:
-                self._note_let_out()
-            self._ledger.rollback(self.store.committed_meta)
-            self._keep_let_out()
-            if self._topology_before is not None:
-                self._restore_topology(self._topology_before)
-            self._queues.forget()  # they may hold counters the rollback replaced
-            self._dispatcher.note_backlog(self._ledger.take_touched())
-            self._events.clear()
-            self._queues.fresh = {}
-            self._takers.undo()
+            self._roll_back(sent)
             raise
         touched = self._ledger.stepped()
         if staged:
@@ -299,6 +283,21 @@ class Broker:
         if early is not None and deliveries and held:
             early(deliveries)
         return replies, deliveries, next_tick, finished
+
+    def _roll_back(self, sent: bool) -> None:
+        """The step's transaction is aborted: the broker as the last commit left it;
+        `sent`: the step's batches left before."""
+        if sent:
+            self._note_let_out()
+        self._ledger.rollback(self.store.committed_meta)
+        self._keep_let_out()
+        if self._topology_before is not None:
+            self._restore_topology(self._topology_before)
+        self._queues.forget()  # they may hold counters the rollback replaced
+        self._dispatcher.note_backlog(self._ledger.take_touched())
+        self._events.clear()
+        self._queues.fresh = {}
+        self._takers.undo()
 
     def _reserve_ids(self) -> bool:
         """Renew the reservation of every sequence the step may have used (those
@@ -342,36 +341,83 @@ class Broker:
 
     # --- one op -----------------------------------------------------------------------
 
-    def _apply(self, txn: Txn, op: Op, now_ns: int, guarded: bool = True) -> p.Reply | None:
-        """One op's effect and reply. A request that fails is answered with its
-        error, its writes undone (`guarded`), or raises _Replay (not guarded)."""
+    def _apply(self, txn: Txn, op: Op, now_ns: int, guarded: bool = False) -> p.Reply | None:
+        """One op's effect and reply, applied as if it will not fail: a request
+        that fails raises _Replay, and the step runs again guarded, in which
+        it raises its error (_apply_guarded).
+
+        A request (PROTOCOL §2, §8): messages, acks, nacks, rejects, touches,
+        then the command (a TAKE's on behalf of its taker); all or nothing.
+        None: a large publish, answered in a later step (core/staging.py)."""
         taker = None
         if type(op) is not p.Request:  # a bare request, or one with its connection's access check
             if type(op) is Take:
                 taker = op.taker
             elif type(op) is not Guarded:
-                return self._apply_internal(txn, op, now_ns, guarded)
+                return self._apply_internal(txn, op, now_ns, False)
             try:
                 if op.check is not None:
                     op.check(op.request)
             except Forbidden as exc:
-                return self._apply(txn, Invalid(exc, op.request.id), now_ns)
-            except Exception as exc:  # a bug in the check; it writes nothing, so nothing to undo
-                if not guarded:
-                    raise _Replay from exc  # answered (and logged) once, in the guarded run
-                return self._apply(txn, Invalid(_error_of(exc), op.request.id), now_ns)
-            op = op.request
-        if not guarded:
-            try:
-                return self._events.of_request(self._request, txn, op, now_ns, taker)
-            except Exception as exc:
+                return self._apply_internal(txn, Invalid(exc, op.request.id), now_ns, False)
+            except Exception as exc:  # a bug in the check: answered (and logged) once, in the guarded run
                 raise _Replay from exc
+            op = op.request
+        events = self._events  # its batches are the request's (StepEvents)
+        events.numbered += 1
+        events.collecting, events.request = events.requests, events.numbered
+        accepted, body = 0, None
+        topics = self._topology.topics
         try:
-            return self._events.of_request(lambda: self._undoable(txn, lambda: self._request(txn, op, now_ns, taker)))
+            if op.messages is not None:
+                try:
+                    topic = topics[op.topic or ""]
+                except KeyError:
+                    topic = self._topology.topic_for(op, "Messages")  # which raises the error
+                accepted = len(op.messages)
+                if accepted > staging.CHUNK_MESSAGES and is_large(topic, op.messages):  # the module's, which tests shrink
+                    if not self._publisher.publish_staged(txn, topic, op, now_ns):
+                        return None
+                else:
+                    prepared = prepare(topic, op.messages, self._topology.config.max_message_bytes, now_ns)
+                    txn.refuse_when_full()
+                    self._publisher.publish(txn, topic, prepared, now_ns)
+            if op.acks is not None:
+                try:
+                    topic = topics[op.topic or ""]
+                except KeyError:
+                    topic = self._topology.topic_for(op, "Acks")  # which raises the error
+                sub = op.subscriber if op.subscriber in topic.subscribers else self._topology.subscriber_of(op.subscriber, topic, "Acks")
+                accepted += self._settlement.ack(txn, topic, sub, op.acks)
+            if op.nacks is not None or op.rejects is not None or op.touch is not None or op.delay is not None:
+                accepted += self._control(txn, op)
+            if op.command is not None:
+                body = self._command(txn, op, now_ns, taker)
+        except Exception as exc:
+            if guarded:
+                raise
+            raise _Replay from exc
+        finally:
+            events.collecting, events.request = events.own, 0
+        return p.Reply(status=200, id=op.id, accepted=accepted, body=body)
+
+    def _apply_guarded(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
+        """One op's effect and reply, a request in a savepoint: one that fails is
+        undone alone (its writes, counters, config and batches) and answered
+        with its error."""
+        if type(op) is not p.Request and type(op) is not Guarded and type(op) is not Take:
+            return self._apply_internal(txn, op, now_ns, True)
+        number = self._events.numbered + 1  # the request's: its batches go if it fails
+        try:
+            return self._undoable(txn, lambda: self._apply(txn, op, now_ns, True))
+        except _Replay as replay:  # a bug in its access check, which wrote nothing
+            return self._apply_internal(txn, Invalid(_error_of(replay.__cause__), request_id(op)), now_ns, True)  # type: ignore[arg-type]  # raised from an Exception
         except Exception as exc:  # a bug must cost one request, not the broker
+            self._events.forget_from(number)
             error = _error_of(exc)
+        req = op if type(op) is p.Request else op.request  # type: ignore[union-attr]  # a Guarded or a Take
         self.state.rejected += 1
-        return self._rejected(p.error_reply(error, op.id), op.topic, len(op.messages or ()))
+        return self._rejected(p.error_reply(error, req.id), req.topic, len(req.messages or ()))
 
     def _apply_internal(self, txn: Txn, op: Op, now_ns: int, guarded: bool) -> p.Reply | None:
         """An op that is not a ppmq request: one the broker or its server made, or PHPMQ's re-queue."""
@@ -384,7 +430,7 @@ class Broker:
             if isinstance(op, Returned):
                 self._settlement.return_batch(txn, op)
             else:
-                self._settlement.ack_msgs(txn, op.topic, op.subscriber, op.msgs, "AutoAck")
+                self._settlement.ack(txn, self._topology.topics[op.topic], op.subscriber, None, op.msgs, "AutoAck")
             return None
         if isinstance(op, Invalid):
             self.state.rejected += 1
@@ -408,7 +454,7 @@ class Broker:
         try:
             return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.requeue_at_end(txn, op, now_ns)))
         except Exception as exc:  # a bug must cost one request, not the broker
-            return self._apply(txn, Invalid(_error_of(exc), UNSET), now_ns)
+            return self._apply_internal(txn, Invalid(_error_of(exc), UNSET), now_ns, True)
 
     def _undoable(self, txn: Txn, apply: Callable[[], T]) -> T:
         """apply(), whose writes, counters, config and fresh messages all vanish if
@@ -432,38 +478,6 @@ class Broker:
     def _rejected(self, reply: p.Reply, topic: str | None, count: int) -> p.Reply:
         self._events.reject(topic, reply.status, reply.error, count)
         return reply
-
-    def _request(self, txn: Txn, req: p.Request, now_ns: int, taker: int | None = None) -> p.Reply | None:
-        """PROTOCOL §2, §8: messages, acks, nacks, rejects, touches, then the
-        command (a TAKE's on behalf of `taker`); all or nothing.
-        None: a large publish, answered in a later step (core/staging.py)."""
-        accepted, body = 0, None
-        topics = self._topology.topics
-        if req.messages is not None:
-            try:
-                topic = topics[req.topic or ""]
-            except KeyError:
-                topic = self._topology.topic_for(req, "Messages")  # which raises the error
-            accepted = len(req.messages)
-            if accepted > staging.CHUNK_MESSAGES and is_large(topic, req.messages):  # the module's, which tests shrink
-                if not self._publisher.publish_staged(txn, topic, req, now_ns):
-                    return None
-            else:
-                prepared = prepare(topic, req.messages, self._topology.config.max_message_bytes, now_ns)
-                txn.refuse_when_full()
-                self._publisher.publish(txn, topic, prepared, now_ns)
-        if req.acks is not None:
-            try:
-                topic = topics[req.topic or ""]
-            except KeyError:
-                topic = self._topology.topic_for(req, "Acks")  # which raises the error
-            sub = req.subscriber if req.subscriber in topic.subscribers else self._topology.subscriber_of(req.subscriber, topic, "Acks")
-            accepted += self._settlement.ack_keys(txn, topic, sub, req.acks)
-        if req.nacks is not None or req.rejects is not None or req.touch is not None or req.delay is not None:
-            accepted += self._control(txn, req)
-        if req.command is not None:
-            body = self._command(txn, req, now_ns, taker)
-        return p.Reply(status=200, id=req.id, accepted=accepted, body=body)
 
     def _control(self, txn: Txn, req: p.Request) -> int:
         """PROTOCOL §8: Nacks, Rejects and Touch, in this order; how many keys applied."""
@@ -590,6 +604,10 @@ class Broker:
                 s = self.state.sub_ids[name]
                 for flight in txn.inflight_of(t, s):
                     self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
+
+
+def _freed_readers(cleared: int) -> None:
+    log.warning("freed %d reader slots of processes that died inside a read", cleared)
 
 
 def _error_of(exc: Exception) -> RequestError:

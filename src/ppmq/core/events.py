@@ -125,21 +125,28 @@ class StepEvents:
     request collecting it, or 0 for the step's own batches (a fill's, a timer's,
     an op the server made), which come after every request's. Only `batch` and
     `file` can leave a batch without messages, and only after them does `take`
-    look for one."""
+    look for one.
+
+    A request's batches are collected by numbering it (`numbered`, then
+    `request`) and pointing `collecting` at `requests`; `collecting` goes back
+    to `own` and `request` to 0 when it ends. The broker does so itself around
+    each request (Broker._apply), which is the path of every request, and
+    `forget_from` drops the batches of a request that failed."""
 
     def __init__(self, journaled: bool, now_ns: int) -> None:
         self.journaled = journaled
         self.now_ns = now_ns  # the time of the step: every event's Ts
-        self._requests: dict[tuple, Event] = {}  # the batches and rejections of the step's requests, in their order
-        self._batches: dict[tuple, Event] = {}  # where batches are collected now: the step's own, or _requests
-        self._request = 0  # the number of the request collecting them, 0 outside any
-        self._numbered = 0  # requests numbered so far
+        self.requests: dict[tuple, Event] = {}  # the batches and rejections of the step's requests, in their order
+        self.own: dict[tuple, Event] = {}  # the step's own batches
+        self.collecting = self.own  # where batches are collected now: own, or requests
+        self.request = 0  # the number of the request collecting them, 0 outside any
+        self.numbered = 0  # requests numbered so far
         self._loose = False  # a batch may have found nothing to do
 
     def batch(self, kind: str, topic: str | None, sub: str | None = None, reason: str | None = None) -> Event:
         """The event of this kind collecting the current step's (or request's) messages."""
-        key = (self._request, kind, topic, sub, reason)
-        batches = self._batches
+        key = (self.request, kind, topic, sub, reason)
+        batches = self.collecting
         if key in batches:
             return batches[key]
         self._loose = True
@@ -151,7 +158,7 @@ class StepEvents:
         step's, where `batch` would look for it."""
         event.ts = self.now_ns
         self._loose = True
-        self._batches[self._request, event.event, event.topic, event.subscriber, event.reason] = event
+        self.collecting[self.request, event.event, event.topic, event.subscriber, event.reason] = event
 
     def publish(
         self,
@@ -164,8 +171,8 @@ class StepEvents:
     ) -> None:
         """A request's stored messages, column by column: a few C-level list
         copies or extensions per request instead of five appends per message."""
-        key = (self._request, PUBLISH, topic, None, None)
-        batches = self._batches
+        key = (self.request, PUBLISH, topic, None, None)
+        batches = self.collecting
         if key not in batches:  # the usual case: built whole, with no empty lists to extend
             batches[key] = Event(
                 event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns),
@@ -184,8 +191,8 @@ class StepEvents:
     def deliver(self, topic: str, sub: str, ids: Sequence[int], pub_ns: Column, attempts: Column, size: Iterable[int]) -> None:
         """A batch pushed to sub, column by column; a batch fresh from this step's
         publish gives its publish time and first attempt as one value each."""
-        key = (self._request, DELIVER, topic, sub, None)
-        batches = self._batches
+        key = (self.request, DELIVER, topic, sub, None)
+        batches = self.collecting
         if key not in batches:
             batches[key] = Event(
                 event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), bytes=list(size),
@@ -206,8 +213,8 @@ class StepEvents:
         """Messages sub is done with (acked, or written with Reason AutoAck): their ids
         only, which is all an ack costs nothing to tell; the version acked is the
         one last published before it (docs/journal.md)."""
-        key = (self._request, ACK, topic, sub, reason)
-        batches = self._batches
+        key = (self.request, ACK, topic, sub, reason)
+        batches = self.collecting
         if key in batches:
             batches[key].ids += ids
         else:
@@ -216,31 +223,37 @@ class StepEvents:
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
         """A request answered with an error: after the requests before it."""
         if self.journaled:
-            self._numbered += 1
-            self._requests[(self._numbered,)] = Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count)
+            self.numbered += 1
+            self.requests[(self.numbered,)] = Event(event=REJECT, ts=self.now_ns, topic=topic, status=status, error=error, count=count)
 
     def of_request(self, apply: Callable[..., T], *args: Any) -> T:
         """apply(*args), whose batches join the step's only if it returns."""
-        outer = self._batches, self._request
-        self._numbered = number = self._numbered + 1
-        self._batches, self._request = self._requests, number
+        self.numbered = number = self.numbered + 1
+        self.collecting, self.request = self.requests, number
         try:
             return apply(*args)
-        except BaseException:  # its batches go, with those of any request numbered within it
-            for key in [key for key in self._requests if key[0] >= number]:
-                del self._requests[key]
+        except BaseException:
+            self.forget_from(number)
             raise
         finally:
-            self._batches, self._request = outer
+            self.collecting, self.request = self.own, 0
+
+    def forget_from(self, number: int) -> None:
+        """A request numbered `number` failed: its batches go, with those of any
+        request numbered within it."""
+        for key in [key for key in self.requests if key[0] >= number]:
+            del self.requests[key]
 
     def take(self) -> list[Event]:
         """The step's events; batches that found nothing to do are left out."""
-        events = list(self._requests.values())
-        events += self._batches.values()  # the step's own: no request is being applied
+        events = list(self.requests.values())
+        events += self.own.values()
         if self._loose:
             events = [e for e in events if e.ids or e.status or e.event in COLUMNLESS]
-        self._requests, self._batches, self._loose = {}, {}, False
+        self.requests, self.own, self._loose = {}, {}, False
+        self.collecting = self.own
         return events
 
     def clear(self) -> None:
-        self._requests, self._batches, self._loose = {}, {}, False
+        self.requests, self.own, self._loose = {}, {}, False
+        self.collecting = self.own

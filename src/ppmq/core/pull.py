@@ -94,7 +94,7 @@ class Pull:
             self._takers.took((topic.name, sub), taker, ids)
             self._prune_stale(txn, (topic.name, sub), 2 * self._state.subs[topic.name][sub].inflight + PRUNE_SLACK)
         else:  # AckRequired: false: taking completes them, as writing a pushed batch does
-            self._settlement.ack_msgs(txn, topic.name, sub, ids, "AutoAck")
+            self._settlement.ack(txn, topic, sub, None, ids, "AutoAck")
         return {"Messages": [msgspec.Raw(f) for f in fragments]}
 
     def abandon(self, txn: Txn, taker: int, now_ns: int) -> None:

@@ -164,19 +164,6 @@ class Queue:
 
     # --- leaving flight ----------------------------------------------------------------------
 
-    def ack(self, ms: Sequence[int | None]) -> list[int]:
-        """The subscriber is done with ms (None: a key that names no message);
-        returns those that were in flight. Acks of anything else are counted as
-        ignored (PROTOCOL §3 Acks)."""
-        named: list[int] = ms if None not in ms else [m for m in ms if m is not None]  # type: ignore[assignment]  # checked: no None (a list)
-        acked = self._txn.ack_flights(self.t, self.s, named)
-        stats, n = self.stats, len(acked)
-        stats.inflight -= n
-        stats.acked += n
-        if n != len(ms):
-            stats.ignored_acks += len(ms) - n
-        return acked
-
     def unflight(self, m: int) -> Flight | None:
         """m leaves flight, to go wherever the caller puts it."""
         flight = self._txn.pop_flight(self.t, self.s, m)
@@ -348,6 +335,23 @@ class Queues:
         queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
         queue.fresh, queue.keep_tail = (self.fresh.setdefault(key, []), True) if fresh else (None, False)
         return queue
+
+    def ack(self, txn: Txn, topic: str, sub: str, ms: Sequence[int | None]) -> list[int]:
+        """sub is done with ms on topic (None: a key that names no message);
+        returns those that were in flight, which leave its queue. Acks of
+        anything else are counted as ignored (PROTOCOL §3 Acks). The queue's
+        one change made here rather than by its Queue: an ack is the usual
+        way out, and this saves it the look-up's call."""
+        key = (topic, sub)
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        named: list[int] = ms if None not in ms else [m for m in ms if m is not None]  # type: ignore[assignment]  # checked: no None (a list)
+        acked = txn.ack_flights(queue.t, queue.s, named)
+        stats, n = queue.stats, len(acked)
+        stats.inflight -= n
+        stats.acked += n
+        if acked != ms:  # some named nothing in flight (the usual ack names one that is)
+            stats.ignored_acks += len(ms) - n
+        return acked
 
     def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
         """sub's queue on topic for a batch: its fresh messages go with it."""

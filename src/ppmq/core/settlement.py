@@ -55,8 +55,32 @@ class Settlement:
 
     # --- acks --------------------------------------------------------------------------------
 
-    def ack_keys(self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str]) -> int:
-        return self.ack_msgs(txn, topic.name, sub, generated_ids(keys) if not topic.dedupe else self.msgs_of(txn, topic, keys))
+    def ack(
+        self, txn: Txn, topic: TopicConfig, sub: str, keys: list[str] | None, msgs: Sequence[int | None] = (), reason: str | None = None
+    ) -> int:
+        """sub is done with the messages `keys` name (PROTOCOL §3 Acks), or, without
+        keys, with `msgs` (a written batch, Reason AutoAck); how many were in
+        flight. The usual ack names one message by its generated key."""
+        if keys is None:
+            pass
+        elif keys[1:] or not keys or topic.dedupe:
+            msgs = self.msgs_of(txn, topic, keys)
+        else:  # generated_id, inline
+            msgs = [int(keys[0])] if _CANONICAL_ID.fullmatch(keys[0]) else [None]
+        name = topic.name
+        ids = self._queues.ack(txn, name, sub, msgs)
+        if not ids:
+            return 0
+        topology = self._topology
+        if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
+            self._takers.release((name, sub), ids)  # whichever connection acks (PROTOCOL §9)
+        if self._events.journaled:
+            self._events.ack(name, sub, reason, ids)
+        t = self._state.topic_ids[name]
+        done = txn.release_holders(t, self._state.sub_ids[sub], ids)  # release, written out: an ack is the usual way out
+        if done:
+            self._delete_messages(txn, name, t, done)
+        return len(ids)
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
@@ -65,21 +89,6 @@ class Settlement:
         # a key too long to be stored (or looked up) names none
         encoded = [key if len(key) <= MAX_KEY_BYTES else None for key in map(str.encode, keys)]
         return txn.dedupe_ids(self._state.topic_ids[topic.name], encoded)
-
-    def ack_msgs(self, txn: Txn, topic: str, sub: str, msgs: Sequence[int | None], reason: str | None = None) -> int:
-        queue = self._queues.of(txn, topic, sub)
-        ids = queue.ack(msgs)
-        if not ids:
-            return 0
-        topology = self._topology
-        if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
-            self._takers.release((topic, sub), ids)  # whichever connection acks (PROTOCOL §9)
-        if self._events.journaled:
-            self._events.ack(topic, sub, reason, ids)
-        done = txn.release_holders(queue.t, queue.s, ids)  # release, written out: an ack is the usual way out
-        if done:
-            self._delete_messages(txn, topic, queue.t, done)
-        return len(ids)
 
     # --- nacks, rejects, touches (PROTOCOL §8) -------------------------------------------------
 
@@ -405,8 +414,6 @@ def generated_ids(keys: list[str]) -> Sequence[int | None]:
     every key is ASCII digits, none starts with 0 and none is too long, each
     names the id it spells: a few C-level passes over the keys, and the ints
     read by msgspec at once, instead of calls for every key."""
-    if keys and not keys[1:]:  # the usual ack of one message: generated_id, inline
-        return [int(keys[0]) if _CANONICAL_ID.fullmatch(keys[0]) else None]
     digits, joined = "".join(keys), ",".join(keys)
     if digits.isascii() and digits.isdigit() and "" not in keys and ",0" not in "," + joined and max(map(len, keys)) < ID_DIGITS:
         return _int_list(f"[{joined}]")  # canonical decimals: a JSON array of them, read in one call
