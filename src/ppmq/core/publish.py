@@ -212,10 +212,7 @@ class Publisher:
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
         due = dues if any(dues) else None
-        of = self._queues.of
-        for name in subs:
-            reads = name in readers
-            of(txn, topic.name, name, fresh=reads).add_new(new, may_stay_fresh, reads, due)
+        self._queues.add_new(txn, topic.name, subs, new, may_stay_fresh, due)
         sub_ids = self._topology.sub_ids_of[topic.name] if subs is topic.subscribers else [self._state.sub_ids[name] for name in subs]
         txn.put_new_holders(t, sub_ids, first, prios)
         return range(first, first + count), prios, sizes, expiries

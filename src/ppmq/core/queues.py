@@ -61,28 +61,18 @@ class Queue:
 
     # --- new messages ------------------------------------------------------------------
 
-    def add_new(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, open_: bool, due: Sequence[int] | None = None) -> None:
-        """New messages at the end of the queue. While the subscriber is open and
-        has nothing older queued they stay fresh (those `may_stay_fresh` allows;
-        None: all), else they get ready rows; those with a due time (`due`, 0:
-        none) wait in the delayed rows instead."""
-        fresh, ready = self.fresh, self.stats.ready
-        caught_up = open_ and fresh is not None and sum(ready) == (len(fresh) if fresh else 0)  # its fresh ones are all it holds ready
-        if due is None and (not caught_up or may_stay_fresh is None or all(may_stay_fresh)):
-            for f in msgs:  # a plain loop indexing the tuple: cheaper than Counter
-                ready[f[1]] += 1
-            if caught_up and fresh is not None:
-                fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
-            else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
-                self._txn.push_fresh(self.t, self.s, msgs, self.keep_tail, start=False)
-            return
+    def add_each(self, msgs: list[Taken], may_stay_fresh: list[bool] | None, due: Sequence[int] | None, fresh: list[Taken] | None) -> None:
+        """Queues.add_new for a batch whose messages may go different ways: one
+        by one, to the fresh list while the subscriber keeps up (`fresh`, its
+        fresh list then, else None), to the ready rows, or to the delayed rows."""
+        ready, caught_up = self.stats.ready, fresh is not None
         queued = []
         for i, (f, may) in enumerate(zip(msgs, may_stay_fresh or repeat(True))):
             m, prio = f[0], f[1]
             if due is not None and due[i]:
                 self._delay(Delayed(prio, m, m, 0, due[i]))
-            elif caught_up and may and fresh is not None:
-                fresh.append(f)
+            elif caught_up and may:
+                fresh.append(f)  # type: ignore[union-attr]  # caught up: a list
             else:
                 caught_up = False
                 queued.append(f)
@@ -329,12 +319,43 @@ class Queues:
         self._built = {}
         self.readers = self.open | self._topology.pulled
 
-    def of(self, txn: Txn, topic: str, sub: str, *, fresh: bool = False) -> Queue:
-        """sub's queue on topic; with `fresh`, one that new messages may stay fresh in."""
+    def of(self, txn: Txn, topic: str, sub: str) -> Queue:
+        """sub's queue on topic."""
         key = (topic, sub)
         queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
-        queue.fresh, queue.keep_tail = (self.fresh.setdefault(key, []), True) if fresh else (None, False)
+        queue.fresh, queue.keep_tail = None, False
         return queue
+
+    def add_new(
+        self, txn: Txn, topic: str, subs: list[str], msgs: list[Taken], may_stay_fresh: list[bool] | None, due: Sequence[int] | None
+    ) -> None:
+        """New messages at the end of the queues of `subs` on topic, one list of
+        entries shared by them all. A subscriber that reads now and has nothing
+        older queued keeps them fresh (those `may_stay_fresh` allows; None:
+        all), else they get ready rows (kept in memory too for a reader,
+        store/ready_tails.py); those with a due time (`due`, 0: none) wait in
+        the delayed rows instead."""
+        readers, fresh_of, built, seen = self.readers, self.fresh, self._built, self._state.subs.seen
+        for sub in subs:
+            key = (topic, sub)
+            queue = built[key] if topic in seen and key in built else self._look_up(txn, key)
+            ready, reads = queue.stats.ready, sub in readers
+            fresh = fresh_of[key] if key in fresh_of else None  # noqa: SIM401 - a look-up without a call
+            if reads and sum(ready) == (len(fresh) if fresh else 0):  # its fresh ones are all it holds ready: it keeps up
+                if fresh is None:
+                    fresh = fresh_of[key] = []
+            else:
+                fresh = None
+            if due is not None or (fresh is not None and may_stay_fresh is not None and not all(may_stay_fresh)):
+                queue.keep_tail = reads
+                queue.add_each(msgs, may_stay_fresh, due, fresh)
+                continue
+            for f in msgs:  # a plain loop indexing the tuple: cheaper than Counter
+                ready[f[1]] += 1
+            if fresh is not None:
+                fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+            else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
+                txn.push_fresh(queue.t, queue.s, msgs, reads, start=False)
 
     def ack(self, txn: Txn, topic: str, sub: str, ms: Sequence[int | None]) -> list[int]:
         """sub is done with ms on topic (None: a key that names no message);
