@@ -36,7 +36,7 @@ from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure
 from ppmq.core.publish import Publisher
 from ppmq.core.pull import ABANDONED, Pull
 from ppmq.core.queues import Queues
-from ppmq.core.settlement import Settlement
+from ppmq.core.settlement import TICK_NS, Settlement
 from ppmq.core.staging import Answer, Staging, is_large
 from ppmq.core.taker_holdings import TakerHoldings
 from ppmq.core.topology import Snapshot, Topology
@@ -261,9 +261,18 @@ class Broker:
                 if self._queues.fresh:  # what no batch took
                     self._queues.settle_all(txn)
                 self.state.commits += 1
-                held = self._reserve_ids()
+                # Renew the reservation of every sequence the step may have used (those
+                # of the topics it touched); `held`: its batches must wait for its commit.
+                held, topics = False, self.state.topics
+                for name in self._ledger.touched:
+                    stats = topics.peek(name)
+                    if stats is not None and stats.reserve():
+                        held = True
                 self._ledger.save(txn)
-                next_tick = self._settlement.next_tick(txn, now_ns)
+                # When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS.
+                due, next_tick = txn.next_timer_ns(), now_ns + TICK_NS
+                if due is not None and due < next_tick:
+                    next_tick = due if due > now_ns else now_ns
                 if early is not None and deliveries and not held:
                     early(deliveries)
                     sent = True
@@ -298,16 +307,6 @@ class Broker:
         self._events.clear()
         self._queues.fresh = {}
         self._takers.undo()
-
-    def _reserve_ids(self) -> bool:
-        """Renew the reservation of every sequence the step may have used (those
-        of the topics it touched); True if its batches must wait for its commit."""
-        topics, held = self.state.topics, False
-        for name in self._ledger.touched:
-            stats = topics.peek(name)
-            if stats is not None and stats.reserve():
-                held = True
-        return held
 
     def _note_let_out(self) -> None:
         """The batches of a step that is being rolled back left: the ids its

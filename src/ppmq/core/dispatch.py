@@ -56,21 +56,25 @@ class Dispatcher:
         ready as the last step left them, and those of the topics touched since;
         in the order they are filled, subscriber by name, then topics in config
         order."""
-        touched, topics, order, subs = self._ledger.touched, self._topology.topics, self._topology.topic_order, self._state.subs
-        found = []
+        topology, touched, subs = self._topology, self._ledger.touched, self._state.subs
+        topics, order, by_name = topology.topics, topology.topic_order, topology.subs_by_name
+        found: list[tuple[str, int, TopicConfig, SubStats]] = []
+        mixed = False  # found in more than one place: sorted at the end
         for name in touched:
             if name in topics:
                 topic, held = topics[name], subs.peek(name, {})
-                found += [(sub, order[name], topic, stats) for sub, stats in held.items() if sub in open_subs]
+                mixed = mixed or bool(found)
+                found += [(sub, order[name], topic, held[sub]) for sub in by_name[name] if sub in open_subs and sub in held]
         if self.backlog:
             for sub, names in self.backlog.items():
                 if sub in open_subs:
+                    mixed = True
                     found += [
                         (sub, order[name], topics[name], stats)
                         for name in names - touched
                         if name in topics and (stats := subs.peek(name, {}).get(sub)) is not None
                     ]
-        if found[1:]:
+        if mixed and found[1:]:
             found.sort()  # (subscriber, place) is unique: the topics and counters are never compared
         return found
 
@@ -155,25 +159,26 @@ class Dispatcher:
                 batch = self.batch(txn, sub, topic, limit, now_ns)
                 if batch is None:
                     break
-                ids, fragments = batch
+                ids, fragments, drained = batch
                 delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
                 out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
-                if not any(stats.ready):  # the usual batch takes all that is ready
+                if drained or not any(stats.ready):  # the usual batch takes all that is ready
                     break
         return out
 
     def batch(
         self, txn: Txn, sub: str, topic: TopicConfig, limit: int, now_ns: int, max_bytes: int = 0
-    ) -> tuple[list[int], list[bytes]] | None:
+    ) -> tuple[list[int], list[bytes], bool] | None:
         """The next batch for sub, now in flight and journaled, pushed or taken
-        (PROTOCOL §9): its ids and its messages as sub receives them, at most
-        `limit` of them and, given `max_bytes`, as many as that many bytes
-        hold (at least one). Its fresh messages when they are its whole queue,
-        else from the ready rows; expired ones met on the way are expired."""
-        queue = self._queues.taking(txn, topic.name, sub)
-        t, s = queue.t, queue.s
+        (PROTOCOL §9): its ids, its messages as sub receives them, and whether
+        it is known to have taken all that sub had ready (fewer than `limit`
+        fresh ones), at most `limit` of them and, given `max_bytes`, as many as
+        that many bytes hold (at least one). Its fresh messages when they are
+        its whole queue, else from the ready rows; expired ones met on the way
+        are expired."""
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        taken = queue.take_fresh(limit, deadline, max_bytes)
+        queue, taken = self._queues.take_fresh(txn, topic.name, sub, limit, deadline, max_bytes)
+        t, s = queue.t, queue.s
         fresh = taken is not None  # published in this very step
         if not fresh:
             own = txn.copy_expiries(t, s)  # copies a PHPMQ re-queue gave an expiry of their own (PROTOCOL §9)
@@ -196,7 +201,7 @@ class Dispatcher:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
         if self._topology.sub_configs[sub].metadata:
             fragments = p.with_metadata(fragments, attempts, pub_ns)
-        return list(ids), list(fragments)
+        return list(ids), list(fragments), fresh and not max_bytes and not ids[limit - 1 :]
 
     def _with_own_expiry(self, txn: Txn, t: int, entry: Taken, own: dict[int, int]) -> Taken:
         """A taken entry as its copy is delivered: with the copy's own Expires if it has one."""

@@ -89,7 +89,7 @@ class Pull:
         batch = self._dispatcher.batch(txn, sub, topic, limit, now_ns, max_bytes) if limit > 0 else None
         if batch is None:
             return {"Messages": []}
-        ids, fragments = batch
+        ids, fragments, _ = batch
         if topic.ack_required:
             self._takers.took((topic.name, sub), taker, ids)
             self._prune_stale(txn, (topic.name, sub), 2 * self._state.subs[topic.name][sub].inflight + PRUNE_SLACK)

@@ -97,33 +97,6 @@ class Queue:
 
     # --- delivery ------------------------------------------------------------------------
 
-    def take_fresh(self, limit: int, deadline_ns: int, max_bytes: int = 0) -> list[Taken] | None:
-        """When the fresh messages (published in this step) are the whole queue:
-        the first `limit` of them in queue order, as far as a batch of
-        `max_bytes` holds them (0: no bound), now in flight; the rest settle.
-        None otherwise."""
-        fresh, stats = self.fresh, self.stats
-        if not fresh or sum(stats.ready) != (n := len(fresh)):
-            return None
-        if n > 1:
-            # Queue order is priority, then position: the list is in position order
-            # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
-            fresh = sorted(fresh, key=TAKEN_PRIO)
-        if max_bytes:
-            limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
-        taken = fresh[:limit]
-        self._txn.put_flight(self.t, self.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
-        if limit < n:
-            _count_in_order(stats.ready, taken, -1)
-            self.fresh, n = fresh[limit:], limit
-            self.settle()
-        else:  # all of them, the whole queue: nothing is ready any more
-            stats.ready = [0] * len(stats.ready)
-            self.fresh = None
-        stats.inflight += n
-        stats.delivered += n
-        return taken
-
     def pull(
         self, limit: int, deadline_ns: int, expired_at_ns: int, own_expiry: dict[int, int] | None = None, max_bytes: int = 0
     ) -> Pulled:
@@ -373,6 +346,40 @@ class Queues:
         if acked != ms:  # some named nothing in flight (the usual ack names one that is)
             stats.ignored_acks += len(ms) - n
         return acked
+
+    def take_fresh(
+        self, txn: Txn, topic: str, sub: str, limit: int, deadline_ns: int, max_bytes: int = 0
+    ) -> tuple[Queue, list[Taken] | None]:
+        """sub's queue on topic for a batch, and, when the fresh messages
+        (published in this step) are its whole queue, the first `limit` of
+        them in queue order, as far as a batch of `max_bytes` holds them (0: no
+        bound), now in flight; the rest settle. None otherwise: the queue
+        holds its fresh messages then, which its `pull` settles first."""
+        key = (topic, sub)
+        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
+        fresh = queue.fresh = self.fresh.pop(key, None)
+        queue.keep_tail = True
+        stats = queue.stats
+        if not fresh or sum(stats.ready) != (n := len(fresh)):
+            return queue, None
+        if n > 1:
+            # Queue order is priority, then position: the list is in position order
+            # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
+            fresh = sorted(fresh, key=TAKEN_PRIO)
+        if max_bytes:
+            limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
+        taken = fresh[:limit]
+        txn.put_flight(queue.t, queue.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
+        if limit < n:
+            _count_in_order(stats.ready, taken, -1)
+            queue.fresh, n = fresh[limit:], limit
+            queue.settle()
+        else:  # all of them, the whole queue: nothing is ready any more
+            stats.ready = [0] * len(stats.ready)
+            queue.fresh = None
+        stats.inflight += n
+        stats.delivered += n
+        return queue, taken
 
     def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
         """sub's queue on topic for a batch: its fresh messages go with it."""

@@ -400,14 +400,6 @@ class Settlement:
             self._delete_messages(txn, topic, t, [m])
         return removed
 
-    def next_tick(self, txn: Txn, now_ns: int) -> int:
-        """When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS."""
-        tick = now_ns + TICK_NS
-        due = txn.next_timer_ns()
-        if due is not None and due < tick:
-            tick = due
-        return tick if tick > now_ns else now_ns
-
 
 def generated_ids(keys: list[str]) -> Sequence[int | None]:
     """generated_id of each key, checked for a whole ack wrapper at once: when

@@ -31,6 +31,7 @@ class Topology:
         self.sub_by_id: dict[int, str] = {}
         self.pulled: frozenset[str] = frozenset()  # the Pull subscribers (PROTOCOL §9)
         self.sub_ids_of: dict[str, list[int]] = {}  # topic -> the store ids of its subscribers, in config order
+        self.subs_by_name: dict[str, list[str]] = {}  # topic -> its subscribers by name: the order they are filled in
         self.rules: Rules  # the access rules of config, set by install
         self.topic_order: dict[str, int] = {}  # topic -> its place in the config: the order subscribers are filled in
         self.windows: dict[str, int] = {}  # subscriber -> its Window a connection (PROTOCOL §3)
@@ -48,6 +49,7 @@ class Topology:
         self.sub_by_id = {i: n for n, i in state.sub_ids.items()}
         self.pulled = frozenset(s.name for s in config.subscribers if s.pull)
         self.sub_ids_of = {t.name: [state.sub_ids[name] for name in t.subscribers] for t in config.topics}
+        self.subs_by_name = {t.name: sorted(t.subscribers) for t in config.topics}
         self.rules = Rules(config)
         self.topic_order = {t.name: i for i, t in enumerate(config.topics)}
         self.windows = {s.name: config.window(s) for s in config.subscribers}
