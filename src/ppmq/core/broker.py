@@ -286,7 +286,7 @@ class Broker:
         touched = self._ledger.stepped()
         if staged:
             self._staging.committed()
-        self._dispatcher.note_backlog(touched)
+        self._dispatcher.note_backlog(touched, self._dispatcher.emptied)
         if self._takers.log:
             self._takers.commit()
         if early is not None and deliveries and held:

@@ -7,7 +7,7 @@ filled per lane (core/laning.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from ppmq.config import TopicConfig
 from ppmq.core.events import Column, StepEvents
@@ -49,6 +49,8 @@ class Dispatcher:
         # with the topics a step touches, where a fill looks, so that a step costs
         # what its topics cost, not what every topic of an open subscriber does
         self.backlog: dict[str, set[str]] = {}
+        # (topic, subscriber) of each subscription the last fill left with nothing ready
+        self.emptied: dict[tuple[str, str], bool] = {}
 
     def pending(self, open_subs: set[str]) -> list[tuple[str, int, TopicConfig, SubStats]]:
         """(subscriber, topic's place in the config, topic, counters) of each
@@ -78,14 +80,24 @@ class Dispatcher:
             found.sort()  # (subscriber, place) is unique: the topics and counters are never compared
         return found
 
-    def note_backlog(self, topics: set[str]) -> None:
-        """After a step: whether each subscription of `topics` has messages ready.
+    def note_backlog(self, topics: set[str], emptied: Container[tuple[str, str]] = ()) -> None:
+        """After a step: whether each subscription of `topics` has messages ready;
+        those `emptied` (the step's fill left them none) are known to have none.
         A subscriber with none anywhere leaves the index, so that an empty index
         says at a glance that no subscriber waits."""
-        backlog = self.backlog
+        backlog, by_name, subs = self.backlog, self._topology.subs_by_name, self._state.subs
         for name in topics:
-            for sub, stats in self._state.subs.peek(name, {}).items():
-                if any(stats.ready):
+            if name not in by_name:
+                continue  # a topic no config names: its counters went with it
+            held: dict[str, SubStats] | None = None  # looked up only for a subscription the fill did not empty
+            for sub in by_name[name]:
+                if (name, sub) in emptied:
+                    ready = False
+                else:
+                    if held is None:
+                        held = subs.peek(name, {})
+                    ready = sub in held and any(held[sub].ready)
+                if ready:
                     backlog.setdefault(sub, set()).add(name)
                 elif sub in backlog:
                     names = backlog[sub]
@@ -150,6 +162,7 @@ class Dispatcher:
         connecting after the first publish) behind for good, taking every new
         message through the ready queue instead of straight into flight."""
         out = []
+        emptied = self.emptied = {}
         router = self._router
         lanes, last = None, None
         for sub, _, topic, stats in self.pending(open_subs):
@@ -163,6 +176,7 @@ class Dispatcher:
                 delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
                 out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
                 if drained or not any(stats.ready):  # the usual batch takes all that is ready
+                    emptied[topic.name, sub] = True
                     break
         return out
 

@@ -199,7 +199,7 @@ class Publisher:
         fragments = [*map(TAKEN_FRAGMENT, new)]
         sizes = [*map(len, fragments)]
         size = sum(sizes)
-        count = len(keys)
+        count = m - first + 1  # the loop's last id is the batch's
         if (topic.max_messages or topic.max_bytes) and self._passes_limit(topic, count, size) is not None:  # topic.limited
             if not make_room:
                 return None
@@ -211,7 +211,7 @@ class Publisher:
         txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
-        due = dues if any(dues) else None
+        due = None if dues == (0,) * count else dues  # none waits (PROTOCOL §8 Delay): a comparison in C
         self._queues.add_new(txn, topic.name, subs, new, may_stay_fresh, due)
         sub_ids = self._topology.sub_ids_of[topic.name] if subs is topic.subscribers else [self._state.sub_ids[name] for name in subs]
         txn.put_new_holders(t, sub_ids, first, prios)

@@ -68,8 +68,8 @@ class Settlement:
         else:  # generated_id, inline
             msgs = [int(keys[0])] if _CANONICAL_ID.fullmatch(keys[0]) else [None]
         name = topic.name
-        ids = self._queues.ack(txn, name, sub, msgs)
-        if not ids:
+        ids, n = self._queues.ack(txn, name, sub, msgs)
+        if not n:
             return 0
         topology = self._topology
         if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
@@ -80,7 +80,7 @@ class Settlement:
         done = txn.release_holders(t, self._state.sub_ids[sub], ids)  # release, written out: an ack is the usual way out
         if done:
             self._delete_messages(txn, name, t, done)
-        return len(ids)
+        return n
 
     def msgs_of(self, txn: Txn, topic: TopicConfig, keys: list[str]) -> Sequence[int | None]:
         """The message each key names (PROTOCOL §3 Keys), None for one that names none."""
