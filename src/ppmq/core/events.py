@@ -246,8 +246,7 @@ class StepEvents:
 
     def take(self) -> list[Event]:
         """The step's events; batches that found nothing to do are left out."""
-        events = list(self.requests.values())
-        events += self.own.values()
+        events = [*(self.requests | self.own).values()]  # the requests' batches, then the step's own (keyed 0: no key is in both)
         if self._loose:
             events = [e for e in events if e.ids or e.status or e.event in COLUMNLESS]
         self.requests, self.own, self._loose = {}, {}, False

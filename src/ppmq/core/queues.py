@@ -326,7 +326,7 @@ class Queues:
             for f in msgs:  # a plain loop indexing the tuple: cheaper than Counter
                 ready[f[1]] += 1
             if fresh is not None:
-                fresh.extend(msgs)  # the usual publish to a subscriber that keeps up: all of it
+                fresh += msgs  # the usual publish to a subscriber that keeps up: all of it
             else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
                 txn.push_fresh(queue.t, queue.s, msgs, reads, start=False)
 
@@ -395,7 +395,7 @@ class Queues:
         ledger notes); built anew unless it holds those very counters."""
         topic, sub = key
         stats = self._state.subs[topic][sub]
-        queue = self._built.get(key)
+        queue = self._built[key] if key in self._built else None  # noqa: SIM401 - a look-up without a call
         if queue is None or queue.stats is not stats:
             state = self._state
             queue = self._built[key] = Queue(txn, state.topic_ids[topic], state.sub_ids[sub], stats)
