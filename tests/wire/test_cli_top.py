@@ -60,10 +60,11 @@ class Tmux:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    def start(self, command: list[str]) -> None:
-        """Run `command` in a new 80x24 window; its exit status goes to a file when it ends."""
-        env = [f"PYTHONPATH={os.pathsep.join(sys.path)}", "TERM=xterm-256color"]
-        wrapped = ["sh", "-c", '"$@"; echo $? > "$0"', str(self.status_path), "env", *env, *command]
+    def start(self, command: list[str], term: str = "xterm-256color") -> None:
+        """Run `command` in a new 80x24 window; its exit status goes to a file when it ends
+        (the shell that writes it outlives a Ctrl-C, which its trap takes)."""
+        env = [f"PYTHONPATH={os.pathsep.join(sys.path)}", f"TERM={term}"]
+        wrapped = ["sh", "-c", 'trap : INT; "$@"; echo $? > "$0"', str(self.status_path), "env", *env, *command]
         self("-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24", "-s", "top", *wrapped)
 
     def exit_status(self) -> str:
@@ -223,3 +224,17 @@ def test_top_scrolls_a_table_longer_than_the_terminal(broker_factory, tmux):
     assert re.search(r"^  s20\s", screen, re.M) and not re.search(r"^jobs\s", screen, re.M), screen
     tmux("send-keys", "-t", "top", "q")
     assert wait_for(tmux.exit_status, what="ppmq top to exit after q") == "0"
+
+
+def test_top_on_a_terminal_that_cannot_move_its_cursor_prints_tables_cut_to_its_width(broker_factory, tmux):
+    # Given a terminal that says it is dumb, and a subscriber with a long name
+    long = "a-subscriber-with-a-name-longer-than-the-terminal-has-room-for"
+    broker = broker_factory([{"Name": "jobs", "Subscribers": [long]}], [long])
+    tmux.start([*PPMQ, "top", "-c", str(broker.config_path), "--interval", "0.2s"], term="dumb")
+    # Then ppmq top says so and prints tables one after the other, each line within 80 columns
+    screen = wait_for(lambda: tmux.showing("ppmq top: cannot draw on this terminal"), what="the fallback")
+    screen = wait_for(lambda: s if (s := tmux.screen()).count("TOPIC/SUB") >= 2 else None, what="two tables")
+    assert re.search(r"^  a-subscriber-w…\s+0\.0\s+0\.0\s+0\s+0\s+-\s+no\s*$", screen, re.M), screen
+    # And Ctrl-C ends it, exit status 0
+    tmux("send-keys", "-t", "top", "C-c")
+    assert wait_for(tmux.exit_status, what="ppmq top to exit after Ctrl-C") == "0"

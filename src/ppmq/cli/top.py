@@ -16,6 +16,7 @@ import argparse
 import curses
 import locale
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -205,7 +206,7 @@ def _top(args: argparse.Namespace) -> int:
         if args.count is None and sys.stdout.isatty() and sys.stdin.isatty():
             try:
                 return _live(args)
-            except curses.error as exc:  # TERM unset or unknown: no screen to draw on
+            except curses.error as exc:  # no screen to draw on
                 print(f"ppmq top: cannot draw on this terminal ({exc}); printing tables instead", file=sys.stderr)
         return _plain(args)
     except KeyboardInterrupt:
@@ -214,14 +215,16 @@ def _top(args: argparse.Namespace) -> int:
 
 def _plain(args: argparse.Namespace) -> int:
     """A table each interval, after the first interval so that every table has rates;
-    a reader that goes away (`| head`) ends the command quietly."""
+    on a terminal, cut to its width as the live view is. A reader that goes away
+    (`| head`) ends the command quietly."""
+    width = shutil.get_terminal_size().columns - 1 if sys.stdout.isatty() else None  # a file keeps whole names
     with open_client(args) as client:
         before = sample(client)
         printed = 0
         while args.count is None or printed < args.count:
             time.sleep(max(before.at + args.interval - time.monotonic(), 0.0))
             now = sample(client)
-            lines = [_title(args) + ": " + summary(before, now), *table(before, now, None)]
+            lines = [_title(args) + ": " + summary(before, now), *table(before, now, width)]
             try:
                 sys.stdout.write("\n".join(lines) + "\n\n")
                 sys.stdout.flush()
@@ -234,6 +237,9 @@ def _plain(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
+    curses.setupterm()  # from TERM: unset or unknown raises curses.error
+    if curses.tigetstr("cup") is None:  # TERM=dumb, an editor's shell buffer: nothing can be drawn in place
+        raise curses.error("it cannot move the cursor")
     client = open_client(args)  # before the screen is taken: a broker that is not there is an error as for any command
     locale.setlocale(locale.LC_ALL, "")  # for curses to write names in the terminal's encoding
     view = _Screen(args, client)
