@@ -20,7 +20,7 @@ from .test_cli import ENV, PPMQ, ppmq
 
 TOPICS = [{"Name": "jobs", "Priorities": 3, "Subscribers": ["worker", "idle"]}]
 # A subscriber's line: name, deliveries/s, acks/s, ready by priority, in flight, oldest, connected, paused
-SUB_LINE = r"^  {name}\s+(?P<deliv>[\d.]+k?)\s+(?P<ack>[\d.]+k?)\s+(?P<ready>\d+/\d+/\d+)\s+(?P<inflight>\d+)\s+(?P<oldest>\S+)\s+(?P<conn>yes|no)(?:\s+(?P<paused>yes))?\s*$"
+SUB_LINE = r"^  {name}\s+(?P<deliv>[\d.]+k?)\s+(?P<ack>[\d.]+k?)\s+(?P<ready>\d+/[\d/]*…?)\s+(?P<inflight>\d+)\s+(?P<oldest>\S+)\s+(?P<conn>yes|no)(?:\s+(?P<paused>yes))?\s*$"
 TOPIC_LINE = r"^jobs\s+(?P<pub>[\d.]+k?)\s+"
 
 
@@ -114,7 +114,7 @@ def test_top_shows_rates_and_counts_live_in_an_80_column_terminal_and_q_quits(bu
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the screen:\n{last[0]}") from None
     assert float(worker["deliv"].rstrip("k")) > 0, screen
-    assert sum(map(int, idle["ready"].split("/"))) > 0 and idle["oldest"] != "-", screen
+    assert int(idle["ready"].split("/")[0]) > 0 and idle["oldest"] != "-", screen
     assert (idle["conn"], idle["paused"]) == ("no", "yes"), screen
     assert worker["conn"] == "yes" and worker["paused"] is None, screen
     # And every column fits: the header's last one is whole, the keys are on the last line

@@ -168,7 +168,7 @@ def table(before: Sample | None, now: Sample, width: int | None) -> list[str]:
     if width is not None:
         widths = [max(len(row[i]) for row in rows_) for i in range(len(HEADER))]
         room = width - (sum(widths) - widths[0]) - 2 * (len(HEADER) - 1)
-        ready = widths[READY] - max(NAME_MIN - room, 0)
+        ready = widths[READY] - max(min(widths[0], NAME_MIN) - room, 0)
         name = max(room, NAME_MIN)
         rows_ = [(_cut(row[0], name), *row[1:READY], _cut(row[READY], max(ready, len(HEADER[READY]))), *row[READY + 1 :]) for row in rows_]
     return align(rows_)

@@ -55,3 +55,13 @@ def test_rate_and_age_are_short() -> None:
     assert [rate(n, 0, 1.0) for n in (0, 5, 150, 25_000)] == ["0.0", "5.0", "150", "25k"]
     assert rate(3, 10, 1.0) == "3.0"  # a counter that started again
     assert [age(a) for a in (None, 0.42, 42.9, 303, 7800)] == ["-", "0.4s", "42s", "5m03s", "2h10m"]
+
+
+def test_ready_is_cut_only_by_what_the_names_do_not_leave() -> None:
+    # Given short names and a READY of 16 characters, which make a line 3 longer than 79 columns
+    before, now = Sample(0.0, status(0, 0, 0, "w")), Sample(1.0, status(1, 1, 1, "w"))
+    lines = table(before, now, 79)
+    assert max(map(len, lines)) <= 79
+    # Then READY loses those 3 characters, and no name is cut
+    assert lines[2].split()[0] == "w" and lines[2].split()[3] == "1000/20000/3…"
+    assert lines[1].split()[0] == "jobs"
