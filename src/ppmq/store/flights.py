@@ -242,7 +242,7 @@ class Flights:
             self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self.db)
             flights.batches[key] = (kept_ms, raw[:HEAD])
             return
-        del flights.batches[key]
+        flights.batches.pop(key, None)
         self.txn.delete(key, db=self.db)
         if raw[:HEAD] != NO_DEADLINE:
             self._drop_deadline(key, raw)
