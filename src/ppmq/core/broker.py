@@ -271,8 +271,7 @@ class Broker:
                 if self._queues.fresh:  # what no batch took
                     self._queues.settle_all(txn)
                 self.state.commits += 1
-                held = self._reserve_ids()
-                self._ledger.save(txn)
+                held = self._ledger.end_step(txn)
                 next_tick = self._settlement.next_tick(txn, now_ns)
                 if early is not None and deliveries and not held:
                     early(deliveries)
@@ -299,16 +298,6 @@ class Broker:
         if early is not None and deliveries and held:
             early(deliveries)
         return replies, deliveries, next_tick, finished
-
-    def _reserve_ids(self) -> bool:
-        """Renew the reservation of every sequence the step may have used (those
-        of the topics it touched); True if its batches must wait for its commit."""
-        topics, held = self.state.topics, False
-        for name in self._ledger.touched:
-            stats = topics.peek(name)
-            if stats is not None and stats.reserve():
-                held = True
-        return held
 
     def _note_let_out(self) -> None:
         """The batches of a step that is being rolled back left: the ids its
@@ -450,7 +439,7 @@ class Broker:
                     return None
             else:
                 prepared = prepare(topic, req.messages, self._topology.config.max_message_bytes, now_ns)
-                txn.refuse_when_full()
+                txn.refuse_when_full(now_ns)
                 self._publisher.publish(txn, topic, prepared, now_ns)
         if req.acks is not None:
             try:
