@@ -118,9 +118,12 @@ class GroupCommit:
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
-        and the loop going round; what the systemd watchdog vouches for."""
-        since = self._busy_since if self._busy_since is not None else self._heartbeat
-        return time.monotonic() - since < max_age_s
+        and the loop going round; what the systemd watchdog vouches for. A
+        writer waiting for work or its next tick (up to a second) is idle, not
+        stuck, however long ago it last went round."""
+        if self._busy_since is not None:
+            return time.monotonic() - self._busy_since < max_age_s
+        return self._waiter is not None or time.monotonic() - self._heartbeat < max_age_s
 
     @property
     def busy(self) -> bool:
