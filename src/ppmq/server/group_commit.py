@@ -64,7 +64,10 @@ class Follower(Protocol):
 class Outlet(Protocol):
     """Where a subscriber's batches go: its delivery task."""
 
-    def push(self, delivery: Delivery) -> None: ...
+    def push(self, delivery: Delivery) -> bool:
+        """Take a batch; True if it may be given another at once, as if opened
+        again (GroupCommit.open), which it is told otherwise when it may."""
+        ...
 
 
 class LanedOutlet(Outlet, Protocol):
@@ -396,15 +399,23 @@ class GroupCommit:
                 self._journal(events)
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
+        """Each batch to its subscriber's outlet, which is no longer open once
+        given one, unless it says that it may take another at once."""
+        opened = self._open
         outlets: dict[str, Outlet | None] = {}
         for delivery in deliveries:
-            if delivery.subscriber not in outlets:
-                outlets[delivery.subscriber] = self._open.pop(delivery.subscriber, None)
-            outlet = outlets[delivery.subscriber]
-            if outlet is None:  # the connection went away while the step ran
-                self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
+            sub = delivery.subscriber
+            if sub in outlets:
+                outlet = outlets[sub]
+            elif sub in opened:
+                outlet = outlets[sub] = opened[sub]
+                del opened[sub]
             else:
-                outlet.push(delivery)
+                outlet = outlets[sub] = None
+            if outlet is None:  # the connection went away while the step ran
+                self.submit(Returned(sub, delivery.topic, delivery.msgs))
+            elif outlet.push(delivery):
+                opened[sub] = outlet
 
     def _free(self, left: dict[str, dict[str, list[int]]]) -> None:
         """Room again on the lanes that carried what left flight in the step; after
