@@ -34,18 +34,20 @@ class Gathering:
         # Subscribers whose acks a publish waited for in vain: not waited for
         # again until their next acks come (a slow subscriber, not one on its way).
         self._late: set[str] = set()
-        self.clear()
-
-    def clear(self) -> None:
-        """Nothing is queued."""
-        self.may_wait = True
-        self.stale = False  # a step ran since the ops were added: recount them
+        self.may_wait = True  # every op counted may still wait
+        # What is counted no longer holds (a step ran since, or nothing is queued
+        # any more): the next op added is counted from nothing.
+        self.stale = False
         self._acking: set[str] = set()  # subscribers whose one-way acks are queued
         self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
 
+    def clear(self) -> None:
+        """Nothing is queued."""
+        self.stale = True
+
     def recount(self, ops: Iterable[Op]) -> None:
         """Count `ops`, all that is queued, anew (after a step changed the state)."""
-        self.clear()
+        self.stale = True
         for op in ops:
             if not self.add(op):
                 break
@@ -79,7 +81,9 @@ class Gathering:
         acks did not come in time is not waited for again until its next acks
         come: a slow one would hold every publish up for the whole wait, where
         so it holds up at most one publish a batch it takes."""
-        if not self.may_wait:
+        if self.stale:  # op is the first op counted
+            self.may_wait, self.stale, self._acking, self._awaited = True, False, set(), set()
+        elif not self.may_wait:
             return False
         if type(op) is Written:  # a written batch of an AckRequired: false topic: one-way acks
             sub: str | None = op.subscriber
