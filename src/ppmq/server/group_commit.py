@@ -172,10 +172,12 @@ class GroupCommit:
         if req is not None and req.messages is not None:
             self._pending_messages += len(req.messages)
         if self._gather_until is None:  # the company of what is queued is known while ops gather
-            if self._waiter is None:  # a step runs, or the writer is woken already: it takes op anyway
-                self._gathering.stale = True  # op is not counted
+            # What is counted no longer holds: a step runs, or the writer is woken
+            # already, and takes op anyway (not counted); or the writer waits idle,
+            # for nothing queued, and op is the first counted (the state is the loop's to read).
+            self._gathering.stale = True
+            if self._waiter is None:
                 return
-            self._gathering.clear()  # the writer waits idle, for nothing queued: the state is the loop's to read
         if not self._gathering.add(op, req):
             self._wake()
         elif self._gather_until is None:  # acks begin to gather, unless they do already
@@ -281,7 +283,13 @@ class GroupCommit:
                 if self._on_step is not None:
                     self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
-                self._answer(batch, step.replies)
+                for (op, sink), reply in zip(batch, step.replies):
+                    if sink is None:
+                        continue
+                    if reply is not None:
+                        sink(reply)
+                    elif (req := request_of(op)) is not None:  # staged: answered in a later step
+                        self._later[id(req)] = (req, sink)
                 if step.finished:
                     self._answer_later(step.finished)
                 if step.left:
@@ -367,15 +375,6 @@ class GroupCommit:
             len(req.messages) for op, _ in kept if (req := request_of(op)) is not None and req.messages is not None
         )
         return batch
-
-    def _answer(self, batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
-        for (op, sink), reply in zip(batch, replies):
-            if sink is None:
-                continue
-            if reply is not None:
-                sink(reply)
-            elif (req := request_of(op)) is not None:  # staged: answered in a later step
-                self._later[id(req)] = (req, sink)
 
     def _answer_later(self, finished: list[Answer]) -> None:
         for op, reply in finished:
