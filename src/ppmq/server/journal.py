@@ -53,6 +53,10 @@ class Journal:
         # few microseconds of Python locking per step on each side.
         self._pending: deque[bytes] = deque()
         self._wake = threading.Event()  # set when there is something to write, or to stop
+        # The putter set _wake since the journal thread last cleared it: a plain
+        # attribute, cleared by the thread after _wake and before it takes the
+        # lines, so that a put never finds it set while its lines would go untaken.
+        self._woken = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)
         self._file: BinaryIO | None = None
@@ -78,7 +82,8 @@ class Journal:
             self.dropped_queue += len(events)
             return
         self._pending.append(self._lines.encode(events))
-        if not self._wake.is_set():
+        if not self._woken:
+            self._woken = True
             self._wake.set()
 
     def close(self) -> None:
@@ -97,6 +102,7 @@ class Journal:
             stopping = self._stopping
             # Cleared before taking: a step put after this sets it again.
             self._wake.clear()
+            self._woken = False
             self._write(b"".join([self._pending.popleft() for _ in range(len(self._pending))]))
             if stopping:
                 self._rotate()
