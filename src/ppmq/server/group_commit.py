@@ -180,8 +180,13 @@ class GroupCommit:
                 return
         if not self._gathering.add(op, req):
             self._wake()
-        elif self._gather_until is None:  # acks begin to gather, unless they do already
-            self._gather()
+        elif self._gather_until is None:  # acks begin to gather while the writer waits idle: its wait ends with them
+            loop = self._loop
+            self._gather_until = until = loop.time() + ACK_GATHER_S
+            timer = self._timer  # set with the waiter by _sleep
+            if timer is not None and timer.when() > until:
+                timer.cancel()
+                self._timer = loop.call_at(until, self._wake)
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
         """The subscriber is connected and idle: it may be given batches.
@@ -312,26 +317,15 @@ class GroupCommit:
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
         loop, company = self._loop, self._gathering
-        until = self._gather()
+        until = self._gather_until
+        if until is None:  # they begin to gather now
+            self._gather_until = until = loop.time() + ACK_GATHER_S
         while not self._stopping and self._pending and company.may_wait:
             remaining = until - loop.time()
             if remaining <= 0:
                 company.ran_out()
                 return
             await self._sleep(remaining)
-
-    def _gather(self) -> float:
-        """Acks begin to gather, unless they do already; a wait of run() ends when
-        they are done. Returns the loop time they gather until."""
-        if (until := self._gather_until) is not None:
-            return until
-        loop = self._loop
-        self._gather_until = until = loop.time() + ACK_GATHER_S
-        timer, waiter = self._timer, self._waiter  # set together by _sleep, while run() waits
-        if timer is not None and waiter is not None and timer.when() > until:
-            timer.cancel()
-            self._timer = loop.call_at(until, self._wake)
-        return until
 
     def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
         """What run() awaits until something is submitted or a subscriber opens, or
