@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
+from itertools import repeat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -103,7 +104,10 @@ class Journal:
             # Cleared before taking: a step put after this sets it again.
             self._wake.clear()
             self._woken = False
-            self._write(b"".join([self._pending.popleft() for _ in range(len(self._pending))]))
+            # What is queued now, each step's lines taken off in one loop in C (the
+            # putter may append meanwhile): the lines put later wait for the next round.
+            pending = self._pending
+            self._write(b"".join(map(deque.popleft, repeat(pending, len(pending)))))
             if stopping:
                 self._rotate()
                 return
