@@ -9,7 +9,7 @@ all of them each time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from msgspec import UNSET
@@ -21,7 +21,9 @@ from ppmq.protocol import messages as p
 class Counters(Protocol):
     """What Gathering reads of the broker's state, as the last step left it."""
 
-    def has_backlog(self, sub: str) -> bool: ...
+    # Subscriber -> topics with messages ready that wait for room in its Window:
+    # one mapping, kept up to date by the steps.
+    backlog: Mapping[str, Collection[str]]
 
     def awaiting_acks(self, topic: str) -> list[str]: ...
 
@@ -105,7 +107,7 @@ class Gathering:
                 self._awaited.discard(sub)
                 self.may_wait = bool(self._awaited)
             else:
-                self.may_wait = not self._broker.has_backlog(sub)
+                self.may_wait = sub not in self._broker.backlog
             return self.may_wait
         assert req is not None
         if req.acks is not None and req.subscriber in self._late:  # acks that owe a reply
