@@ -40,7 +40,8 @@ class Gathering:
         # What is counted no longer holds (a step ran since, or nothing is queued
         # any more): the next op added is counted from nothing.
         self.stale = False
-        self._acking: set[str] = set()  # subscribers whose one-way acks are queued
+        # Subscribers whose one-way acks are queued, as keys: noted by a store, which costs no call
+        self._acking: dict[str, None] = {}
         self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
 
     def clear(self) -> None:
@@ -84,7 +85,7 @@ class Gathering:
         come: a slow one would hold every publish up for the whole wait, where
         so it holds up at most one publish a batch it takes."""
         if self.stale:  # op is the first op counted
-            self.may_wait, self.stale, self._acking, self._awaited = True, False, set(), set()
+            self.may_wait, self.stale, self._acking, self._awaited = True, False, {}, set()
         elif not self.may_wait:
             return False
         if type(op) is Written:  # a written batch of an AckRequired: false topic: one-way acks
@@ -102,7 +103,7 @@ class Gathering:
         if sub is not None:
             if sub in self._late:
                 self._late.discard(sub)
-            self._acking.add(sub)
+            self._acking[sub] = None
             if sub in self._awaited:
                 self._awaited.discard(sub)
                 self.may_wait = bool(self._awaited)
