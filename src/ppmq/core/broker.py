@@ -19,7 +19,7 @@ are in core/ops.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
 from msgspec import UNSET
@@ -104,6 +104,10 @@ class Broker:
         # The push subscribers of a topic whose acks a publish to it is worth
         # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
         self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
+        # Subscriber -> the topics where it has messages ready that wait for room in
+        # its Window, as the last step left them (Dispatcher.backlog): the same
+        # mapping for the broker's life, read by the server between steps.
+        self.backlog: Mapping[str, Collection[str]] = self._dispatcher.backlog
 
     # --- what the server reads between steps, from the counters alone ------------------
 
