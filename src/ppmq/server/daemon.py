@@ -209,9 +209,11 @@ class Daemon:
         self.links[sub.name] = (link, asyncio.create_task(link.run(), name=f"subscriber {sub.name}"))
 
     async def _unlink(self, names: list[str]) -> None:
-        tasks = [self.links.pop(name)[1] for name in names]
-        for task in tasks:
+        links = [self.links.pop(name) for name in names]
+        for link, task in links:
+            link.stopping()
             task.cancel()
+        tasks = [task for _, task in links]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _relink(self, config: Config) -> None:

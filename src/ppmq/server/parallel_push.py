@@ -46,6 +46,11 @@ class ParallelLink:
         for link in self.links:
             link.follow(config, retry_max_s, max_frame_bytes, read_timeout_s)
 
+    def stopping(self) -> None:
+        """Its task is about to be cancelled: each lane queues what comes from now on (SubscriberLink.stopping)."""
+        for link in self.links:
+            link.stopping()
+
     async def run(self) -> None:
         self.writer.track(self.name, self)
         try:

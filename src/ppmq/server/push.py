@@ -119,6 +119,11 @@ class SubscriberLink:
         self._wake()
         return False
 
+    def stopping(self) -> None:
+        """Its task is about to be cancelled: a batch pushed from now on is queued,
+        not written, and given back as the task ends, as before it connected."""
+        self._waiter = None
+
     def _wake(self, *_: object) -> None:
         """End the delivery task's wait, if it waits and nobody ended it yet."""
         waiter = self._waiter
