@@ -244,6 +244,8 @@ BAD_CONFIGS = {
         "Topics[0].PhpmqDispatchTTL",
         "needs PhpmqSubscriber",
     ),
+    "ZbusAck not a mode": (dict(sub="    ZbusAck: never  # <-"), "Subscribers[0].ZbusAck", "must be one of window, explicit, delivery"),
+    "ZbusSocket too long": (dict(top=f"ZbusSocket: /{'z' * 107}  # <-"), "ZbusSocket", "longer than 107 bytes"),
     "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "use true or false, not 4"),
 }
 
