@@ -32,6 +32,7 @@ from ppmq.server.parallel_push import ParallelLink
 from ppmq.server.phpmq import PhpmqServer
 from ppmq.server.push import SubscriberLink
 from ppmq.server.take_waits import TakeWaits
+from ppmq.server.zbus import ZbusServer
 from ppmq.store.store import Store
 from ppmq.systemd import Notifier
 
@@ -43,6 +44,7 @@ STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 RESTART_ONLY = (
     "server_socket",
     "phpmq_socket",
+    "zbus_socket",
     "data_path",
     "sync",
     "max_store_bytes",
@@ -128,6 +130,9 @@ class Daemon:
             if config.phpmq_socket
             else None
         )
+        self.zbus = (
+            ZbusServer(config.zbus_socket, self.writer, self.takes, config, self.connections, self.policy) if config.zbus_socket else None
+        )
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
@@ -139,6 +144,8 @@ class Daemon:
         await self.server.start(inherited, self.config.socket_mode, self.config.socket_group)
         if self.phpmq is not None:
             await self.phpmq.start(self.config.socket_mode, self.config.socket_group)
+        if self.zbus is not None:
+            await self.zbus.start(self.config.socket_mode, self.config.socket_group)
         self._writing = asyncio.create_task(self.writer.run(), name="writer")
         for sub in self.config.subscribers:
             if not sub.pull:  # a Pull subscriber is never pushed to
@@ -181,6 +188,8 @@ class Daemon:
         await self.server.stop()
         if self.phpmq is not None:
             await self.phpmq.stop()
+        if self.zbus is not None:
+            await self.zbus.stop()
         # Links first: the batches they give back (unwritten or still queued) are
         # applied by the writer's last steps, so they stay ready in the store.
         await self._unlink(list(self.links))
@@ -192,6 +201,8 @@ class Daemon:
         await self.server.close_connections(STOP_GRACE_S)
         if self.phpmq is not None:
             await self.phpmq.close_connections()
+        if self.zbus is not None:
+            await self.zbus.close_connections()
         if self.journal is not None:
             self.journal.close()  # after the last step, so that its events are written too
 
@@ -263,6 +274,8 @@ class Daemon:
         self.server.max_frame_bytes = config.max_frame_bytes
         if self.phpmq is not None:
             self.phpmq.config = config
+        if self.zbus is not None:
+            self.zbus.config = config
         self.server.read_timeout_s, self.connections.max_connections = config.read_timeout, config.max_connections
         self.last_error = ""
         log.info("config reloaded: %s", _summary(old, config))

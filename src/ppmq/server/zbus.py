@@ -1,0 +1,251 @@
+"""The zbus listener (PROTOCOL §11): ZbusSocket's connections, HTTP and
+WebSocket on one socket, zbus commands to ops.
+
+A zbus `mq` is the ppmq topic of that name and a `channel` one of its Pull
+subscribers. `pub` is a publish, answered once it is committed; `take` is a
+TAKE that does not wait (604 when nothing is ready); `ack` acks for the
+channel; `query` reads STATUS; `create` and `remove` only say whether the
+config has the topic (and channel), since topics come from the config; `ping`
+is not answered. Every request is checked as the same request on ServerSocket
+would be, by the peer's credentials.
+
+The connection is the taker of what it takes, as a ServerSocket connection is
+of its TAKEs: when it closes, what it took and did not ack is ready again at
+once. The channel's `ZbusAck` says when a taken message counts as acked:
+`window` at the connection's next take on that mq and channel, `explicit` at
+an `ack`, `delivery` as it is sent.
+
+Requests are applied one at a time, in order, each answered before the next is
+read. A request or frame that is not HTTP, WebSocket or zbus JSON, or is over
+MaxFrameBytes, or does not arrive whole within ReadTimeout, closes the
+connection (after a 400 or 413, or a WebSocket close, where one can be sent) and
+counts in Rejected. Connections count toward MaxConnections with the other
+listeners'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from ppmq.config import SubscriberConfig, TopicConfig
+from ppmq.core.access import Peer
+from ppmq.core.ops import Guarded, Invalid
+from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, NotFound, RequestError, TooLarge
+from ppmq.protocol import messages as p
+from ppmq.protocol import zbus as wire
+from ppmq.server.protocol_listener import ProtocolListener, read_within
+
+log = logging.getLogger("ppmq.zbus")
+
+REPLY_ID = msgspec.Raw(b"0")  # a TAKE or STATUS needs an Id for its reply to carry a body; nobody else sees it
+
+
+class _Taken(msgspec.Struct, rename="pascal"):
+    """What a zbus message needs of a taken one."""
+
+    key: str
+    payload: msgspec.Raw
+
+
+_taken = msgspec.json.Decoder(_Taken)
+
+
+class ZbusConnection:
+    """One client on ZbusSocket: its requests, applied and answered in order."""
+
+    def __init__(self, server: ZbusServer, peer: Peer, out: asyncio.StreamWriter, where: str) -> None:
+        self.server = server
+        self.out = out
+        self.where = where
+        guard = server.policy.guard(peer, where) if server.policy is not None else None
+        self.authorize: Callable[[p.Request], None] = guard or (lambda req: None)
+        self.taker = server.takes.new_taker()
+        self.unacked: dict[tuple[str, str], list[str]] = {}  # taken here, acked at the next take (ZbusAck: window)
+        self.stream = wire.Stream(server.config.max_frame_bytes)
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        """Until EOF, a bad request or frame, or an HTTP exchange that ends the
+        connection. A request or frame must arrive whole within ReadTimeout of
+        its first byte."""
+        started: float | None = None  # monotonic time the pending partial request began
+        try:
+            while not self.stream.closed:
+                timeout_s = self.server.config.read_timeout
+                if self.stream.pending and started is None:
+                    started = time.monotonic()
+                elif not self.stream.pending:
+                    started = None
+                data = await read_within(reader, timeout_s and started and started + timeout_s)
+                if data is None:
+                    raise BadFrame(f"request not complete within ReadTimeout ({timeout_s:g}s)")
+                messages, out = self.stream.feed(data)
+                while messages or out:
+                    self.out.write(out)
+                    for message in messages:
+                        await self.apply(message)
+                        if message.http and not self.stream.keep_alive:
+                            return
+                    await self.out.drain()
+                    messages, out = self.stream.feed(None) if messages else ([], b"")
+                if not data:
+                    return
+        except BadFrame as exc:
+            self._reject(exc)
+        finally:
+            self.server.takes.gone(self.taker)
+
+    def _reject(self, exc: BadFrame) -> None:
+        """Answer what can be answered, and count the request in Rejected as the
+        writer counts every bad request."""
+        log.warning("%s: bad zbus request: %s; closing the connection", self.where, exc)
+        try:
+            self.out.write(self.stream.refusal(exc))
+        except (ConnectionError, OSError):
+            pass
+        error = TooLarge(str(exc)) if isinstance(exc, FrameTooLarge) else BadRequest(f"zbus: {exc}")
+        self.server.writer.submit(Invalid(error, UNSET))
+
+    async def apply(self, message: wire.Message) -> None:
+        """One request, answered (unless it is a ping, or asks for no answer)."""
+        try:
+            call = wire.call_of(message)
+            status, body = await self._run(call)
+        except RequestError as exc:
+            call = None
+            status, body = exc.status, wire.error_body(exc)
+        if message.http:
+            self.out.write(self.stream.reply_http(status, body))
+        elif call is None or (call.cmd != "ping" and call.answer):
+            self.out.write(self.stream.reply_ws(wire.reply(message, status, body)))
+
+    async def _run(self, call: wire.Call) -> tuple[int, Any]:
+        match call.cmd:
+            case "pub":
+                return await self._pub(call)
+            case "take":
+                return await self._take(call)
+            case "ack":
+                await self._ack(call, call.ids)
+                return 200, None
+            case "query":
+                return await self._query(call)
+            case "create" | "remove":
+                self._channel(self._topic(call), call)
+                return 200, None
+            case "ping":
+                return 200, None
+        raise NotFound(f"Command({call.cmd}) Not Implemented")
+
+    def _topic(self, call: wire.Call) -> TopicConfig:
+        topic = next((t for t in self.server.config.topics if t.name == call.mq), None)
+        if topic is None:
+            raise NotFound(f"MQ({call.mq}) Not Found")
+        return topic
+
+    def _channel(self, topic: TopicConfig, call: wire.Call) -> str | None:
+        """The channel a call names, if it names one: a Pull subscriber of the topic."""
+        if call.channel is None:
+            return None
+        if call.channel not in topic.subscribers or not self.server.subscriber(call.channel).pull:
+            raise NotFound(f"Channel({call.channel}) Not Found")
+        return call.channel
+
+    async def _call(self, request: p.Request) -> p.Reply:
+        """Apply a request as ServerSocket would, and wait for its commit; its error, raised."""
+        reply = await self.server.writer.call(Guarded(request, self.authorize))
+        if reply.status != 200:
+            raise _error(reply)
+        return reply
+
+    async def _pub(self, call: wire.Call) -> tuple[int, Any]:
+        topic = self._topic(call)
+        message = p.Message(
+            payload=msgspec.Raw(msgspec.json.encode(call.body)),
+            key=call.key,
+            priority=call.priority or 0,
+            ttl_s=call.ttl,
+        )
+        await self._call(p.Request(topic=topic.name, messages=[message]))
+        return 200, None
+
+    async def _take(self, call: wire.Call) -> tuple[int, Any]:
+        topic = self._topic(call)
+        channel = self._channel(topic, call)
+        assert channel is not None, "a take names its channel (wire.call_of)"
+        mode = self.server.subscriber(channel).zbus_ack
+        held = self.unacked.pop((topic.name, channel), [])
+        request = p.Request(
+            topic=topic.name,
+            subscriber=channel,
+            acks=held or None,
+            command="TAKE",
+            count=call.window,
+            wait=0,
+            id=REPLY_ID,
+        )
+        reply = await self.server.takes.take(self.taker, request, self.authorize)
+        if reply.status != 200:
+            raise _error(reply)
+        taken = [_taken.decode(raw) for raw in reply.body["Messages"]]
+        keys = [m.key for m in taken]
+        if mode == "delivery" and keys:
+            await self._ack(call, keys)
+        elif mode == "window" and keys:
+            self.unacked[(topic.name, channel)] = keys
+        if not taken:
+            return wire.EMPTY, []
+        left = len(taken)
+        return 200, [wire.delivered(topic.name, channel, m.key, m.payload, (left := left - 1)) for m in taken]
+
+    async def _ack(self, call: wire.Call, keys: list[str]) -> None:
+        topic = self._topic(call)
+        channel = self._channel(topic, call)
+        await self._call(p.Request(topic=topic.name, subscriber=channel, acks=keys))
+        assert channel is not None, "an ack names its channel (wire.call_of)"
+        held = self.unacked.get((topic.name, channel))
+        if held:  # acked now, not again at the next take
+            self.unacked[(topic.name, channel)] = [key for key in held if key not in keys]
+
+    async def _query(self, call: wire.Call) -> tuple[int, Any]:
+        """PROTOCOL §11 query: the topic's stored count and each channel's acked count."""
+        topic = self._topic(call)
+        channel = self._channel(topic, call)
+        body = (await self._call(p.Request(topic=topic.name, command="STATUS", id=REPLY_ID))).body
+        entry = body["Topics"][topic.name]
+        channels = [
+            {"name": name, "offset": entry["Subscribers"][name]["Acked"], "mask": 0, "filter": None}
+            for name in topic.subscribers
+            if self.server.subscriber(name).pull and name in entry["Subscribers"]
+        ]
+        if channel is not None:
+            return 200, next(c for c in channels if c["name"] == channel)
+        return 200, {"name": topic.name, "type": "disk", "size": entry["Stored"], "mask": 0, "channels": channels}
+
+
+def _error(reply: p.Reply) -> RequestError:
+    """A broker's error reply as the error it stands for, status and text."""
+    exc = RequestError(str(reply.error))
+    exc.status = reply.status
+    return exc
+
+
+class ZbusServer(ProtocolListener):
+    """Listens on ZbusSocket; `config` is replaced whole at every reload."""
+
+    LISTENER = "ZbusSocket"
+    PROTOCOL = "zbus"
+    log = log
+
+    def subscriber(self, name: str) -> SubscriberConfig:
+        return next(s for s in self.config.subscribers if s.name == name)
+
+    async def serve(self, peer: Peer, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+        await ZbusConnection(self, peer, out, where).serve(reader)
+        await out.drain()
