@@ -288,3 +288,94 @@ def test_a_websocket_ping_is_answered_and_a_peer_that_just_goes_away_is_not_reje
         lambda: "ZbusSocket" not in b.status()["Listeners"] or b.status()["Listeners"]["ZbusSocket"]["Connections"] == 0, what="closed"
     )
     assert b.status()["Rejected"] == before
+
+
+# --- sub ----------------------------------------------------------------------------------------
+
+
+def test_sub_pushes_while_it_has_credit_and_a_later_sub_refreshes_it_unanswered(broker_factory, short_tmp):
+    b = zbus_broker(broker_factory, short_tmp)
+    for n in range(3):
+        curl(b, f"/?cmd=pub&mq=q&body={n}")
+    conn = ws(b)
+    try:
+        assert ask(conn, {"cmd": "sub", "mq": "q", "channel": "w", "window": 2, "id": "s1"}) == {
+            "headers": {"id": "s1"},
+            "status": 200,
+            "body": None,
+        }
+        pushed = [json.loads(conn.recv()) for _ in range(2)]
+        assert [(m["body"], m["headers"]["window"], m["headers"]["mq"], m["headers"]["channel"]) for m in pushed] == [
+            ("0", 1, "q", "w"),
+            ("1", 0, "q", "w"),
+        ]
+        # no credit left: the third waits, in the channel's ready messages
+        assert b.settled_status()["Topics"]["q"]["Subscribers"]["w"]["InFlight"] == 2
+        conn.send(json.dumps({"headers": {"cmd": "sub", "mq": "q", "channel": "w", "window": "2", "ack": False}}))
+        third = json.loads(conn.recv())
+        assert (third["body"], third["headers"]["window"]) == ("2", 1)
+        # ZbusAck: window acked the first two at the refresh
+        assert b.sub_status("q", "w")["Acked"] == 2
+        curl(b, "/?cmd=pub&mq=q&body=later")
+        assert json.loads(conn.recv())["body"] == "later"  # pushed as it comes, while credit lasts
+    finally:
+        conn.close()
+    wait_for(lambda: b.sub_status("q", "w")["InFlight"] == 0, what="what it held given back")
+    assert sum(b.sub_status("q", "w")["Ready"]) == 2
+
+
+def test_sub_over_plain_http_is_400(broker_factory, short_tmp):
+    b = zbus_broker(broker_factory, short_tmp)
+    assert curl(b, "/?cmd=sub&mq=q&channel=w")[0] == 400
+
+
+# --- the published zbus Python client -------------------------------------------------------------
+
+
+@pytest.fixture
+def zbuspy(monkeypatch):
+    """zbuspy 1.2.0's MqClient, its WebSocket opened over a Unix socket: the
+    client knows only ws://HOST:PORT, so its WebSocketApp gets a socket that
+    is already connected to ZbusSocket."""
+    zbus = pytest.importorskip("zbus.zbus")
+    clients = []
+
+    def client(b: BrokerProcess):
+        def app(url, **kw):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(b.config["ZbusSocket"])
+            return websocket.WebSocketApp(url, socket=sock, **kw)
+
+        monkeypatch.setattr(zbus, "WebSocketApp", app)
+        c = zbus.MqClient("localhost")
+        c.heartbeat_interval = 0.1
+        clients.append(c)
+        return c
+
+    yield client
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # zbuspy's threading calls
+def test_zbuspy_publishes_subscribes_takes_and_queries(broker_factory, short_tmp, zbuspy):
+    b = zbus_broker(broker_factory, short_tmp)
+    client = zbuspy(b)
+    client.connect()
+    for n in range(4):
+        res = client.invoke({"headers": {"cmd": "pub", "mq": "q"}, "body": {"n": n}})
+        assert res.status == 200
+    res = client.invoke({"headers": {"cmd": "query", "mq": "q"}})
+    assert (res.status, res.body["size"]) == (200, 4)
+    res = client.invoke({"headers": {"cmd": "take", "mq": "q", "channel": "e", "window": 3}})
+    assert res.status == 200 and [m["body"] for m in res.body] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    got = []
+    client.add_mq_handler(mq="q", channel="w", handler=lambda msg: got.append(msg.body), window=2)
+    res = client.invoke({"headers": {"cmd": "sub", "mq": "q", "channel": "w", "window": 2}})
+    assert res.status == 200
+    wait_for(lambda: len(got) == 4, what="4 messages through the handler")
+    assert got == [{"n": n} for n in range(4)]
+    wait_for(lambda: b.sub_status("q", "w")["Acked"] >= 2, what="acked at the window refreshes")
+    time.sleep(0.3)  # heartbeats (ping) go unanswered and keep the connection
+    res = client.invoke({"headers": {"cmd": "query", "mq": "q", "channel": "w"}})
+    assert res.status == 200 and res.body["name"] == "w"

@@ -154,8 +154,9 @@ class Stream:
         self.closed = False  # the peer ended the stream (EOF or a WebSocket close)
 
     @property
-    def websocket(self) -> bool:
-        return self._ws is not None
+    def open(self) -> bool:
+        """A WebSocket that may still be written to (neither side closed it)."""
+        return self._ws is not None and self._ws.state is wsproto.connection.ConnectionState.OPEN
 
     def feed(self, data: bytes | None) -> tuple[list[Message], bytes]:
         """The messages `data` completes, and bytes to send at once (a WebSocket

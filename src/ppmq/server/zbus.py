@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -41,20 +42,11 @@ from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, NotFound, RequestEr
 from ppmq.protocol import messages as p
 from ppmq.protocol import zbus as wire
 from ppmq.server.protocol_listener import ProtocolListener, read_within
+from ppmq.server.zbus_sub import Subscription, Taken, taken_of
 
 log = logging.getLogger("ppmq.zbus")
 
 REPLY_ID = msgspec.Raw(b"0")  # a TAKE or STATUS needs an Id for its reply to carry a body; nobody else sees it
-
-
-class _Taken(msgspec.Struct, rename="pascal"):
-    """What a zbus message needs of a taken one."""
-
-    key: str
-    payload: msgspec.Raw
-
-
-_taken = msgspec.json.Decoder(_Taken)
 
 
 class ZbusConnection:
@@ -67,7 +59,8 @@ class ZbusConnection:
         guard = server.policy.guard(peer, where) if server.policy is not None else None
         self.authorize: Callable[[p.Request], None] = guard or (lambda req: None)
         self.taker = server.takes.new_taker()
-        self.unacked: dict[tuple[str, str], list[str]] = {}  # taken here, acked at the next take (ZbusAck: window)
+        self.unacked: dict[tuple[str, str], list[str]] = {}  # taken here, acked at the next take or sub (ZbusAck: window)
+        self.subs: dict[tuple[str, str], Subscription] = {}  # by mq and channel
         self.stream = wire.Stream(server.config.max_frame_bytes)
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
@@ -99,6 +92,8 @@ class ZbusConnection:
         except BadFrame as exc:
             self._reject(exc)
         finally:
+            for sub in self.subs.values():
+                await sub.close()
             self.server.takes.gone(self.taker)
 
     def _reject(self, exc: BadFrame) -> None:
@@ -116,17 +111,23 @@ class ZbusConnection:
         """One request, answered (unless it is a ping, or asks for no answer)."""
         try:
             call = wire.call_of(message)
-            status, body = await self._run(call)
+            if call.cmd == "sub" and message.http:
+                raise BadRequest("sub needs a WebSocket: messages are pushed")
+            answer = await self._run(call)
         except RequestError as exc:
             call = None
-            status, body = exc.status, wire.error_body(exc)
+            answer = exc.status, wire.error_body(exc)
         if message.http:
-            self.out.write(self.stream.reply_http(status, body))
-        elif call is None or (call.cmd != "ping" and call.answer):
-            self.out.write(self.stream.reply_ws(wire.reply(message, status, body)))
+            assert answer is not None, "only a sub refresh has no answer"
+            self.out.write(self.stream.reply_http(*answer))
+        elif answer is not None and (call is None or (call.cmd != "ping" and call.answer)):
+            self.out.write(self.stream.reply_ws(wire.reply(message, *answer)))
 
-    async def _run(self, call: wire.Call) -> tuple[int, Any]:
+    async def _run(self, call: wire.Call) -> tuple[int, Any] | None:
+        """A call's status and body; None for a call that has no answer."""
         match call.cmd:
+            case "sub":
+                return await self._sub(call)
             case "pub":
                 return await self._pub(call)
             case "take":
@@ -141,7 +142,7 @@ class ZbusConnection:
                 return 200, None
             case "ping":
                 return 200, None
-        raise NotFound(f"Command({call.cmd}) Not Implemented")
+        raise NotFound(f"Command({call.cmd}) Not Found")
 
     def _topic(self, call: wire.Call) -> TopicConfig:
         topic = next((t for t in self.server.config.topics if t.name == call.mq), None)
@@ -193,7 +194,7 @@ class ZbusConnection:
         reply = await self.server.takes.take(self.taker, request, self.authorize)
         if reply.status != 200:
             raise _error(reply)
-        taken = [_taken.decode(raw) for raw in reply.body["Messages"]]
+        taken = taken_of(reply)
         keys = [m.key for m in taken]
         if mode == "delivery" and keys:
             await self._ack(call, keys)
@@ -203,6 +204,43 @@ class ZbusConnection:
             return wire.EMPTY, []
         left = len(taken)
         return 200, [wire.delivered(topic.name, channel, m.key, m.payload, (left := left - 1)) for m in taken]
+
+    async def _sub(self, call: wire.Call) -> tuple[int, Any] | None:
+        """The first sub to an mq and channel is answered; a later one only
+        sets the credit anew (a zbus client's window refresh). With ZbusAck:
+        window, each acks what was pushed or taken here on that channel before it."""
+        topic = self._topic(call)
+        channel = self._channel(topic, call)
+        assert channel is not None, "a sub names its channel (wire.call_of)"
+        key = (topic.name, channel)
+        held = self.unacked.pop(key, [])
+        if held:
+            await self._call(p.Request(topic=topic.name, subscriber=channel, acks=held))
+        sub = self.subs.get(key)
+        if sub is None:
+            push = partial(self._push, topic.name, channel, self.server.subscriber(channel).zbus_ack)
+            sub = self.subs[key] = Subscription(self.server.takes, self.taker, topic.name, channel, self.authorize, push, self.where)
+            sub.refresh(call.window)
+            return 200, None
+        sub.refresh(call.window)
+        return None
+
+    async def _push(self, mq: str, channel: str, mode: str, messages: list[Taken], credit: int) -> None:
+        """Messages a subscription took, written with the credit left after each."""
+        if not self.stream.open:
+            return
+        left = credit + len(messages)
+        for m in messages:
+            left -= 1
+            self.out.write(self.stream.reply_ws(wire.delivered(mq, channel, m.key, m.payload, left)))
+        await self.out.drain()
+        keys = [m.key for m in messages]
+        if mode == "window":
+            self.unacked.setdefault((mq, channel), []).extend(keys)
+        elif mode == "delivery":
+            reply = await self.server.writer.call(Guarded(p.Request(topic=mq, subscriber=channel, acks=keys), self.authorize))
+            if reply.status != 200:
+                log.warning("%s: acking pushed messages of %s/%s refused (%d): %s", self.where, mq, channel, reply.status, reply.error)
 
     async def _ack(self, call: wire.Call, keys: list[str]) -> None:
         topic = self._topic(call)
