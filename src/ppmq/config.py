@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import pwd
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -102,11 +103,22 @@ class MetricsConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True)
     interval: Duration = Duration(15.0)
 
 
+class ZbusKey(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """A zbus client's key (PROTOCOL §11): a request signed with `Secret` under
+    `ApiKey` is judged as the local user `User`."""
+
+    api_key: str
+    secret: str
+    user: str | int
+
+
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
     phpmq_socket: str | None = None  # where the broker also speaks the PHPMQ protocol (PROTOCOL §9)
     zbus_socket: str | None = None  # where the broker also speaks zbus over HTTP and WebSocket (PROTOCOL §11)
+    zbus_listen: str | None = None  # HOST:PORT where the broker also speaks zbus over TCP, every request signed (PROTOCOL §11)
+    zbus_keys: list[ZbusKey] = msgspec.field(default_factory=list)  # the keys zbus requests are signed with
     subscribers: list[SubscriberConfig] = msgspec.field(default_factory=list)
     topics: list[TopicConfig] = msgspec.field(default_factory=list)
     sync: bool = True  # fsync at every commit; false leaves flushing to the OS
@@ -401,7 +413,42 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".ZbusSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if config.metrics is not None:
         errors += [(f".Metrics{where}", msg) for where, msg in _check_metrics(config.metrics)]
+    errors += _check_zbus(config)
     errors += _check_socket_paths(config)
+    return errors
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as a host and a port; ValueError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port from 1 to 65535")
+    return host.strip("[]"), int(port)
+
+
+def _check_zbus(config: Config) -> list[tuple[str, str]]:
+    """ZbusListen's address, its keys (a TCP peer has no credentials, so every
+    request there is signed), and each key's ApiKey and User."""
+    errors = []
+    if config.zbus_listen is not None:
+        try:
+            split_host_port(config.zbus_listen)
+        except ValueError as exc:
+            errors.append((".ZbusListen", str(exc)))
+        if not config.zbus_keys:
+            errors.append((".ZbusListen", "needs ZbusKeys: every request on it but ping must be signed"))
+    seen: set[str] = set()
+    for i, key in enumerate(config.zbus_keys):
+        if not key.api_key or key.api_key in seen:
+            errors.append((f".ZbusKeys[{i}].ApiKey", "must be set and not repeat another key's"))
+        seen.add(key.api_key)
+        if not key.secret:
+            errors.append((f".ZbusKeys[{i}].Secret", "must not be empty"))
+        if isinstance(key.user, str) and not key.user.isdigit():
+            try:
+                pwd.getpwnam(key.user)
+            except KeyError:
+                errors.append((f".ZbusKeys[{i}].User", f"no such user {key.user!r}"))
     return errors
 
 
