@@ -4,11 +4,14 @@ uses) for WebSocket, and raw bytes for what no client would send."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import websocket
@@ -31,10 +34,12 @@ def zbus_broker(broker_factory, short_tmp: Path, **extra) -> BrokerProcess:
     return b
 
 
-def curl(b: BrokerProcess, url: str, *args: str) -> tuple[int, object]:
-    """One request with curl over ZbusSocket: the response's status and its body as JSON."""
+def curl(b: BrokerProcess, url: str, *args: str, tcp: bool = False) -> tuple[int, object]:
+    """One request with curl over ZbusSocket (ZbusListen if `tcp`): the
+    response's status and its body as JSON."""
+    where = [f"http://127.0.0.1:{b.port}{url}"] if tcp else ["--unix-socket", b.config["ZbusSocket"], f"http://localhost{url}"]
     out = subprocess.run(
-        ["curl", "-sS", "--unix-socket", b.config["ZbusSocket"], "-w", "\n%{http_code}", *args, f"http://localhost{url}"],
+        ["curl", "-sS", "-w", "\n%{http_code}", *args, *where],
         capture_output=True,
         text=True,
         timeout=WAIT_S,
@@ -379,3 +384,130 @@ def test_zbuspy_publishes_subscribes_takes_and_queries(broker_factory, short_tmp
     time.sleep(0.3)  # heartbeats (ping) go unanswered and keep the connection
     res = client.invoke({"headers": {"cmd": "query", "mq": "q", "channel": "w"}})
     assert res.status == 200 and res.body["name"] == "w"
+
+
+# --- ZbusListen and signatures ------------------------------------------------------------------
+
+SECRET = "s3cret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_broker(broker_factory, short_tmp: Path, **extra) -> BrokerProcess:
+    """zbus_broker with ZbusListen too, and the key `k` of root."""
+    port = free_port()
+    keys = [{"ApiKey": "k", "Secret": SECRET, "User": "root"}]
+    b = zbus_broker(broker_factory, short_tmp, ZbusListen=f"127.0.0.1:{port}", ZbusKeys=keys, **extra)
+    b.port = port
+    wait_for(lambda: _tcp_accepting(port), what="ZbusListen")
+    return b
+
+
+def _tcp_accepting(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def signed(message: dict, api_key: str = "k", secret: str = SECRET, fields: str = "h.*,body") -> dict:
+    """The message signed as zbuspy 1.2.0 signs it (its sign_message, written out)."""
+    headers = {**message["headers"], "apiKey": api_key, "signFields": fields}
+    covered = {"headers": {"apiKey": api_key, "signFields": fields}}
+    for field in fields.split(","):
+        if field == "h.*":
+            covered["headers"].update(headers)
+        elif field.startswith("h."):
+            covered["headers"][field[2:]] = headers.get(field[2:])
+        elif field in message:
+            covered[field] = message[field]
+    text = json.dumps(covered, separators=(",", ":"), sort_keys=True)
+    headers["signature"] = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest().upper()
+    return {**message, "headers": headers}
+
+
+def tcp_ws(b: BrokerProcess) -> websocket.WebSocket:
+    return websocket.create_connection(f"ws://127.0.0.1:{b.port}/", timeout=WAIT_S)
+
+
+def test_zbus_listen_serves_signed_requests_and_refuses_the_others_403(broker_factory, short_tmp):
+    b = tcp_broker(broker_factory, short_tmp)
+    conn = tcp_ws(b)
+    try:
+        pub = {"headers": {"cmd": "pub", "mq": "q", "id": "1"}, "body": {"text": "grüße"}}
+        conn.send(json.dumps(signed(pub)))
+        assert json.loads(conn.recv())["status"] == 200
+        assert ask(conn, {"cmd": "pub", "mq": "q", "id": "2"}, "unsigned")["status"] == 403
+        conn.send(json.dumps(signed(pub, secret="wrong")))
+        assert json.loads(conn.recv())["status"] == 403
+        conn.send(json.dumps(signed(pub, api_key="nobody")))
+        assert json.loads(conn.recv())["status"] == 403
+        tampered = signed(pub)
+        tampered["body"] = "changed"
+        conn.send(json.dumps(tampered))
+        assert json.loads(conn.recv())["status"] == 403
+        conn.send(json.dumps({"headers": {"cmd": "ping"}}))  # unsigned ping: no reply, the connection stays
+        take = signed({"headers": {"cmd": "take", "mq": "q", "channel": "d", "id": "t"}}, fields="h.cmd,h.mq,h.channel,h.id")
+        conn.send(json.dumps(take))
+        reply = json.loads(conn.recv())
+        assert (reply["headers"]["id"], reply["status"], [m["body"] for m in reply["body"]]) == ("t", 200, [{"text": "grüße"}])
+    finally:
+        conn.close()
+    assert payloads(b, "q") == [{"text": "grüße"}]
+
+
+def test_curl_over_tcp_with_a_signed_query_string(broker_factory, short_tmp):
+    b = tcp_broker(broker_factory, short_tmp)
+    message = signed({"headers": {"cmd": "pub", "mq": "q"}, "body": "via tcp"}, fields="h.cmd,h.mq,body")
+    query = urlencode({**message["headers"], "body": message["body"]})
+    assert curl(b, f"/?{query}", tcp=True) == (200, None)
+    assert curl(b, "/?cmd=query&mq=q", tcp=True)[0] == 403
+    assert payloads(b, "q") == ["via tcp"]
+
+
+def test_a_signed_request_on_zbus_socket_is_judged_as_its_keys_user(broker_factory, short_tmp):
+    port = free_port()
+    keys = [{"ApiKey": "k", "Secret": SECRET, "User": "nobody"}]
+    topics = [{"Name": "q", "Subscribers": ["w"], "Publishers": ["root"]}]
+    subs = [{"Name": "w", "Pull": True, "Socket": None}]
+    b = broker_factory(topics, subs, ZbusSocket=str(short_tmp / "zbus.sock"), ZbusListen=f"127.0.0.1:{port}", ZbusKeys=keys)
+    wait_for(lambda: _can_connect(b.config["ZbusSocket"]), what="ZbusSocket")
+    conn = ws(b)
+    try:
+        pub = {"headers": {"cmd": "pub", "mq": "q", "id": "1"}, "body": 1}
+        assert ask(conn, pub["headers"], 1)["status"] == 200  # root, by its credentials
+        conn.send(json.dumps(signed(pub)))
+        assert json.loads(conn.recv())["status"] == 403  # nobody, by its key: not among Publishers
+    finally:
+        conn.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # zbuspy's threading calls
+def test_zbuspy_signs_its_requests_over_tcp(broker_factory, short_tmp):
+    zbus = pytest.importorskip("zbus.zbus")
+    b = tcp_broker(broker_factory, short_tmp)
+    client = zbus.MqClient(f"127.0.0.1:{b.port}")
+    client.enable_auth("k", SECRET)
+    client.sign_fields = "h.*,body"
+    # its sign_message deletes a signature header that must exist
+    client.before_send = lambda msg: msg.headers.__setitem__("signature", None)
+    try:
+        client.connect()
+        res = client.invoke({"headers": {"cmd": "pub", "mq": "q"}, "body": "signed by zbuspy"})
+        assert res.status == 200
+        res = client.invoke({"headers": {"cmd": "take", "mq": "q", "channel": "d"}})
+        assert res.status == 200 and [m["body"] for m in res.body] == ["signed by zbuspy"]
+        for n in range(3):
+            client.invoke({"headers": {"cmd": "pub", "mq": "q"}, "body": n})
+        got = []
+        client.add_mq_handler(mq="q", channel="w", handler=lambda msg: got.append(msg.body), window=2)
+        res = client.invoke({"headers": {"cmd": "sub", "mq": "q", "channel": "w", "window": 2}})
+        assert res.status == 200
+        wait_for(lambda: len(got) == 4, what="4 messages through the handler, the window refreshed signed")
+    finally:
+        client.close()

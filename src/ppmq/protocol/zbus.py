@@ -19,6 +19,9 @@ where an answer can still be given.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -45,6 +48,7 @@ class Message(msgspec.Struct):
     headers: dict[str, Scalar]
     body: Any = None
     http: bool = False
+    sent: dict[str, Any] = msgspec.field(default_factory=dict)  # as sent, header names unchanged: what a signature covers
 
     def header(self, name: str) -> str | None:
         """A header's value as text (a number as its digits); None when absent or null."""
@@ -311,23 +315,47 @@ def reply(request: Message, status: int, body: Any) -> dict[str, Any]:
     return {"headers": headers, "status": status, "body": body}
 
 
-class _Wire(msgspec.Struct):
-    headers: dict[str, Scalar] = msgspec.field(default_factory=dict)
-    body: Any = None
-    status: int | None = None
-
-
-_wire = msgspec.json.Decoder(_Wire)
+_wire = msgspec.json.Decoder(dict[str, Any])
 
 
 def decode(text: str) -> Message:
     """A WebSocket text frame as a message; BadFrame unless it is a JSON object
     whose headers have strings, numbers or booleans for values."""
     try:
-        wire = _wire.decode(text)
-    except msgspec.DecodeError as exc:
+        sent = _wire.decode(text)
+        headers = msgspec.convert(sent.get("headers", {}), dict[str, Scalar])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BadFrame(f"not a zbus message: {exc}") from None
-    return Message({name.lower(): value for name, value in wire.headers.items()}, wire.body)
+    sent["headers"] = headers
+    return Message({name.lower(): value for name, value in headers.items()}, sent.get("body"), sent=sent)
+
+
+def signature_text(message: Message) -> str:
+    """What a signed message's signature covers, as zbuspy 1.2.0 makes it: the
+    JSON text (keys sorted, no spaces, non-ASCII escaped) of its apiKey and
+    signFields headers, each header `h.NAME` that signFields lists (null when
+    absent; `h.*` is every header but the signature) and each top-level field
+    it lists that the message has."""
+    sent_headers: dict[str, Any] = message.sent.get("headers", {})
+    fields = message.header("signfields") or ""
+    headers: dict[str, Any] = {"apiKey": message.headers.get("apikey"), "signFields": message.headers.get("signfields")}
+    signed: dict[str, Any] = {"headers": headers}
+    for field in (f.strip() for f in fields.split(",")):
+        if field == "h.*":
+            headers.update((name, value) for name, value in sent_headers.items() if name.lower() != "signature")
+        elif field.startswith("h."):
+            headers[field[2:]] = message.headers.get(field[2:].lower())
+        elif field and field != "headers" and field in message.sent:
+            signed[field] = message.sent[field]
+    return json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def signed_with(message: Message, secret: str) -> bool:
+    """Whether the message's signature header is its signature with `secret`
+    (upper- or lower-case hex)."""
+    given = (message.header("signature") or "").lower()
+    wanted = hmac.new(secret.encode(), signature_text(message).encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(given.encode(), wanted.encode())
 
 
 def _from_http(request: h11.Request, body: bytes) -> Message:
@@ -348,7 +376,7 @@ def _from_http(request: h11.Request, body: bytes) -> Message:
             payload = value if payload is None else payload
         else:
             headers.setdefault(name.lower(), value)
-    return Message(headers, payload, http=True)
+    return Message(headers, payload, http=True, sent={"headers": headers, "body": payload})
 
 
 def _text(raw: bytes) -> str:

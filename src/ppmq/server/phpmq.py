@@ -180,7 +180,8 @@ class PhpmqServer(ProtocolListener):
         super().__init__(path, writer, takes, config, connections, policy)
         self.unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
 
-    async def serve(self, peer: Peer, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+    async def serve(self, peer: Peer | None, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+        assert peer is not None, "PhpmqSocket is a Unix socket"
         await PhpmqConnection(self, peer, out, where).serve(reader)
 
     def complete_status(self, listeners: dict[str, dict[str, int]]) -> None:

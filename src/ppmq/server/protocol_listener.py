@@ -1,13 +1,14 @@
-"""What every listener of another protocol on a Unix socket shares (PhpmqSocket,
-ZbusSocket): binding as ServerSocket is bound, MaxConnections counted with the
-other listeners, one task per connection that nothing a client sends can take
-down with it, and the reads that ReadTimeout bounds.
+"""What every listener of another protocol shares (PhpmqSocket, ZbusSocket,
+ZbusListen): binding a Unix socket as ServerSocket is bound, or a TCP address;
+MaxConnections counted with the other listeners; one task per connection that
+nothing a client sends can take down with it; the reads that ReadTimeout bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 from msgspec import UNSET
@@ -61,8 +62,13 @@ class ProtocolListener:
         self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
         self.log.info("speaking %s on %s", self.PROTOCOL, self.path)
 
-    async def serve(self, peer: Peer, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
-        """One admitted connection, until it ends."""
+    async def start_tcp(self, host: str, port: int) -> None:
+        """Listen on a TCP address instead: its peers have no credentials."""
+        self._server = await asyncio.start_server(self._handle, host, port, backlog=LISTEN_BACKLOG)
+        self.log.info("speaking %s on %s:%d", self.PROTOCOL, host, port)
+
+    async def serve(self, peer: Peer | None, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+        """One admitted connection, until it ends; `peer` is None on TCP."""
         raise NotImplementedError
 
     async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
@@ -79,7 +85,8 @@ class ProtocolListener:
         assert task is not None, "a connection is served by a task of its own (asyncio.start_unix_server)"
         self._tasks.add(task)
         try:
-            peer = Peer(*peer_credentials(out.get_extra_info("socket")))
+            sock = out.get_extra_info("socket")
+            peer = Peer(*peer_credentials(sock)) if sock.family == socket.AF_UNIX else None
             await self.serve(peer, reader, out, f"{where} ({peer})")
         except (ConnectionError, OSError) as exc:
             self.log.debug("%s: connection error: %s", where, exc)

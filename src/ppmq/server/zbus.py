@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pwd
 import time
 from collections.abc import Callable
 from functools import partial
@@ -38,7 +39,7 @@ from msgspec import UNSET
 from ppmq.config import SubscriberConfig, TopicConfig
 from ppmq.core.access import Peer
 from ppmq.core.ops import Guarded, Invalid
-from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, NotFound, RequestError, TooLarge
+from ppmq.errors import BadFrame, BadRequest, Forbidden, FrameTooLarge, NotFound, RequestError, TooLarge
 from ppmq.protocol import messages as p
 from ppmq.protocol import zbus as wire
 from ppmq.server.protocol_listener import ProtocolListener, read_within
@@ -52,12 +53,13 @@ REPLY_ID = msgspec.Raw(b"0")  # a TAKE or STATUS needs an Id for its reply to ca
 class ZbusConnection:
     """One client on ZbusSocket: its requests, applied and answered in order."""
 
-    def __init__(self, server: ZbusServer, peer: Peer, out: asyncio.StreamWriter, where: str) -> None:
+    def __init__(self, server: ZbusServer, peer: Peer | None, out: asyncio.StreamWriter, where: str) -> None:
         self.server = server
         self.out = out
         self.where = where
-        guard = server.policy.guard(peer, where) if server.policy is not None else None
-        self.authorize: Callable[[p.Request], None] = guard or (lambda req: None)
+        self.peer_check = self._guard(peer, where) if peer is not None else None  # None on TCP: only signed requests
+        self.signed: dict[str, Callable[[p.Request], None]] = {}  # the check of each ZbusKeys user, by ApiKey
+        self.authorize: Callable[[p.Request], None] = _allowed  # the check of the request being applied
         self.taker = server.takes.new_taker()
         self.unacked: dict[tuple[str, str], list[str]] = {}  # taken here, acked at the next take or sub (ZbusAck: window)
         self.subs: dict[tuple[str, str], Subscription] = {}  # by mq and channel
@@ -113,6 +115,7 @@ class ZbusConnection:
             call = wire.call_of(message)
             if call.cmd == "sub" and message.http:
                 raise BadRequest("sub needs a WebSocket: messages are pushed")
+            self.authorize = self._check_of(message, call)
             answer = await self._run(call)
         except RequestError as exc:
             call = None
@@ -122,6 +125,29 @@ class ZbusConnection:
             self.out.write(self.stream.reply_http(*answer))
         elif answer is not None and (call is None or (call.cmd != "ping" and call.answer)):
             self.out.write(self.stream.reply_ws(wire.reply(message, *answer)))
+
+    def _check_of(self, message: wire.Message, call: wire.Call) -> Callable[[p.Request], None]:
+        """Who a request is judged as: the ZbusKeys user whose key signed it;
+        without apiKey, the peer by its credentials (ZbusSocket). On TCP
+        (ZbusListen) every request but ping must be signed. Forbidden otherwise."""
+        api_key = message.header("apikey")
+        if api_key is None:
+            if self.peer_check is not None:
+                return self.peer_check
+            if call.cmd == "ping":
+                return _allowed
+            raise Forbidden("zbus: a request on ZbusListen must be signed (apiKey, signFields, signature)")
+        key = next((k for k in self.server.config.zbus_keys if k.api_key == api_key), None)
+        if key is None or not wire.signed_with(message, key.secret):
+            raise Forbidden(f"zbus: bad signature, or no such apiKey {api_key[:100]!r}")
+        check = self.signed.get(api_key)
+        if check is None:
+            check = self.signed[api_key] = self._guard(Peer.of_uid(_uid(key.user)), f"{self.where} as {key.user}")
+        return check
+
+    def _guard(self, peer: Peer, where: str) -> Callable[[p.Request], None]:
+        policy = self.server.policy
+        return policy.guard(peer, where) if policy is not None else _allowed
 
     async def _run(self, call: wire.Call) -> tuple[int, Any] | None:
         """A call's status and body; None for a call that has no answer."""
@@ -218,14 +244,14 @@ class ZbusConnection:
             await self._call(p.Request(topic=topic.name, subscriber=channel, acks=held))
         sub = self.subs.get(key)
         if sub is None:
-            push = partial(self._push, topic.name, channel, self.server.subscriber(channel).zbus_ack)
+            push = partial(self._push, topic.name, channel, self.server.subscriber(channel).zbus_ack, self.authorize)
             sub = self.subs[key] = Subscription(self.server.takes, self.taker, topic.name, channel, self.authorize, push, self.where)
             sub.refresh(call.window)
             return 200, None
         sub.refresh(call.window)
         return None
 
-    async def _push(self, mq: str, channel: str, mode: str, messages: list[Taken], credit: int) -> None:
+    async def _push(self, mq: str, channel: str, mode: str, check: Callable[[p.Request], None], messages: list[Taken], credit: int) -> None:
         """Messages a subscription took, written with the credit left after each."""
         if not self.stream.open:
             return
@@ -238,7 +264,7 @@ class ZbusConnection:
         if mode == "window":
             self.unacked.setdefault((mq, channel), []).extend(keys)
         elif mode == "delivery":
-            reply = await self.server.writer.call(Guarded(p.Request(topic=mq, subscriber=channel, acks=keys), self.authorize))
+            reply = await self.server.writer.call(Guarded(p.Request(topic=mq, subscriber=channel, acks=keys), check))
             if reply.status != 200:
                 log.warning("%s: acking pushed messages of %s/%s refused (%d): %s", self.where, mq, channel, reply.status, reply.error)
 
@@ -267,6 +293,17 @@ class ZbusConnection:
         return 200, {"name": topic.name, "type": "disk", "size": entry["Stored"], "mask": 0, "channels": channels}
 
 
+def _allowed(request: p.Request) -> None:
+    """The check where no access rule applies."""
+
+
+def _uid(user: str | int) -> int:
+    """A ZbusKeys User's uid (checked to exist when the config loaded)."""
+    if isinstance(user, int) or user.isdigit():
+        return int(user)
+    return pwd.getpwnam(user).pw_uid
+
+
 def _error(reply: p.Reply) -> RequestError:
     """A broker's error reply as the error it stands for, status and text."""
     exc = RequestError(str(reply.error))
@@ -284,6 +321,12 @@ class ZbusServer(ProtocolListener):
     def subscriber(self, name: str) -> SubscriberConfig:
         return next(s for s in self.config.subscribers if s.name == name)
 
-    async def serve(self, peer: Peer, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+    async def serve(self, peer: Peer | None, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
         await ZbusConnection(self, peer, out, where).serve(reader)
         await out.drain()
+
+
+class ZbusTcpServer(ZbusServer):
+    """Listens on ZbusListen, HOST:PORT: the same protocol, every request but ping signed."""
+
+    LISTENER = "ZbusListen"
