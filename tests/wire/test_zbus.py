@@ -511,3 +511,34 @@ def test_zbuspy_signs_its_requests_over_tcp(broker_factory, short_tmp):
         wait_for(lambda: len(got) == 4, what="4 messages through the handler, the window refreshed signed")
     finally:
         client.close()
+
+
+# --- crashes ------------------------------------------------------------------------------------
+
+
+def test_kill_9_with_messages_in_flight_to_a_zbus_consumer_loses_none(broker_factory, short_tmp):
+    b = zbus_broker(broker_factory, short_tmp)
+    for n in range(5):
+        assert curl(b, f"/?cmd=pub&mq=q&body={n}")[0] == 200  # answered once committed
+    conn = ws(b)
+    ask(conn, {"cmd": "sub", "mq": "q", "channel": "w", "window": 3})
+    assert [json.loads(conn.recv())["body"] for _ in range(3)] == ["0", "1", "2"]
+    b.kill()
+    conn.close()
+    b.start()
+    wait_for(lambda: _can_connect(b.config["ZbusSocket"]), what="ZbusSocket")
+    status, taken = curl(b, "/?cmd=take&mq=q&channel=w&window=10")
+    assert status == 200 and sorted(m["body"] for m in taken) == ["0", "1", "2", "3", "4"]
+
+
+def test_a_consumer_that_dies_mid_stream_gives_its_messages_back(broker_factory, short_tmp):
+    b = zbus_broker(broker_factory, short_tmp)
+    for n in range(4):
+        curl(b, f"/?cmd=pub&mq=q&body={n}")
+    conn = ws(b)
+    ask(conn, {"cmd": "sub", "mq": "q", "channel": "e", "window": 4})
+    assert len([conn.recv() for _ in range(4)]) == 4
+    assert b.sub_status("q", "e")["InFlight"] == 4
+    conn.sock.close()  # no close frame: the process is gone
+    wait_for(lambda: b.sub_status("q", "e")["InFlight"] == 0, what="its messages given back")
+    assert sum(b.sub_status("q", "e")["Ready"]) == 4
