@@ -329,6 +329,22 @@ def test_sub_pushes_while_it_has_credit_and_a_later_sub_refreshes_it_unanswered(
     assert sum(b.sub_status("q", "w")["Ready"]) == 2
 
 
+def test_a_push_never_carries_the_id_of_a_request_still_waiting_for_its_reply(broker_factory, short_tmp):
+    b = zbus_broker(broker_factory, short_tmp)
+    conn = ws(b)
+    try:
+        ask(conn, {"cmd": "sub", "mq": "q", "channel": "w", "window": 5, "id": "s"})
+        for n in range(1, 6):
+            # the broker numbers the messages of a topic without Dedupe 1, 2...: the
+            # message's id is the request's, so its push waits for the reply
+            conn.send(json.dumps({"headers": {"cmd": "pub", "mq": "q", "id": str(n)}, "body": n}))
+            first, second = json.loads(conn.recv()), json.loads(conn.recv())
+            assert (first["headers"]["id"], first.get("status")) == (str(n), 200)
+            assert (second["headers"]["id"], second["body"], "status" in second) == (str(n), n, False)
+    finally:
+        conn.close()
+
+
 def test_sub_over_plain_http_is_400(broker_factory, short_tmp):
     b = zbus_broker(broker_factory, short_tmp)
     assert curl(b, "/?cmd=sub&mq=q&channel=w")[0] == 400

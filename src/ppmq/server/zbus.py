@@ -60,6 +60,8 @@ class ZbusConnection:
         self.peer_check = self._guard(peer, where) if peer is not None else None  # None on TCP: only signed requests
         self.signed: dict[str, Callable[[p.Request], None]] = {}  # the check of each ZbusKeys user, by ApiKey
         self.authorize: Callable[[p.Request], None] = _allowed  # the check of the request being applied
+        self.waiting_id: str | None = None  # the id of the request being applied, until its reply is written
+        self.replied = asyncio.Event()  # set when the request being applied has its reply
         self.taker = server.takes.new_taker()
         self.unacked: dict[tuple[str, str], list[str]] = {}  # taken here, acked at the next take or sub (ZbusAck: window)
         self.subs: dict[tuple[str, str], Subscription] = {}  # by mq and channel
@@ -110,7 +112,20 @@ class ZbusConnection:
         self.server.writer.submit(Invalid(error, UNSET))
 
     async def apply(self, message: wire.Message) -> None:
-        """One request, answered (unless it is a ping, or asks for no answer)."""
+        """One request, answered (unless it is a ping, or asks for no answer).
+        Until it is, no push carries its id: a client would take the push for
+        the reply."""
+        self.waiting_id = message.header("id")
+        self.replied.clear()
+        try:
+            self._answer(message, await self._answer_of(message))
+        finally:
+            self.waiting_id = None
+            self.replied.set()
+
+    async def _answer_of(self, message: wire.Message) -> tuple[wire.Call | None, tuple[int, Any] | None]:
+        """The request's call (None if it is not one) and its status and body
+        (None when it has no answer)."""
         try:
             call = wire.call_of(message)
             if call.cmd == "sub" and message.http:
@@ -118,12 +133,15 @@ class ZbusConnection:
             self.authorize = self._check_of(message, call)
             answer = await self._run(call)
         except RequestError as exc:
-            call = None
-            answer = exc.status, wire.error_body(exc)
+            return None, (exc.status, wire.error_body(exc))
+        return call, answer
+
+    def _answer(self, message: wire.Message, answered: tuple[wire.Call | None, tuple[int, Any] | None]) -> None:
+        call, answer = answered
         if message.http:
             assert answer is not None, "only a sub refresh has no answer"
             self.out.write(self.stream.reply_http(*answer))
-        elif answer is not None and (call is None or (call.cmd != "ping" and call.answer)):
+        elif answer is not None and self.stream.open and (call is None or (call.cmd != "ping" and call.answer)):
             self.out.write(self.stream.reply_ws(wire.reply(message, *answer)))
 
     def _check_of(self, message: wire.Message, call: wire.Call) -> Callable[[p.Request], None]:
@@ -253,6 +271,8 @@ class ZbusConnection:
 
     async def _push(self, mq: str, channel: str, mode: str, check: Callable[[p.Request], None], messages: list[Taken], credit: int) -> None:
         """Messages a subscription took, written with the credit left after each."""
+        while self.waiting_id is not None and any(m.key == self.waiting_id for m in messages):
+            await self.replied.wait()
         if not self.stream.open:
             return
         left = credit + len(messages)
