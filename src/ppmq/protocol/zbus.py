@@ -195,6 +195,8 @@ class Stream:
                 length = _content_length(event)
                 if length is not None and length > self.max_bytes:
                     raise FrameTooLarge(f"HTTP body of {length} bytes exceeds MaxFrameBytes ({self.max_bytes})")
+                if http.they_are_waiting_for_100_continue:  # curl asks so before a large body
+                    out += http.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
             elif isinstance(event, h11.Data):
                 self._body += event.data
                 if len(self._body) > self.max_bytes:
