@@ -87,7 +87,7 @@ class ProtocolListener:
         try:
             sock = out.get_extra_info("socket")
             peer = Peer(*peer_credentials(sock)) if sock.family == socket.AF_UNIX else None
-            await self.serve(peer, reader, out, f"{where} ({peer})")
+            await self.serve(peer, reader, out, f"{where} ({peer if peer is not None else _address(out.get_extra_info('peername'))})")
         except (ConnectionError, OSError) as exc:
             self.log.debug("%s: connection error: %s", where, exc)
         except Exception as exc:
@@ -123,3 +123,8 @@ async def read_within(reader: asyncio.StreamReader, deadline: float | None) -> b
         return await asyncio.wait_for(chunk, max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         return None
+
+
+def _address(peername: tuple | None) -> str:
+    """A TCP peer's address as HOST:PORT."""
+    return f"{peername[0]}:{peername[1]}" if peername else "unknown address"
