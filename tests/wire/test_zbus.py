@@ -566,3 +566,20 @@ def test_a_consumer_that_dies_mid_stream_gives_its_messages_back(broker_factory,
     conn.sock.close()  # no close frame: the process is gone
     wait_for(lambda: b.sub_status("q", "e")["InFlight"] == 0, what="its messages given back")
     assert sum(b.sub_status("q", "e")["Ready"]) == 4
+
+
+def test_a_reload_changes_zbus_keys_without_dropping_a_connection(broker_factory, short_tmp):
+    b = tcp_broker(broker_factory, short_tmp)
+    conn = tcp_ws(b)
+    try:
+        pub = {"headers": {"cmd": "pub", "mq": "q", "id": "1"}, "body": "x"}
+        conn.send(json.dumps(signed(pub, api_key="new", secret="fresh")))
+        assert json.loads(conn.recv())["status"] == 403
+        b.reload({**b.config, "ZbusKeys": [{"ApiKey": "new", "Secret": "fresh", "User": "root"}]})
+        wait_for(lambda: "config reloaded" in b.log, what="the reload")
+        conn.send(json.dumps(signed(pub, api_key="new", secret="fresh")))
+        assert json.loads(conn.recv())["status"] == 200
+        conn.send(json.dumps(signed(pub)))  # the old key is gone
+        assert json.loads(conn.recv())["status"] == 403
+    finally:
+        conn.close()

@@ -58,7 +58,7 @@ class ZbusConnection:
         self.out = out
         self.where = where
         self.peer_check = self._guard(peer, where) if peer is not None else None  # None on TCP: only signed requests
-        self.signed: dict[str, Callable[[p.Request], None]] = {}  # the check of each ZbusKeys user, by ApiKey
+        self.signed: dict[tuple[str, str | int], Callable[[p.Request], None]] = {}  # the check of each ZbusKeys user, by ApiKey and User
         self.authorize: Callable[[p.Request], None] = _allowed  # the check of the request being applied
         self.waiting_id: str | None = None  # the id of the request being applied, until its reply is written
         self.replied = asyncio.Event()  # set when the request being applied has its reply
@@ -158,9 +158,9 @@ class ZbusConnection:
         key = next((k for k in self.server.config.zbus_keys if k.api_key == api_key), None)
         if key is None or not wire.signed_with(message, key.secret):
             raise Forbidden(f"zbus: bad signature, or no such apiKey {api_key[:100]!r}")
-        check = self.signed.get(api_key)
+        check = self.signed.get((api_key, key.user))  # a reload may give the key another User
         if check is None:
-            check = self.signed[api_key] = self._guard(Peer.of_uid(_uid(key.user)), f"{self.where} as {key.user}")
+            check = self.signed[(api_key, key.user)] = self._guard(Peer.of_uid(_uid(key.user)), f"{self.where} as {key.user}")
         return check
 
     def _guard(self, peer: Peer, where: str) -> Callable[[p.Request], None]:
