@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ppmq.config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig
+from ppmq.config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig, ZbusKey
 from ppmq.errors import ManPageError
 from ppmq.version import ppmq_version
 
@@ -35,6 +35,7 @@ SECTIONS = (
     ("METRICS", "Metrics.", MetricsConfig),
     ("SUBSCRIBERS", "Subscribers[].", SubscriberConfig),
     ("TOPICS", "Topics[].", TopicConfig),
+    ("ZBUS KEYS", "ZbusKeys[].", ZbusKey),
 )
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<item>- )?(?P<key>[A-Z][A-Za-z]*):(?:\s|$)")
 
