@@ -20,6 +20,9 @@ $(BROKER): pyproject.toml
 $(STAMP): $(BROKER)
 	command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)  # Spark
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)  # report.html in a headless browser
+	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus && systemctl disable --quiet prometheus)  # promtool checks the Metrics textfile
+	command -v zsh >/dev/null || (apt-get update -qq && apt-get install -y -qq zsh)  # the zsh completion
+	command -v tmux >/dev/null || (apt-get update -qq && apt-get install -y -qq tmux)  # ppmq top, driven in a real terminal
 	$(BIN)/pip install --quiet -e '.[test,spark,bridge]'
 	touch $(STAMP)
 

@@ -8,6 +8,8 @@
 #   /etc/ppmq/ppmq.yaml       packaging/ppmq.yaml: the service's paths, no subscribers
 #   /etc/ppmq/subscribers     empty: the handlers ppmq-subscriber@.service runs
 #   /usr/share/man            ppmq(1) and ppmq.yaml(5), made from the parser and the config
+#   /usr/share/bash-completion/completions/ppmq, /usr/share/zsh/vendor-completions/_ppmq
+#                             completion for bash and zsh, made from the parser
 #   /usr/share/doc/ppmq       README.md, which the units name as their documentation,
 #                             docs/*.md, which it links to,
 #                             copyright, with the bundled packages' licenses, and
@@ -92,6 +94,12 @@ manual_pages() {
     "$venv/bin/python" -B -m ppmq.cli.manpages "$stage/usr/share/man" --example "$src/ppmq.example.yaml" >/dev/null
 }
 
+# Completion for bash and zsh, made by the staged ppmq from its own parser, so that
+# every command and option of this version completes.
+completions() {
+    "$venv/bin/python" -B -m ppmq.cli.completion --install "$stage" >/dev/null
+}
+
 rm -rf "$stage" "$stage.wheels"
 build_venv
 relocate
@@ -99,3 +107,4 @@ compile
 production_config
 system_files
 manual_pages
+completions

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import pwd
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -39,6 +40,11 @@ class FileMode(int):
     """Permission bits, written in octal: 0660 (YAML reads it as octal) or "0660"."""
 
 
+# When a message taken through zbus counts as acked (PROTOCOL §11): at the
+# connection's next take on that mq and channel, at an `ack` command, at sending.
+ZBUS_ACK_MODES = ("window", "explicit", "delivery")
+
+
 class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     name: str
     socket: str | None = None  # where the broker pushes; required unless Pull
@@ -49,6 +55,7 @@ class SubscriberConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=Tr
     metadata: bool = False  # delivered messages carry Attempt and Published (PROTOCOL §8); off: ppMQ's frames
     pull: bool = False  # never pushed to: workers TAKE its messages (PROTOCOL §9)
     connections: int = 1  # push connections to Socket at most, each with its own Window (PROTOCOL §9)
+    zbus_ack: str = "window"  # when a message taken through zbus counts as acked: window, explicit, delivery (PROTOCOL §11)
 
     @property
     def owner_checked(self) -> bool:
@@ -96,10 +103,22 @@ class MetricsConfig(msgspec.Struct, rename="pascal", forbid_unknown_fields=True)
     interval: Duration = Duration(15.0)
 
 
+class ZbusKey(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
+    """A zbus client's key (PROTOCOL §11): a request signed with `Secret` under
+    `ApiKey` is judged as the local user `User`."""
+
+    api_key: str
+    secret: str
+    user: str | int
+
+
 class Config(msgspec.Struct, rename="pascal", forbid_unknown_fields=True):
     server_socket: str
     data_path: str
     phpmq_socket: str | None = None  # where the broker also speaks the PHPMQ protocol (PROTOCOL §9)
+    zbus_socket: str | None = None  # where the broker also speaks zbus over HTTP and WebSocket (PROTOCOL §11)
+    zbus_listen: str | None = None  # HOST:PORT where the broker also speaks zbus over TCP, every request signed (PROTOCOL §11)
+    zbus_keys: list[ZbusKey] = msgspec.field(default_factory=list)  # the keys zbus requests are signed with
     subscribers: list[SubscriberConfig] = msgspec.field(default_factory=list)
     topics: list[TopicConfig] = msgspec.field(default_factory=list)
     sync: bool = True  # fsync at every commit; false leaves flushing to the OS
@@ -365,6 +384,8 @@ def _check(config: Config) -> list[tuple[str, str]]:
         if sub.window is not None and sub.window < 1:
             errors.append((f".Subscribers[{i}].Window", f"must be at least 1, got {sub.window}"))
         errors += [(f".Subscribers[{i}]{where}", msg) for where, msg in _check_delivery(sub)]
+        if sub.zbus_ack not in ZBUS_ACK_MODES:
+            errors.append((f".Subscribers[{i}].ZbusAck", f"must be one of {', '.join(ZBUS_ACK_MODES)}, got {sub.zbus_ack!r}"))
     for i, topic in enumerate(config.topics):
         if not 1 <= topic.priorities <= 256:
             errors.append((f".Topics[{i}].Priorities", f"must be 1..256, got {topic.priorities}"))
@@ -388,9 +409,46 @@ def _check(config: Config) -> list[tuple[str, str]]:
         errors.append((".DataPath", 'must not be empty (a directory, or "mem")'))
     if config.phpmq_socket is not None and len(config.phpmq_socket.encode()) > _UNIX_PATH_MAX:
         errors.append((".PhpmqSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
+    if config.zbus_socket is not None and len(config.zbus_socket.encode()) > _UNIX_PATH_MAX:
+        errors.append((".ZbusSocket", f"path longer than {_UNIX_PATH_MAX} bytes"))
     if config.metrics is not None:
         errors += [(f".Metrics{where}", msg) for where, msg in _check_metrics(config.metrics)]
+    errors += _check_zbus(config)
     errors += _check_socket_paths(config)
+    return errors
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as a host and a port; ValueError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port from 1 to 65535")
+    return host.strip("[]"), int(port)
+
+
+def _check_zbus(config: Config) -> list[tuple[str, str]]:
+    """ZbusListen's address, its keys (a TCP peer has no credentials, so every
+    request there is signed), and each key's ApiKey and User."""
+    errors = []
+    if config.zbus_listen is not None:
+        try:
+            split_host_port(config.zbus_listen)
+        except ValueError as exc:
+            errors.append((".ZbusListen", str(exc)))
+        if not config.zbus_keys:
+            errors.append((".ZbusListen", "needs ZbusKeys: every request on it but ping must be signed"))
+    seen: set[str] = set()
+    for i, key in enumerate(config.zbus_keys):
+        if not key.api_key or key.api_key in seen:
+            errors.append((f".ZbusKeys[{i}].ApiKey", "must be set and not repeat another key's"))
+        seen.add(key.api_key)
+        if not key.secret:
+            errors.append((f".ZbusKeys[{i}].Secret", "must not be empty"))
+        if isinstance(key.user, str) and not key.user.isdigit():
+            try:
+                pwd.getpwnam(key.user)
+            except KeyError:
+                errors.append((f".ZbusKeys[{i}].User", f"no such user {key.user!r}"))
     return errors
 
 
@@ -398,7 +456,7 @@ def _check_socket_paths(config: Config) -> list[tuple[str, str]]:
     """A socket path that holds something other than a socket (PROTOCOL §1): the
     broker, the subscriber kit and `ppmq listen` refuse to bind there, so the
     config is refused before any of them tries."""
-    paths = [(".ServerSocket", config.server_socket), (".PhpmqSocket", config.phpmq_socket)]
+    paths = [(".ServerSocket", config.server_socket), (".PhpmqSocket", config.phpmq_socket), (".ZbusSocket", config.zbus_socket)]
     paths += [(f".Subscribers[{i}].Socket", sub.socket) for i, sub in enumerate(config.subscribers)]
     errors = []
     for where, path in paths:
@@ -523,6 +581,8 @@ def _resolved(config: Config, base: Path) -> Config:
     config.server_socket = absolute(config.server_socket)
     if config.phpmq_socket is not None:
         config.phpmq_socket = absolute(config.phpmq_socket)
+    if config.zbus_socket is not None:
+        config.zbus_socket = absolute(config.zbus_socket)
     if not config.in_memory:
         config.data_path = absolute(config.data_path)
     for sub in config.subscribers:

@@ -72,6 +72,15 @@ def test_man_finds_the_command_and_the_config_pages(installed: Machine) -> None:
         assert done.returncode == 0 and expected in done.stdout, done.stderr
 
 
+def test_bash_and_zsh_find_the_completion_of_ppmq(installed: Machine) -> None:
+    """Where bash-completion and Debian's zsh look for a command's completion."""
+    bash_file, zsh_file = Path("/usr/share/bash-completion/completions/ppmq"), Path("/usr/share/zsh/vendor-completions/_ppmq")
+    assert zsh_file.read_text().startswith("#compdef ppmq\n")
+    script = f"source {bash_file}; complete -p ppmq; COMP_WORDS=(ppmq to); COMP_CWORD=1; _ppmq; echo ${{COMPREPLY[*]}}"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["complete -F _ppmq ppmq", "top"]), done.stderr
+
+
 def test_the_packaged_config_uses_the_sockets_and_the_directory_of_the_units(installed: Machine) -> None:
     config = yaml.safe_load(CONFIG.read_text())
     assert unit_values("ppmq.socket", "ListenStream") == [config["ServerSocket"]]

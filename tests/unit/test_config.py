@@ -244,6 +244,19 @@ BAD_CONFIGS = {
         "Topics[0].PhpmqDispatchTTL",
         "needs PhpmqSubscriber",
     ),
+    "ZbusAck not a mode": (dict(sub="    ZbusAck: never  # <-"), "Subscribers[0].ZbusAck", "must be one of window, explicit, delivery"),
+    "ZbusSocket too long": (dict(top=f"ZbusSocket: /{'z' * 107}  # <-"), "ZbusSocket", "longer than 107 bytes"),
+    "ZbusListen without ZbusKeys": (dict(top="ZbusListen: 127.0.0.1:15555  # <-"), "ZbusListen", "needs ZbusKeys"),
+    "ZbusListen not HOST:PORT": (
+        dict(top="ZbusListen: localhost  # <-\nZbusKeys: [{ApiKey: k, Secret: s, User: root}]"),
+        "ZbusListen",
+        "is not HOST:PORT",
+    ),
+    "ZbusKeys with an unknown user": (
+        dict(top="ZbusKeys:\n  - {ApiKey: k, Secret: s, User: nobody-here}  # <-"),
+        "ZbusKeys[0].User",
+        "no such user 'nobody-here'",
+    ),
     "PhpmqDispatchTTL not a bool": (dict(topic="    PhpmqDispatchTTL: 4  # <-"), "Topics[0].PhpmqDispatchTTL", "use true or false, not 4"),
 }
 

@@ -18,7 +18,7 @@ import msgspec
 import uvloop
 
 from ppmq import sockets
-from ppmq.cli import bridge, take
+from ppmq.cli import bridge, take, top
 from ppmq.cli import control as cli_control
 from ppmq.cli.control import align, config_of, config_options, config_path, duration, examples, json_option, open_client, show
 from ppmq.client import calls
@@ -200,6 +200,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         result="the STATUS body",
     )
     st.add_argument("--topic", "-t", help="only this topic")
+    top.add_command(command)
     command(
         "metrics",
         _metrics,

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ppmq.config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig
+from ppmq.config import Config, Duration, FileMode, JournalConfig, MetricsConfig, Size, SubscriberConfig, TopicConfig, ZbusKey
 from ppmq.errors import ManPageError
 from ppmq.version import ppmq_version
 
@@ -35,6 +35,7 @@ SECTIONS = (
     ("METRICS", "Metrics.", MetricsConfig),
     ("SUBSCRIBERS", "Subscribers[].", SubscriberConfig),
     ("TOPICS", "Topics[].", TopicConfig),
+    ("ZBUS KEYS", "ZbusKeys[].", ZbusKey),
 )
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<item>- )?(?P<key>[A-Z][A-Za-z]*):(?:\s|$)")
 
@@ -87,6 +88,13 @@ def command_page(parser: argparse.ArgumentParser, subparsers: dict[str, argparse
         ".TP",
         ".I /etc/ppmq/ppmq.yaml",
         _roff("The service's config, see ppmq.yaml(5)."),
+        ".TP",
+        f".I {_roff('/usr/share/bash-completion/completions/ppmq')}",
+        ".PD 0",
+        ".TP",
+        f".I {_roff('/usr/share/zsh/vendor-completions/_ppmq')}",
+        ".PD",
+        _roff("Tab completion of the commands, their options and file arguments, for bash and for zsh."),
         ".SH SEE ALSO",
         ".BR ppmq.yaml (5),",
         ".BR systemctl (1),",

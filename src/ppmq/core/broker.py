@@ -19,7 +19,7 @@ are in core/ops.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
 from msgspec import UNSET
@@ -104,6 +104,10 @@ class Broker:
         # The push subscribers of a topic whose acks a publish to it is worth
         # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
         self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
+        # Subscriber -> the topics where it has messages ready that wait for room in
+        # its Window, as the last step left them (Dispatcher.backlog): the same
+        # mapping for the broker's life, read by the server between steps.
+        self.backlog: Mapping[str, Collection[str]] = self._dispatcher.backlog
 
     # --- what the server reads between steps, from the counters alone ------------------
 
@@ -261,14 +265,7 @@ class Broker:
                 if self._queues.fresh:  # what no batch took
                     self._queues.settle_all(txn)
                 self.state.commits += 1
-                # Renew the reservation of every sequence the step may have used (those
-                # of the topics it touched); `held`: its batches must wait for its commit.
-                held, topics = False, self.state.topics
-                for name in self._ledger.touched:
-                    stats = topics.peek(name)
-                    if stats is not None and stats.reserve():
-                        held = True
-                self._ledger.save(txn)
+                held = self._ledger.end_step(txn)
                 # When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS.
                 due, next_tick = txn.next_timer_ns(), now_ns + TICK_NS
                 if due is not None and due < next_tick:
@@ -379,7 +376,7 @@ class Broker:
                         return None
                 else:
                     prepared = prepare(topic, op.messages, self._topology.config.max_message_bytes, now_ns)
-                    txn.refuse_when_full()
+                    txn.refuse_when_full(now_ns)
                     self._publisher.publish(txn, topic, prepared, now_ns)
             if op.acks is not None:
                 try:

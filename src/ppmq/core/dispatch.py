@@ -47,7 +47,8 @@ class Dispatcher:
         self._router = router
         # subscriber -> the topics where it had messages ready when the last step ended:
         # with the topics a step touches, where a fill looks, so that a step costs
-        # what its topics cost, not what every topic of an open subscriber does
+        # what its topics cost, not what every topic of an open subscriber does;
+        # the same dict for the broker's life, which the server reads between steps
         self.backlog: dict[str, set[str]] = {}
         # (topic, subscriber) of each subscription the last fill left with nothing ready
         self.emptied: dict[tuple[str, str], bool] = {}
@@ -107,7 +108,7 @@ class Dispatcher:
 
     def index_backlog(self) -> None:
         """The backlog index anew, from every topic (at start and after a reload)."""
-        self.backlog = {}
+        self.backlog.clear()
         self.note_backlog(set(self._state.subs.keys()))
 
     def space(self, sub: str, topic: TopicConfig, stats: SubStats, lanes: Lanes | None = None) -> int:

@@ -102,19 +102,31 @@ def decode_request(frame: bytes) -> Request:
     The frame's `Id` is attached to the error (`err.request_id`) whenever it can be
     found, so that even a rejected request gets its reply.
     """
-    if not frame.isascii():
-        try:
-            frame.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _rejected(frame, _utf8_error(frame, exc)) from None
     try:
         request = _request_decoder.decode(frame)  # the usual frame: keys as PROTOCOL spells them
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        if not frame.isascii():
+            _check_utf8(frame)
         request = _decode_otherwise(frame)
-    # The frame is UTF-8 by now, and so is its Id, which begins and ends with an ASCII byte.
-    if request.id is not UNSET and _ID.fullmatch(request.id) is None:
+    else:
+        # msgspec checks the UTF-8 of the strings it decodes, not of the Raw values it keeps
+        if (request.messages is not None or request.id is not UNSET) and not frame.isascii():
+            _check_utf8(frame)
+    # The Id is one JSON value, checked by msgspec: a string or a number is told by its first byte.
+    if request.id is not UNSET and bytes(request.id)[:1] not in _ID_STARTS:
         raise _rejected(frame, "Id: must be a string or a number")
     return request
+
+
+_ID_STARTS = b'"-0123456789'  # how a JSON string or number begins
+
+
+def _check_utf8(frame: bytes) -> None:
+    """Raise BadRequest naming the field of a frame that is not UTF-8."""
+    try:
+        frame.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _rejected(frame, _utf8_error(frame, exc)) from None
 
 
 def _decode_otherwise(frame: bytes) -> Request:

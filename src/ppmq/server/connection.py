@@ -185,7 +185,11 @@ class ReplyChannel:
         self.peer = peer
         self.outstanding = 0
         self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
-        self._frame_bytes: deque[int] = deque()  # of each of them, oldest first
+        # The frame bytes of each of them, for its reply to give back: the newest
+        # one's, and the older ones' oldest first, which stay empty while a
+        # client waits for each reply before its next request.
+        self._newest_bytes = 0
+        self._older_bytes: deque[int] = deque()
         self._replied = Waiters()  # woken by every reply: admit and settled look again
         self._last_log = 0.0
         self._unlogged = 0
@@ -194,13 +198,16 @@ class ReplyChannel:
         """If a request of `frame_bytes` fits now, count it (`expect`) and return
         where its reply goes; None if it must wait (`admit`). One that must go
         `alone` (see `_answers_with_state`) fits only once every earlier one is answered."""
-        if self.outstanding and not self._fits(frame_bytes, alone):  # none outstanding: it fits, the usual
+        outstanding = self.outstanding
+        if outstanding and not self._fits(frame_bytes, alone):  # none outstanding: it fits, the usual
             return None
         if self.out.unsent() > MAX_UNSENT_BYTES:
             return None
-        self.outstanding += 1
+        if outstanding:
+            self._older_bytes.append(self._newest_bytes)
+        self._newest_bytes = frame_bytes
+        self.outstanding = outstanding + 1
         self.outstanding_bytes += frame_bytes
-        self._frame_bytes.append(frame_bytes)
         return self._reply
 
     async def admit(self, frame_bytes: int, alone: bool) -> None:
@@ -222,14 +229,19 @@ class ReplyChannel:
         """Count a request handed to the writer; returns where its reply goes: one
         sink for every request of the connection, which is how the writer tells a
         connection's requests apart (and keeps them, and their replies, in order)."""
+        if self.outstanding:
+            self._older_bytes.append(self._newest_bytes)
+        self._newest_bytes = frame_bytes
         self.outstanding += 1
         self.outstanding_bytes += frame_bytes
-        self._frame_bytes.append(frame_bytes)
         return self._reply
 
     def _reply(self, reply: p.Reply) -> None:
         self.outstanding -= 1
-        self.outstanding_bytes -= self._frame_bytes.popleft()  # replies come in the order of the requests
+        if self.outstanding:  # replies come in the order of the requests: this one is the oldest
+            self.outstanding_bytes -= self._older_bytes.popleft()
+        else:
+            self.outstanding_bytes = 0
         if self._replied.futures:
             self._replied.wake()
         if reply.id is not UNSET:

@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from ppmq.config import Config, SubscriberConfig, load_config
+from ppmq.config import Config, SubscriberConfig, load_config, split_host_port
 from ppmq.core.broker import Broker
 from ppmq.core.ops import Reconfigure
 from ppmq.errors import ConfigError
@@ -32,6 +32,7 @@ from ppmq.server.parallel_push import ParallelLink
 from ppmq.server.phpmq import PhpmqServer
 from ppmq.server.push import SubscriberLink
 from ppmq.server.take_waits import TakeWaits
+from ppmq.server.zbus import ZbusServer, ZbusTcpServer
 from ppmq.store.store import Store
 from ppmq.systemd import Notifier
 
@@ -43,6 +44,8 @@ STATUS_EVERY_S = 2.0  # how often STATUS= is refreshed when it changed
 RESTART_ONLY = (
     "server_socket",
     "phpmq_socket",
+    "zbus_socket",
+    "zbus_listen",
     "data_path",
     "sync",
     "max_store_bytes",
@@ -128,6 +131,10 @@ class Daemon:
             if config.phpmq_socket
             else None
         )
+        self.zbus = (
+            ZbusServer(config.zbus_socket, self.writer, self.takes, config, self.connections, self.policy) if config.zbus_socket else None
+        )
+        self.zbus_tcp = ZbusTcpServer("", self.writer, self.takes, config, self.connections, self.policy) if config.zbus_listen else None
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
@@ -139,6 +146,11 @@ class Daemon:
         await self.server.start(inherited, self.config.socket_mode, self.config.socket_group)
         if self.phpmq is not None:
             await self.phpmq.start(self.config.socket_mode, self.config.socket_group)
+        if self.zbus is not None:
+            await self.zbus.start(self.config.socket_mode, self.config.socket_group)
+        if self.zbus_tcp is not None:
+            assert self.config.zbus_listen is not None, "checked by load_config"
+            await self.zbus_tcp.start_tcp(*split_host_port(self.config.zbus_listen))
         self._writing = asyncio.create_task(self.writer.run(), name="writer")
         for sub in self.config.subscribers:
             if not sub.pull:  # a Pull subscriber is never pushed to
@@ -181,6 +193,10 @@ class Daemon:
         await self.server.stop()
         if self.phpmq is not None:
             await self.phpmq.stop()
+        if self.zbus is not None:
+            await self.zbus.stop()
+        if self.zbus_tcp is not None:
+            await self.zbus_tcp.stop()
         # Links first: the batches they give back (unwritten or still queued) are
         # applied by the writer's last steps, so they stay ready in the store.
         await self._unlink(list(self.links))
@@ -192,6 +208,10 @@ class Daemon:
         await self.server.close_connections(STOP_GRACE_S)
         if self.phpmq is not None:
             await self.phpmq.close_connections()
+        if self.zbus is not None:
+            await self.zbus.close_connections()
+        if self.zbus_tcp is not None:
+            await self.zbus_tcp.close_connections()
         if self.journal is not None:
             self.journal.close()  # after the last step, so that its events are written too
 
@@ -209,9 +229,11 @@ class Daemon:
         self.links[sub.name] = (link, asyncio.create_task(link.run(), name=f"subscriber {sub.name}"))
 
     async def _unlink(self, names: list[str]) -> None:
-        tasks = [self.links.pop(name)[1] for name in names]
-        for task in tasks:
+        links = [self.links.pop(name) for name in names]
+        for link, task in links:
+            link.stopping()
             task.cancel()
+        tasks = [task for _, task in links]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _relink(self, config: Config) -> None:
@@ -263,6 +285,10 @@ class Daemon:
         self.server.max_frame_bytes = config.max_frame_bytes
         if self.phpmq is not None:
             self.phpmq.config = config
+        if self.zbus is not None:
+            self.zbus.config = config
+        if self.zbus_tcp is not None:
+            self.zbus_tcp.config = config
         self.server.read_timeout_s, self.connections.max_connections = config.read_timeout, config.max_connections
         self.last_error = ""
         log.info("config reloaded: %s", _summary(old, config))

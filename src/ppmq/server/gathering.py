@@ -9,7 +9,7 @@ all of them each time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from msgspec import UNSET
@@ -21,7 +21,9 @@ from ppmq.protocol import messages as p
 class Counters(Protocol):
     """What Gathering reads of the broker's state, as the last step left it."""
 
-    def has_backlog(self, sub: str) -> bool: ...
+    # Subscriber -> topics with messages ready that wait for room in its Window:
+    # one mapping, kept up to date by the steps.
+    backlog: Mapping[str, Collection[str]]
 
     def awaiting_acks(self, topic: str) -> list[str]: ...
 
@@ -34,18 +36,21 @@ class Gathering:
         # Subscribers whose acks a publish waited for in vain: not waited for
         # again until their next acks come (a slow subscriber, not one on its way).
         self._late: set[str] = set()
-        self.clear()
+        self.may_wait = True  # every op counted may still wait
+        # What is counted no longer holds (a step ran since, or nothing is queued
+        # any more): the next op added is counted from nothing.
+        self.stale = False
+        # Subscribers whose one-way acks are queued, as keys: noted by a store, which costs no call
+        self._acking: dict[str, None] = {}
+        self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
 
     def clear(self) -> None:
         """Nothing is queued."""
-        self.may_wait = True
-        self.stale = False  # a step ran since the ops were added: recount them
-        self._acking: set[str] = set()  # subscribers whose one-way acks are queued
-        self._awaited: set[str] = set()  # subscribers whose acks a queued publish waits for
+        self.stale = True
 
     def recount(self, ops: Iterable[Op]) -> None:
         """Count `ops`, all that is queued, anew (after a step changed the state)."""
-        self.clear()
+        self.stale = True
         for op in ops:
             if not self.add(op):
                 break
@@ -79,7 +84,9 @@ class Gathering:
         acks did not come in time is not waited for again until its next acks
         come: a slow one would hold every publish up for the whole wait, where
         so it holds up at most one publish a batch it takes."""
-        if not self.may_wait:
+        if self.stale:  # op is the first op counted
+            self.may_wait, self.stale, self._acking, self._awaited = True, False, {}, set()
+        elif not self.may_wait:
             return False
         if type(op) is Written:  # a written batch of an AckRequired: false topic: one-way acks
             sub: str | None = op.subscriber
@@ -96,12 +103,12 @@ class Gathering:
         if sub is not None:
             if sub in self._late:
                 self._late.discard(sub)
-            self._acking.add(sub)
+            self._acking[sub] = None
             if sub in self._awaited:
                 self._awaited.discard(sub)
                 self.may_wait = bool(self._awaited)
             else:
-                self.may_wait = not self._broker.has_backlog(sub)
+                self.may_wait = sub not in self._broker.backlog
             return self.may_wait
         assert req is not None
         if req.acks is not None and req.subscriber in self._late:  # acks that owe a reply

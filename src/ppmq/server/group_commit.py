@@ -64,7 +64,10 @@ class Follower(Protocol):
 class Outlet(Protocol):
     """Where a subscriber's batches go: its delivery task."""
 
-    def push(self, delivery: Delivery) -> None: ...
+    def push(self, delivery: Delivery) -> bool:
+        """Take a batch; True if it may be given another at once, as if opened
+        again (GroupCommit.open), which it is told otherwise when it may."""
+        ...
 
 
 class LanedOutlet(Outlet, Protocol):
@@ -118,9 +121,12 @@ class GroupCommit:
 
     def healthy(self, max_age_s: float) -> bool:
         """Committing or idling normally: no step stuck (on a lock or a dead disk)
-        and the loop going round; what the systemd watchdog vouches for."""
-        since = self._busy_since if self._busy_since is not None else self._heartbeat
-        return time.monotonic() - since < max_age_s
+        and the loop going round; what the systemd watchdog vouches for. A
+        writer waiting for work or its next tick (up to a second) is idle, not
+        stuck, however long ago it last went round."""
+        if self._busy_since is not None:
+            return time.monotonic() - self._busy_since < max_age_s
+        return self._waiter is not None or time.monotonic() - self._heartbeat < max_age_s
 
     @property
     def busy(self) -> bool:
@@ -169,14 +175,21 @@ class GroupCommit:
         if req is not None and req.messages is not None:
             self._pending_messages += len(req.messages)
         if self._gather_until is None:  # the company of what is queued is known while ops gather
-            if self._waiter is None:  # a step runs, or the writer is woken already: it takes op anyway
-                self._gathering.stale = True  # op is not counted
+            # What is counted no longer holds: a step runs, or the writer is woken
+            # already, and takes op anyway (not counted); or the writer waits idle,
+            # for nothing queued, and op is the first counted (the state is the loop's to read).
+            self._gathering.stale = True
+            if self._waiter is None:
                 return
-            self._gathering.clear()  # the writer waits idle, for nothing queued: the state is the loop's to read
         if not self._gathering.add(op, req):
             self._wake()
-        elif self._gather_until is None:  # acks begin to gather, unless they do already
-            self._gather()
+        elif self._gather_until is None:  # acks begin to gather while the writer waits idle: its wait ends with them
+            loop = self._loop
+            self._gather_until = until = loop.time() + ACK_GATHER_S
+            timer = self._timer  # set with the waiter by _sleep
+            if timer is not None and timer.when() > until:
+                timer.cancel()
+                self._timer = loop.call_at(until, self._wake)
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
         """The subscriber is connected and idle: it may be given batches.
@@ -278,7 +291,13 @@ class GroupCommit:
                 if self._on_step is not None:
                     self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
-                self._answer(batch, step.replies)
+                for (op, sink), reply in zip(batch, step.replies):
+                    if sink is None:
+                        continue
+                    if reply is not None:
+                        sink(reply)
+                    elif (req := request_of(op)) is not None:  # staged: answered in a later step
+                        self._later[id(req)] = (req, sink)
                 if step.finished:
                     self._answer_later(step.finished)
                 if step.left:
@@ -301,26 +320,15 @@ class GroupCommit:
         until ACK_GATHER_S after the first of them to join them, so that one
         commit serves both."""
         loop, company = self._loop, self._gathering
-        until = self._gather()
+        until = self._gather_until
+        if until is None:  # they begin to gather now
+            self._gather_until = until = loop.time() + ACK_GATHER_S
         while not self._stopping and self._pending and company.may_wait:
             remaining = until - loop.time()
             if remaining <= 0:
                 company.ran_out()
                 return
             await self._sleep(remaining)
-
-    def _gather(self) -> float:
-        """Acks begin to gather, unless they do already; a wait of run() ends when
-        they are done. Returns the loop time they gather until."""
-        if (until := self._gather_until) is not None:
-            return until
-        loop = self._loop
-        self._gather_until = until = loop.time() + ACK_GATHER_S
-        timer, waiter = self._timer, self._waiter  # set together by _sleep, while run() waits
-        if timer is not None and waiter is not None and timer.when() > until:
-            timer.cancel()
-            self._timer = loop.call_at(until, self._wake)
-        return until
 
     def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
         """What run() awaits until something is submitted or a subscriber opens, or
@@ -365,15 +373,6 @@ class GroupCommit:
         )
         return batch
 
-    def _answer(self, batch: list[tuple[Op, ReplySink | None]], replies: list[p.Reply | None]) -> None:
-        for (op, sink), reply in zip(batch, replies):
-            if sink is None:
-                continue
-            if reply is not None:
-                sink(reply)
-            elif (req := request_of(op)) is not None:  # staged: answered in a later step
-                self._later[id(req)] = (req, sink)
-
     def _answer_later(self, finished: list[Answer]) -> None:
         for op, reply in finished:
             _, sink = self._later.pop(id(op), (op, None))
@@ -396,15 +395,23 @@ class GroupCommit:
                 self._journal(events)
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
+        """Each batch to its subscriber's outlet, which is no longer open once
+        given one, unless it says that it may take another at once."""
+        opened = self._open
         outlets: dict[str, Outlet | None] = {}
         for delivery in deliveries:
-            if delivery.subscriber not in outlets:
-                outlets[delivery.subscriber] = self._open.pop(delivery.subscriber, None)
-            outlet = outlets[delivery.subscriber]
-            if outlet is None:  # the connection went away while the step ran
-                self.submit(Returned(delivery.subscriber, delivery.topic, delivery.msgs))
+            sub = delivery.subscriber
+            if sub in outlets:
+                outlet = outlets[sub]
+            elif sub in opened:
+                outlet = outlets[sub] = opened[sub]
+                del opened[sub]
             else:
-                outlet.push(delivery)
+                outlet = outlets[sub] = None
+            if outlet is None:  # the connection went away while the step ran
+                self.submit(Returned(sub, delivery.topic, delivery.msgs))
+            elif outlet.push(delivery):
+                opened[sub] = outlet
 
     def _free(self, left: dict[str, dict[str, list[int]]]) -> None:
         """Room again on the lanes that carried what left flight in the step; after

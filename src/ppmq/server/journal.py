@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
+from itertools import repeat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,6 +54,10 @@ class Journal:
         # few microseconds of Python locking per step on each side.
         self._pending: deque[bytes] = deque()
         self._wake = threading.Event()  # set when there is something to write, or to stop
+        # The putter set _wake since the journal thread last cleared it: a plain
+        # attribute, cleared by the thread after _wake and before it takes the
+        # lines, so that a put never finds it set while its lines would go untaken.
+        self._woken = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)
         self._file: BinaryIO | None = None
@@ -78,7 +83,8 @@ class Journal:
             self.dropped_queue += len(events)
             return
         self._pending.append(self._lines.encode(events))
-        if not self._wake.is_set():
+        if not self._woken:
+            self._woken = True
             self._wake.set()
 
     def close(self) -> None:
@@ -97,7 +103,11 @@ class Journal:
             stopping = self._stopping
             # Cleared before taking: a step put after this sets it again.
             self._wake.clear()
-            self._write(b"".join([self._pending.popleft() for _ in range(len(self._pending))]))
+            self._woken = False
+            # What is queued now, each step's lines taken off in one loop in C (the
+            # putter may append meanwhile): the lines put later wait for the next round.
+            pending = self._pending
+            self._write(b"".join(map(deque.popleft, repeat(pending, len(pending)))))
             if stopping:
                 self._rotate()
                 return

@@ -16,7 +16,7 @@ from ppmq.protocol import messages as p
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.connection_limit import ConnectionLimit
 from ppmq.server.group_commit import GroupCommit
-from ppmq.server.requests import Requests
+from ppmq.server.requests import Requests, Shutdown
 from ppmq.server.take_waits import TakeWaits
 from ppmq.sockets import peer_credentials
 
@@ -48,7 +48,7 @@ class Server:
         connections.listener(LISTENER)
         self.read_timeout_s = read_timeout_s
         self.policy = policy
-        self.stopping = asyncio.Event()
+        self.shutdown = Shutdown()
         self._server: asyncio.AbstractServer | None = None
         self._channels: dict[asyncio.Task, ReplyChannel] = {}
         self._count = 0
@@ -96,7 +96,7 @@ class Server:
             channel = self._channels[task] = ReplyChannel(conn, f"client#{self._count} ({peer})")
             authorize = self.policy.guard(peer, channel.peer) if self.policy is not None else None
             await Requests(
-                conn, channel, self.writer, self.max_frame_bytes, self.stopping, self.read_timeout_s, authorize, self.takes
+                conn, channel, self.writer, self.max_frame_bytes, self.shutdown, self.read_timeout_s, authorize, self.takes
             ).serve()
         finally:
             self._channels.pop(task, None)
@@ -114,7 +114,7 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting; connections answer 503 to anything new and close."""
-        self.stopping.set()
+        self.shutdown.begun = True
         if self.takes is not None:
             self.takes.stop()
         if self._server is not None:

@@ -46,6 +46,11 @@ class ParallelLink:
         for link in self.links:
             link.follow(config, retry_max_s, max_frame_bytes, read_timeout_s)
 
+    def stopping(self) -> None:
+        """Its task is about to be cancelled: each lane queues what comes from now on (SubscriberLink.stopping)."""
+        for link in self.links:
+            link.stopping()
+
     async def run(self) -> None:
         self.writer.track(self.name, self)
         try:
@@ -61,18 +66,17 @@ class ParallelLink:
     def left(self, topic: str, msgs: list[int]) -> None:
         self.loads.left(topic, msgs)
 
-    def push(self, delivery: Delivery) -> None:
+    def push(self, delivery: Delivery) -> bool:
         """A batch for the lane the broker chose. Its connection gone since the
-        step began, it goes back to ready, as a batch for a closed link does."""
+        step began, it goes back to ready, as a batch for a closed link does.
+        True while some lane may take another batch at once."""
         lane = delivery.lane
         if not self.links[lane].serving:
             self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
         else:
             self.loads.carry(lane, delivery.topic, delivery.msgs)
-            self._open[lane] = False
-            self.links[lane].push(delivery)
-        if any(self._open):  # the writer took us off its open list for this batch
-            self.writer.open(self.name, self)
+            self._open[lane] = self.links[lane].push(delivery)
+        return any(self._open)
 
     # --- the lanes' side ---------------------------------------------------------------------
 

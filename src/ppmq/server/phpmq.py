@@ -30,23 +30,20 @@ from collections.abc import Callable
 import msgspec
 from msgspec import UNSET
 
-from ppmq import sockets
 from ppmq.config import Config, TopicConfig
 from ppmq.core.access import Peer, Policy
 from ppmq.core.ops import Guarded, Invalid, Op, Requeue
-from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Internal, Refused, TooLarge, UnknownQueue
+from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Refused, TooLarge, UnknownQueue
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
 from ppmq.server.connection_limit import ConnectionLimit
 from ppmq.server.group_commit import GroupCommit
-from ppmq.server.listener import LISTEN_BACKLOG
 from ppmq.server.phpmq_consume import Consumer, Wanted
+from ppmq.server.protocol_listener import ProtocolListener, read_within
 from ppmq.server.take_waits import TakeWaits
-from ppmq.sockets import peer_credentials
 
 log = logging.getLogger("ppmq.phpmq")
 
-READ_CHUNK = 1 << 16
 LISTENER = "PhpmqSocket"  # its name in the connection counts (STATUS Listeners)
 
 
@@ -77,7 +74,7 @@ class PhpmqConnection:
                 timeout_s = self.server.config.read_timeout
                 if decoder.pending and started is None:
                     started = time.monotonic()
-                data = await _read(reader, timeout_s and started and started + timeout_s)
+                data = await read_within(reader, timeout_s and started and started + timeout_s)
                 if data is None:
                     raise BadFrame(f"frame not complete within ReadTimeout ({timeout_s:g}s)")
                 if not data:
@@ -164,8 +161,12 @@ def _message(topic: TopicConfig, frame: wire.Frame) -> p.Message:
     )
 
 
-class PhpmqServer:
+class PhpmqServer(ProtocolListener):
     """Listens on PhpmqSocket; `config` is replaced whole at every reload."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "PHPMQ"
+    log = log
 
     def __init__(
         self,
@@ -176,77 +177,13 @@ class PhpmqServer:
         connections: ConnectionLimit,
         policy: Policy | None = None,
     ) -> None:
-        self.path = path
-        self.writer = writer
-        self.takes = takes  # consuming is TAKE on behalf of each connection (PROTOCOL §9)
-        self.config = config
-        self.connections = connections  # MaxConnections, shared with the other listeners
-        connections.listener(LISTENER)
-        self.policy = policy
+        super().__init__(path, writer, takes, config, connections, policy)
         self.unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
-        self._server: asyncio.AbstractServer | None = None
-        self._bound: sockets.SocketFile | None = None  # PhpmqSocket's file once bound: removed at stop
-        self._tasks: set[asyncio.Task] = set()
-        self._count = 0
 
-    async def start(self, mode: int | None = None, group: str | None = None) -> None:
-        """Bind PhpmqSocket as ServerSocket is bound (mode and group before it listens)."""
-        sock, self._bound = sockets.listen(self.path, LISTEN_BACKLOG, mode, group)
-        self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=LISTEN_BACKLOG)
-        log.info("speaking PHPMQ on %s", self.path)
-
-    async def _handle(self, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
-        """One connection, if MaxConnections lets it in (PHPMQ has no reply to
-        refuse it with: it is closed). Whatever its bytes do, nothing leaves
-        this handler: an error the serving did not foresee is a bug, logged with
-        its traceback and counted in Rejected, and it costs this connection only."""
-        self._count += 1
-        where = f"phpmq#{self._count}"
-        if self.connections.admit(LISTENER, where) is not None:
-            out.close()
-            return
-        task = asyncio.current_task()
-        assert task is not None, "a connection is served by a task of its own (asyncio.start_unix_server)"
-        self._tasks.add(task)
-        try:
-            peer = Peer(*peer_credentials(out.get_extra_info("socket")))
-            await PhpmqConnection(self, peer, out, f"{where} ({peer})").serve(reader)
-        except (ConnectionError, OSError) as exc:
-            log.debug("%s: connection error: %s", where, exc)
-        except Exception as exc:
-            log.exception("%s: internal error; closing the connection", where)
-            self.writer.submit(Invalid(Internal(f"PHPMQ: internal error: {exc}"), UNSET))
-        finally:
-            self._tasks.discard(task)
-            self.connections.leave(LISTENER)
-            out.close()
+    async def serve(self, peer: Peer | None, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
+        assert peer is not None, "PhpmqSocket is a Unix socket"
+        await PhpmqConnection(self, peer, out, where).serve(reader)
 
     def complete_status(self, listeners: dict[str, dict[str, int]]) -> None:
         """STATUS `Listeners`: this listener's entry gains `UnknownQueue`."""
         listeners.setdefault(LISTENER, {})["UnknownQueue"] = self.unknown_queue
-
-    async def stop(self) -> None:
-        """Stop accepting, and remove the socket file it bound."""
-        if self._server is not None:
-            self._server.close()
-        if self._bound is not None:
-            self._bound.remove()
-
-    async def close_connections(self) -> None:
-        """Once the writer is done: close every connection (a frame waiting for
-        its commit has had it, or never will)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _read(reader: asyncio.StreamReader, deadline: float | None) -> bytes | None:
-    """The next chunk; None if the monotonic `deadline` passes first."""
-    chunk = reader.read(READ_CHUNK)
-    if not deadline:
-        return await chunk
-    try:
-        return await asyncio.wait_for(chunk, max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        return None

@@ -81,7 +81,8 @@ class SubscriberLink:
         self._batches: deque[Delivery] = deque()  # committed, not yet written
         self._sending: Delivery | None = None  # written in part by push: _serve waits for the rest
         self._out: Connection | None = None  # the connection, while _serve serves it
-        self._waiter: asyncio.Future[None] | None = None  # _serve waits on it for a batch or the end of acks
+        # _serve waits on it for a batch or the end of acks; None again once woken
+        self._waiter: asyncio.Future[None] | None = None
         self.connected = False
 
     @property
@@ -93,33 +94,43 @@ class SubscriberLink:
         """A reload's new settings; the connection, if any, stays."""
         self.config, self.retry_max_s, self.max_frame_bytes, self.read_timeout_s = config, retry_max_s, max_frame_bytes, read_timeout_s
 
-    def push(self, delivery: Delivery) -> None:
-        """Called by the writer with a batch of a step, just before its commit.
+    def push(self, delivery: Delivery) -> bool:
+        """Called by the writer with a batch of a step, just before its commit;
+        True if the link may be given another batch at once.
 
         A connection with nothing queued or unsent takes it at once: a batch
         the kernel takes whole is written without waking the delivery task,
         whose wake-up would cost the event loop more than the write does. The
         task waits only for what the kernel did not take, as for any batch.
         """
-        out, waiter = self._out, self._waiter
+        out = self._out
         # Queued unless idle: the delivery task waits for a batch, and none is
         # queued or in the buffer. Tested in the `if` itself, so that the type
         # checker knows in the `else` that there is a connection.
-        if out is None or waiter is None or waiter.done() or self._batches or self._sending is not None or out.unsent() or out.is_closing():
+        if out is None or self._waiter is None or self._batches or self._sending is not None or out.unsent() or out.is_closing():
             self._batches.append(delivery)
         else:
             out.write(delivery.frame)
             if not out.unsent() and not out.is_closing():
                 if delivery.auto_ack:
                     self._written(delivery)
-                self.writer.open(self.name, self)
-                return
+                return True
             self._sending = delivery
         self._wake()
+        return False
+
+    def stopping(self) -> None:
+        """Its task is about to be cancelled: a batch pushed from now on is queued,
+        not written, and given back as the task ends, as before it connected."""
+        self._waiter = None
 
     def _wake(self, *_: object) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        """End the delivery task's wait, if it waits and nobody ended it yet."""
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # cancelled: the task is being cancelled
+                waiter.set_result(None)
 
     async def run(self) -> None:
         delay = FIRST_RETRY_S
@@ -209,9 +220,9 @@ class SubscriberLink:
         """Until a batch is pushed or the subscriber's side of the connection ends.
         A bare future that push() resolves: a task and asyncio.wait for every
         batch would cost the event loop more than writing the batch does."""
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
         try:
-            await self._waiter
+            await waiter
         finally:
             self._waiter = None
 

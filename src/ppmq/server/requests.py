@@ -37,6 +37,14 @@ log = logging.getLogger("ppmq.connection")
 Decoded: TypeAlias = p.Request | Guarded | Invalid  # what a frame becomes
 
 
+class Shutdown:
+    """Whether the server is stopping: begun once, by its listener, and read by
+    its connections for every request, as a plain attribute that costs no call."""
+
+    def __init__(self) -> None:
+        self.begun = False
+
+
 class Writer(Protocol):
     """Where a connection's requests go, each with the sink for its reply: the
     writer (GroupCommit), or what stands in for it on one lane of a subscriber
@@ -66,7 +74,7 @@ class Requests:
         channel: ReplyChannel,
         writer: Writer,
         max_frame_bytes: int,
-        stopping: asyncio.Event | None = None,
+        shutdown: Shutdown | None = None,
         read_timeout_s: float = 0.0,
         authorize: Callable[[p.Request], None] | None = None,
         takes: TakeWaits | None = None,
@@ -75,7 +83,7 @@ class Requests:
         self.channel = channel
         self.writer = writer
         self.framer = Framer(max_frame_bytes)
-        self.stopping = stopping
+        self.shutdown = shutdown if shutdown is not None else Shutdown()  # none but the listener's begins
         self.read_timeout_s = read_timeout_s
         self.authorize = authorize
         self.takes = takes
@@ -95,63 +103,60 @@ class Requests:
         its own, as a client that waits for each reply sends it: it is decoded as
         it is, the frame the framer would cut from it. Any other read (part of a
         frame, several, or a line that is not one valid request, which may be
-        several values) goes through the framer."""
+        several values) goes through the framer.
+
+        Each request is handed to the writer at once, counted as outstanding,
+        unless it waits for the task: a TAKE, one that must go alone
+        (`_answers_with_state`) while others are outstanding, one the connection
+        has no room for, any while the server is stopping, and all after it."""
         framer = self.framer
+        op: Decoded | None = None  # the first frame's, when the read was decoded as it is
         if (
             not framer.buffer
             and framer.too_large is None
             and data[-2:] == b"}\n"
             and data[:1] == b"{"
             and type(data) is bytes
-            and b"\n" not in data[:-1]
-            and (size := len(data) - 1) <= framer.max_frame_bytes
+            and b"\n" not in (line := data[:-1])
+            and (size := len(line)) <= framer.max_frame_bytes
         ):
             try:
                 request = p.decode_request(data)
             except BadRequest:
                 pass  # the framer's to cut, and decode_request's to name what is wrong
             else:
-                if self._next_read is not None and not self._next_read.done():
-                    self._next_read.set_result(data)
-                op: Decoded = request if self.authorize is None else Guarded(request, self.authorize)
-                if self._busy or self._held or (sink := self._now(op, size)) is None:
-                    self._hold([data[:-1]], 0, op)
-                else:
-                    self.writer.submit(op, sink)
-                return
-        frames = framer.feed(data)
-        if self.read_timeout_s and (framer.buffer or self._frame_started is not None or self._timer is not None):
-            self._note_partial(bool(frames))
+                op = request if self.authorize is None else Guarded(request, self.authorize)
+        if op is not None:
+            frames = [line]
+        else:
+            frames = framer.feed(data)
+            if self.read_timeout_s and (framer.buffer or self._frame_started is not None or self._timer is not None):
+                self._note_partial(bool(frames))
         if self._next_read is not None and not self._next_read.done():
             self._next_read.set_result(data)
         if self._busy or self._held:
-            self._hold(frames, 0, None)
+            self._hold(frames, 0, op)
             return
         for i, frame in enumerate(frames):
-            op = _decode(frame, self.authorize)
-            sink = self._now(op, len(frame))
+            if op is None:
+                op, size = _decode(frame, self.authorize), len(frame)
+            req = op.request if type(op) is Guarded else op
+            if self.shutdown.begun:
+                sink = None
+            elif type(req) is not p.Request or req.command is None:  # the usual request: no command
+                sink = self.channel.admit_now(size, False)
+            elif self.takes is not None and _take_of(op) is not None:
+                sink = None
+            else:
+                sink = self.channel.admit_now(size, _answers_with_state(op))
             if sink is None:
                 self._hold(frames, i, op)
                 return
             self.writer.submit(op, sink)
+            op = None
         if framer.too_large is not None:  # nothing after it is read
             self._pause()
             self._wake_task()
-
-    def _now(self, op: Decoded, frame_bytes: int) -> ReplySink | None:
-        """Where the reply goes, if the request may be handed over from the read
-        callback (it is then counted as outstanding); None if it waits for the
-        task: a TAKE, one that must go alone (`_answers_with_state`) while others
-        are outstanding, one the connection has no room for, or any while the
-        server is stopping."""
-        if self.stopping is not None and self.stopping.is_set():
-            return None
-        request = op.request if type(op) is Guarded else op
-        if type(request) is not p.Request or request.command is None:  # the usual request: no command
-            return self.channel.admit_now(frame_bytes, False)
-        if self.takes is not None and _take_of(op) is not None:
-            return None
-        return self.channel.admit_now(frame_bytes, _answers_with_state(op))
 
     def _hold(self, frames: list[bytes], first: int, op: Decoded | None) -> None:
         """frames[first:] wait for the task (the first one decoded as `op`); the
@@ -248,9 +253,9 @@ class Requests:
                 frame, op = self._held.popleft()
                 if op is None:
                     op = _decode(frame, self.authorize)
-                if not self._stopping():
+                if not self.shutdown.begun:
                     await self.channel.admit(len(frame), _answers_with_state(op))
-                if self._stopping():  # the writer takes nothing new
+                if self.shutdown.begun:  # the writer takes nothing new
                     await _turn_away([frame, *(f for f, _ in self._held)], self.channel)
                     self._held.clear()
                     return False
@@ -278,9 +283,6 @@ class Requests:
         elif not self._held:
             self._resume()
         return watch
-
-    def _stopping(self) -> bool:
-        return self.stopping is not None and self.stopping.is_set()
 
     async def _sleep(self) -> None:
         self._wake = asyncio.get_running_loop().create_future()

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import accumulate, repeat
 
 import lmdb
+import msgspec
 
 from ppmq.store.meta import Meta
 from ppmq.store.room import Room
@@ -27,6 +27,7 @@ from ppmq.store.schema import (
     BODY_COLUMNS,
     BODY_HEAD,
     BODY_ROW_BYTES,
+    BODY_ROW_HEAD,
     GROUP_MESSAGES,
     TM,
     Body,
@@ -44,14 +45,14 @@ from ppmq.store.schema import (
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
 
 
-@dataclass(slots=True)
-class Popped:
-    """What left the bodies rows (Bodies.pop)."""
+class Popped(msgspec.Struct):
+    """What left the bodies rows (Bodies.pop). A Struct: made at every last
+    ack, with no Python call (each instance gets lists of its own)."""
 
     count: int = 0
     size: int = 0  # bytes of delivered JSON
-    expiries: list[tuple[int, int]] = field(default_factory=list)  # (expires_ns, m) of those that expire
-    keys: list[bytes] = field(default_factory=list)  # their dedupe keys, when asked for
+    expiries: list[tuple[int, int]] = []  # (expires_ns, m) of those that expire
+    keys: list[bytes] = []  # their dedupe keys, when asked for
 
 
 class Bodies:
@@ -130,15 +131,19 @@ class Bodies:
         publish). They start rows of their own, GROUP_MESSAGES a row at most,
         each put in key order (store/rows.py); a message put anywhere else
         is put's."""
-        n = len(records)
+        ends = [*accumulate(map(len, records))]  # where each record ends, in a row of them all
+        n = len(ends)
         if not n:
             return
-        total = sum(map(len, records))
-        self.room.wrote(total, n)
-        spans = [(0, n)] if n <= GROUP_MESSAGES and total < BODY_ROW_BYTES else body_row_spans(list(map(len, records)))
+        self.room.wrote(ends[-1], n)
+        if n <= GROUP_MESSAGES and ends[-1] < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
+            # encode_body_row's, with the ends at hand: a row at every publish
+            rows = [(TM.pack(t, first), BODY_ROW_HEAD[n].pack(n, *range(first, first + n), *ends) + b"".join(records))]
+        else:
+            spans = body_row_spans(list(map(len, records)))
+            rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
         put, db = self.txn.put, self.db
-        for a, b in spans:  # most publishes: one row, cut nowhere
-            key, row = TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])
+        for key, row in rows:
             if not put(key, row, db=db, append=True):
                 put(key, row, db=db)
 
@@ -239,12 +244,12 @@ def _cut(popped: Popped, keys: bool, raw: bytes, wanted: list[int]) -> tuple[byt
     ids, ends, base = columns[:n], columns[n:], 2 + 12 * n
     want = set(wanted)
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
-    if want.issuperset(ids):  # ids the row does not hold are none of its business
+    if want >= set(ids):  # ids the row does not hold are none of its business
         starts = (base, *map(base.__add__, ends[:-1]))
         _, _, expiries, klens = zip(*map(head, repeat(raw), starts))
         popped.count += n
         popped.size += ends[-1] - head_size * n - sum(klens)
-        if any(expiries):
+        if expiries != (0,) * n:  # some expire
             popped.expiries += [(expires_ns, m) for expires_ns, m in zip(expiries, ids) if expires_ns]
         if keys:
             popped.keys += [raw[start + head_size : start + head_size + klen] for start, klen in zip(starts, klens)]

@@ -74,7 +74,8 @@ class Ledger:
     def step(self) -> None:
         """A step starts: from now on, what it touches is noted."""
         self._stepping = True
-        self._forget_seen()
+        dict.clear(self.state.topics)  # _forget_seen's, without a call of its own: every step starts here
+        dict.clear(self.state.subs)
 
     def stepped(self) -> set[str]:
         """The step committed: the topics it touched, taken as take_touched does."""
@@ -150,6 +151,19 @@ class Ledger:
         dict.clear(self.state.subs)
 
     # --- records ------------------------------------------------------------------
+    def end_step(self, txn: Any) -> bool:
+        """The step ends, before its commit: the sequences of the topics it
+        touched renew their reservations (TopicStats.reserve), and their
+        records and the head go into txn (save). True if the step handed out
+        ids above the reservation the last commit made: its batches, which may
+        carry them as keys, wait for its commit."""
+        topics, held = self.state.topics.rows, False
+        for name in self.touched:
+            if name in topics and topics[name].reserve():
+                held = True
+        self.save(txn)
+        return held
+
     def save(self, txn: Any, everything: bool = False) -> None:
         """The head and the touched topics' records (every topic's with
         `everything`) into txn; a topic no longer counted loses its record."""

@@ -8,14 +8,19 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from itertools import compress, repeat
 
+# A batch row as the index knows it: the messages it holds, in the row's order,
+# and the row's head (its deadline_ns, packed). A plain tuple: made at every push.
+Batch = tuple[list[int], bytes]
+
 
 class SubFlights:
     """One subscription's batches in flight, as the index knows them."""
 
-    __slots__ = ("where", "next_f")
+    __slots__ = ("where", "batches", "next_f")
 
     def __init__(self) -> None:
         self.where: dict[int, bytes] = {}  # m -> the key (T S F) of the inflight row that holds it
+        self.batches: dict[bytes, Batch] = {}  # a row's key -> what it holds
         self.next_f = 1  # the F of the next batch: above every row's
 
 
@@ -26,7 +31,8 @@ class FlightIndex:
     by walking the subscription's rows would cost the Window per ack, and an
     index row per message is what the batch rows are there to avoid. So the
     index lives in memory (at most Window entries a subscription), built from
-    the rows the first time a subscription is asked about, and changed only by
+    the rows the first time a subscription is asked about, with what each row
+    holds, so that an ack of a whole batch deletes its row unread; changed only by
     the flights table (store/flights.py), with the rows. The store drops it
     whole whenever a transaction's writes are undone (an abort, a failed
     commit, a savepoint rolled back), so it never describes rows that are not

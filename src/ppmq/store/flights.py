@@ -123,10 +123,15 @@ class Flights:
         flights = self.index.subs[t, s] = SubFlights()
         prefix = TS.pack(t, s)
         for key, raw in walk(self.txn, self.db, prefix, prefix):
-            for m, *_rest in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
-                flights.where[m] = key
+            ms = [entry[0] for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:])]
+            flights.where.update(zip(ms, repeat(key)))
+            flights.batches[key] = (ms, raw[:HEAD])
             flights.next_f = TSM.unpack(key)[2] + 1
         return flights
+
+    def _of(self, t: int, s: int) -> SubFlights:
+        """The index of s's batches in flight on t."""
+        return self.index.subs.get((t, s)) or self._read_flights(t, s)
 
     def _rows(self, t: int, s: int) -> Iterator[tuple[int, int, bytes]]:
         """(F, deadline_ns, value) of every batch in flight to s on t."""
@@ -139,13 +144,19 @@ class Flights:
         messages ms, with the AckRetry deadline `deadline_ns` (0: none). One row,
         and one deadline row, whatever the batch's size; put in key order
         (store/rows.py), since a subscription's batches are numbered upward."""
-        flights = self.index.subs.get((t, s)) or self._read_flights(t, s)
+        try:  # _of's, without a call of its own: every push comes here
+            flights = self.index.subs[t, s]
+        except KeyError:
+            flights = self._read_flights(t, s)
         f = flights.next_f
-        flights.next_f += 1
-        key, row = TSM.pack(t, s, f), (U64.pack(deadline_ns) if deadline_ns else NO_DEADLINE) + b"".join(entries)
+        flights.next_f = f + 1
+        head = U64.pack(deadline_ns) if deadline_ns else NO_DEADLINE
+        key, row = TSM.pack(t, s, f), head + b"".join(entries)
         if not self.txn.put(key, row, db=self.db, append=True):
             self.txn.put(key, row, db=self.db)
-        flights.where.update(zip(ms, repeat(key)))
+        ms = list(ms)
+        flights.where |= zip(ms, repeat(key))
+        flights.batches[key] = (ms, head)
         if self.watching is not None:
             self.watching.note(False, t, s, ms)
         if deadline_ns:
@@ -158,36 +169,42 @@ class Flights:
         tuple, or None if it was not in flight or was named before. One row read
         and rewritten or deleted per batch touched, whatever the number of
         messages."""
-        return self._pop_located(t, s, ms, self._locate(t, s, ms))
+        flights = self._of(t, s)
+        return self._pop_located(flights, t, s, ms, list(map(flights.where.pop, ms, repeat(None))))
 
     def ack(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Take each of ms out of flight to s; return those that were, each once,
-        in the order of ms (ms itself when all were). An ack of one whole batch, what an ack mostly is,
-        deletes its row without reading its entries: the index says that each
-        of ms is in it, and the row's size that nothing else is."""
-        where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
-        rows = list(map(where.pop, ms, repeat(None)))  # _locate's, without a call of its own: every ack comes here
-        key = rows[0] if rows else None
-        n = len(ms)
-        if key is not None and rows.count(key) == n:  # all of one batch: the row goes whole if it holds just these
-            raw = self.txn.get(key, db=self.db)
-            if raw is not None and len(raw) == HEAD + n * FLIGHT_ENTRY.size:
-                self.txn.delete(key, db=self.db)
-                if raw[:HEAD] != NO_DEADLINE:
-                    self._drop_deadline(key, raw)
-                if self.watching is not None:
-                    self.watching.note(True, t, s, ms)
-                return ms
-        return [entry[0] for entry in self._pop_located(t, s, ms, rows) if entry is not None]
+        in the order of ms (ms itself when all were). An ack of one whole batch
+        in its order, what an ack mostly is, deletes its row unread: the index
+        says that the row holds just these."""
+        try:  # _of's, without a call of its own: every ack comes here
+            flights = self.index.subs[t, s]
+        except KeyError:
+            flights = self._read_flights(t, s)
+        where, batches = flights.where, flights.batches
+        try:
+            key = where[ms[0]]
+            held, head = batches[key]
+        except (IndexError, KeyError):  # no message named, or the first not in flight
+            held = None
+        if ms == held:  # all of one batch: the row goes whole
+            for m in ms:
+                del where[m]
+            del batches[key]
+            self.txn.delete(key, db=self.db)
+            if head != NO_DEADLINE:
+                self._drop_deadline(key, head)
+            if self.watching is not None:
+                self.watching.note(True, t, s, ms)
+            return ms
+        rows = list(map(where.pop, ms, repeat(None)))
+        return [entry[0] for entry in self._pop_located(flights, t, s, ms, rows) if entry is not None]
 
-    def _locate(self, t: int, s: int, ms: list[int]) -> list[bytes | None]:
-        """The key of each of ms's batch row, out of the index now; None for one
-        not in flight, or named before."""
-        where = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where
-        return list(map(where.pop, ms, repeat(None)))
-
-    def _pop_located(self, t: int, s: int, ms: list[int], rows: list[bytes | None]) -> list[tuple[int, int, int, int, int] | None]:
-        """pop_flights of ms, whose batch rows are keyed `rows` (_locate)."""
+    def _pop_located(
+        self, flights: SubFlights, t: int, s: int, ms: list[int], rows: list[bytes | None]
+    ) -> list[tuple[int, int, int, int, int] | None]:
+        """pop_many of ms, whose batch rows are keyed `rows`, taken out of
+        flights.where already (None for one not in flight, or named before)."""
         wanted: dict[bytes, dict[int, int]] = {}  # a batch row's key -> {m: its index in ms}
         one = _one_batch(rows)
         if one is not None:
@@ -200,35 +217,40 @@ class Flights:
             self.watching.note(True, t, s, [m for found in wanted.values() for m in found])
         out: list[tuple[int, int, int, int, int] | None] = [None] * len(ms)
         for key, found in wanted.items():
-            self._take_from_row(key, found, out)
+            self._take_from_row(flights, key, found, out)
         return out
 
-    def _take_from_row(self, key: bytes, found: dict[int, int], out: list) -> None:
+    def _take_from_row(self, flights: SubFlights, key: bytes, found: dict[int, int], out: list) -> None:
         """The messages `found` (m -> index in out) leave the batch row keyed
         `key`: their entries go into out, and the row keeps the others or goes
         with its deadline."""
         raw = self.txn.get(key, db=self.db)
         if raw is None:
+            flights.batches.pop(key, None)
             t, s, f = TSM.unpack(key)
             log.error("store: batch %d in flight to subscriber %d of topic %d is indexed but not stored", f, s, t)
             return
-        size, kept = FLIGHT_ENTRY.size, []
+        size, kept, kept_ms = FLIGHT_ENTRY.size, [], []
         for n, entry in enumerate(FLIGHT_ENTRY.iter_unpack(raw[HEAD:])):
             i = found.get(entry[0])
             if i is None:
                 kept.append(raw[HEAD + n * size : HEAD + (n + 1) * size])
+                kept_ms.append(entry[0])
             else:
                 out[i] = entry
         if kept:
             self.txn.put(key, raw[:HEAD] + b"".join(kept), db=self.db)
+            flights.batches[key] = (kept_ms, raw[:HEAD])
             return
+        flights.batches.pop(key, None)
         self.txn.delete(key, db=self.db)
         if raw[:HEAD] != NO_DEADLINE:
             self._drop_deadline(key, raw)
 
     def _drop_deadline(self, key: bytes, raw: bytes) -> None:
-        """Delete the deadline of the batch row keyed `key`, which held `raw` (a
-        deadline_ns not 0): its deadlines key is that deadline_ns, then `key`."""
+        """Delete the deadline of the batch row keyed `key`, which held `raw`
+        (or its head: a deadline_ns not 0): its deadlines key is that
+        deadline_ns, then `key`."""
         deadline_ns = U64.unpack_from(raw)[0]
         self.txn.delete(raw[:HEAD] + key, db=self.deadlines_db)
         if deadline_ns == self.times.deadline:
@@ -252,7 +274,7 @@ class Flights:
         return None if entry is None else Flight._make(entry)
 
     def get(self, t: int, s: int, m: int) -> Flight | None:
-        key = (self.index.subs.get((t, s)) or self._read_flights(t, s)).where.get(m)
+        key = self._of(t, s).where.get(m)
         raw = None if key is None else self.txn.get(key, db=self.db)
         if raw is not None:
             for entry in FLIGHT_ENTRY.iter_unpack(raw[HEAD:]):
@@ -288,7 +310,7 @@ class Flights:
 
 def _one_batch(rows: list[bytes | None]) -> bytes | None:
     """The key of the one batch row that all the messages named are in, given
-    each one's (_locate: a message named twice has None the second time); None
+    each one's (a message named twice has None the second time); None
     if they are not all in one."""
     key = rows[0] if rows else None
     return key if key is not None and rows.count(key) == len(rows) else None

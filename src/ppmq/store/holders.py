@@ -21,7 +21,16 @@ import lmdb
 
 from ppmq.store.copies import Copies
 from ppmq.store.rows import at_row, change_rows
-from ppmq.store.schema import GROUP_MESSAGES, HOLDER, ONE_HOLDERS_HEAD, TM, encode_holders_row, holders_columns, new_holders_row
+from ppmq.store.schema import (
+    GROUP_MESSAGES,
+    HOLDER,
+    ONE_HOLDERS_HEAD,
+    TM,
+    U16_BYTES,
+    encode_holders_row,
+    holders_columns,
+    new_holders_row,
+)
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
 
@@ -109,8 +118,7 @@ class Holders:
         expiries; return, ascending, those nobody holds any more (and any no
         row holds). The path of every ack: each row is read, decoded and
         written once, however many of ms it holds."""
-        sub = s.to_bytes(2, "big")
-        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_release, sub))
+        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_release, U16_BYTES[s]))
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
             self.copies.drop(t, ms, s)
         return done
@@ -168,7 +176,7 @@ def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int
         if place >= 0:
             if count == 1:  # its last holder: the row goes
                 return b"", wanted
-            return ONE_HOLDERS_HEAD.pack(1, m, count - 1) + raw[base:place] + raw[place + SIZE :], []
+            return raw[: base - 2] + U16_BYTES[count - 1] + raw[base:place] + raw[place + SIZE :], []  # n and m as they were
     ids, counts, base = holders_columns(raw)
     run = _release_run(raw, sub, wanted, ids, counts, base)
     if run is not None:

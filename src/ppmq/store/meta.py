@@ -1,5 +1,7 @@
 """The meta database: the store's named records (store/schema.py `meta`), the
-staging record among them.
+staging record among them. A record is put with the transaction's own put
+into this database (Txn.put_meta), which the counters' records take at every
+step.
 
 The staging record names the range a publish in progress hides
 (core/staging.py): the walks of a delivery, an expiry or a drop ask for it at
@@ -30,9 +32,6 @@ class Meta:
 
     def get(self, name: bytes) -> bytes | None:
         return self.txn.get(name, db=self.db)
-
-    def put(self, name: bytes, value: bytes) -> None:
-        self.txn.put(name, value, db=self.db)
 
     def delete(self, name: bytes) -> None:
         self.txn.delete(name, db=self.db)

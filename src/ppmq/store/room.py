@@ -4,9 +4,9 @@ The pages in use are counted with a stat of every database, too dear to do at
 every publish (docs/performance.md, "Design choices measured"). So the count is
 kept, and what was written since is added to it as an upper bound, and the
 store is counted again only when that sum reaches the limit, after
-RECOUNT_BYTES of it, or after RECOUNT_S. A store far from full is counted once
-a second at low rates and every few thousand small messages at high ones; one
-near its limit at every publish.
+RECOUNT_BYTES of it, or after RECOUNT_NS by the step's time. A store far from
+full is counted once a second at low rates and every few thousand small
+messages at high ones; one near its limit at every publish.
 
 A publish is refused only on a count, never on the estimate, so nothing is
 refused that the exact check would take; and since what a body may take is
@@ -22,8 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ppmq.errors import StoreFull
+
 RECOUNT_BYTES = 1 << 20  # of the estimate between two counts, at most (1,400 bodies of 200 bytes)
-RECOUNT_S = 1.0  # between two counts, at most: deliveries and redeliveries grow the store too
+RECOUNT_NS = 1_000_000_000  # between two counts, at most: deliveries and redeliveries grow the store too
 # A body of v bytes takes at most 2v + 256 bytes of pages: in a leaf page (LMDB
 # splits a page in two halves, or appends to a new one) or in overflow pages,
 # whose rounding up to a page stays under 2v once v is past half a page, where
@@ -37,28 +39,39 @@ class Room:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.counts = 0  # exact counts taken so far
-        self._counted: int | None = None  # bytes in use at the last count; None: count again
-        self._written = 0  # bytes of bodies written since, overhead included
-        self._counted_at = 0.0
+        # What the estimate may grow by before the store is counted again: the
+        # least of RECOUNT_BYTES and the room the last count left, less the bytes
+        # of bodies written since (overhead included). 0 or less: count again.
+        self._left = 0
+        self._counted_ns = 0  # when the last count was taken
 
-    def full(self, count: Callable[[], int]) -> bool:
-        """Whether publishes are refused now; `count` gives the bytes in use exactly."""
-        if (
-            self._counted is not None
-            and self._written < RECOUNT_BYTES
-            and self._counted + self._written < self.max_bytes
-            and time.monotonic() - self._counted_at < RECOUNT_S
-        ):
-            return False
-        self._counted, self._written, self._counted_at = count(), 0, time.monotonic()
+    def refuse_when_full(self, count: Callable[[], int], now_ns: int | None = None) -> None:
+        """Raise StoreFull (507) if publishes are refused at now_ns (the step's
+        time; the clock's if not given); `count` gives the bytes in use
+        exactly, and is asked only when the estimate is not enough."""
+        if now_ns is None:
+            now_ns = time.time_ns()
+        if self._left > 0 and 0 <= now_ns - self._counted_ns < RECOUNT_NS:
+            return
+        used = count()
+        self._left, self._counted_ns = min(RECOUNT_BYTES, self.max_bytes - used), now_ns
         self.counts += 1
-        return self._counted >= self.max_bytes
+        if used >= self.max_bytes:
+            raise StoreFull(f"store full: MaxStoreBytes ({self.max_bytes}) reached")
+
+    def full(self, count: Callable[[], int], now_ns: int | None = None) -> bool:
+        """Whether publishes are refused now (refuse_when_full, as a bool)."""
+        try:
+            self.refuse_when_full(count, now_ns)
+        except StoreFull:
+            return True
+        return False
 
     def wrote(self, body_bytes: int, bodies: int) -> None:
         """Bodies were written: the store may have grown by about this much."""
-        self._written += BODY_FACTOR * body_bytes + BODY_OVERHEAD * bodies
+        self._left -= BODY_FACTOR * body_bytes + BODY_OVERHEAD * bodies
 
     def forget(self) -> None:
         """Writes were undone: the last count may have seen rows that are gone,
         or missed rows that are back."""
-        self._counted = None
+        self._left = 0

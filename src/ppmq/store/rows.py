@@ -72,41 +72,46 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
 
 def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
-    a topic's ids: holders, bodies) that ms (ascending) fall in, with the ms
-    in its range; return the ids it lets go, and those in no row's range.
+    a topic's ids: holders, bodies) that ms (ascending, each once) fall in,
+    with the ms in its range; return the ids it lets go, and those in no row's
+    range.
 
     A row keyed by the id sought is read with a get, no cursor: the row of a
     publish's first message, which is every message's own row where a publish
     carries one; a cursor is opened only to find a row below the id, or where
     a row ends when ids are left after it."""
     out: list[int] = []
-    n = len(ms)
-    i = 0
-    cur = None
-    while i < n:
-        key = TM.pack(t, ms[i])
+    if not ms:
+        return out
+    last, i, cur = ms[-1], 0, None
+    while True:
+        m = ms[i]
+        key = TM.pack(t, m)
         raw = txn.get(key, db=db)
-        if raw is None or i + 1 < n:
+        if raw is not None and m == last:  # the last id left, in the row it begins
+            j = None
+        else:
             if cur is None:
                 cur = txn.cursor(db=db)
             if floor_row(cur, key, 4) is None:  # below t's first row: no row holds these
                 j = bisect_left(ms, first_row(cur, t), i)
                 out += ms[i:j]
+                if ms[j - 1] == last:
+                    return out
                 i = j
                 continue
             key, raw = cur.item()
             # the last id left is in this row: no need to find where it ends
-            j = n if i + 1 == n else bisect_left(ms, next_row(cur, t), i)
-        else:  # the last id left, in the row it begins
-            j = n
+            j = None if m == last else bisect_left(ms, next_row(cur, t), i)
         new, gone = change(raw, ms[i:j])
         if new:
             txn.put(key, new, db=db)
         else:
             txn.delete(key, db=db)
         out += gone
+        if j is None or ms[j - 1] == last:
+            return out
         i = j
-    return out
 
 
 def walk(txn: lmdb.Transaction[bytes], db: lmdb._Database, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -126,6 +126,19 @@ GROUP_MESSAGES = 128
 # enough for that to cost little (64 messages of 1 KiB, or 128 of 200 bytes).
 BODY_ROW_BYTES = 1 << 16
 U16 = struct.Struct(">H")  # n, the messages of a group row (holders, bodies)
+
+
+class _U16Bytes(dict[int, bytes]):
+    """n -> n as a u16's 2 bytes (a subscriber's id, a holder count), made the
+    first time it is asked for and kept: few are ever asked for, and a row
+    changed at every ack finds them with a dict lookup, no call."""
+
+    def __missing__(self, n: int) -> bytes:
+        value = self[n] = U16.pack(n)
+        return value
+
+
+U16_BYTES = _U16Bytes()
 # The columns of a group row of n messages, as one Struct each, made once for
 # every n up to twice the most the broker writes in a row (a longer row is a
 # damaged one, and gets one made for it): a list is faster to index than a
@@ -258,13 +271,10 @@ def body_records(
     prios: Sequence[int], publish_ns: int, expiries: Sequence[int], keys: Sequence[bytes], fragments: Sequence[bytes]
 ) -> list[bytes]:
     """Messages published together as their bodies rows hold them, each what
-    decode_body reads back: from the publish's columns, in one call and with
-    no Body made."""
-    head = BODY_HEAD.pack
-    return [
-        head(prio, publish_ns, expires_ns, len(key)) + key + fragment
-        for prio, expires_ns, key, fragment in zip(prios, expiries, keys, fragments)
-    ]
+    decode_body reads back: from the publish's columns, packed and joined in
+    C, with no Body made."""
+    heads = map(BODY_HEAD.pack, prios, repeat(publish_ns), expiries, map(len, keys))
+    return list(map(b"".join, zip(heads, keys, fragments)))
 
 
 def encode_body(body: Body) -> bytes:
@@ -335,7 +345,7 @@ def new_holders_row(subs: Sequence[int], first: int, prios: Sequence[int]) -> by
     columns: list[Iterable[int]] = []
     for s in subs:
         columns += (repeat(s), prios, ids)  # (S, prio, pos) of each holder of a message
-    return _new_holders_layout(n, held).pack(n, *ids, *repeat(held, n), *chain.from_iterable(zip(*columns)))
+    return _new_holders_layout(n, held).pack(n, *ids, *repeat(held, n), *chain(*zip(*columns)))
 
 
 @lru_cache(maxsize=256)

@@ -19,10 +19,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import lmdb
 
-from ppmq.errors import StoreError, StoreFull, StoreFullError
+from ppmq.errors import StoreError, StoreFullError
 from ppmq.store.flight_index import FlightIndex
 from ppmq.store.lock import DataPathLock
 from ppmq.store.migrate import upgrade
@@ -87,13 +88,14 @@ class Store:
         self.flight_index = FlightIndex()  # in memory, of what the committed rows hold (store/flight_index.py)
         self.ready_tails = ReadyTails()  # in memory, beside the ready rows (store/ready_tails.py)
         self.times = NextTimes()  # in memory, the soonest time of each timer database (store/timers.py)
-        self._txn: Txn | None = None  # the tables of every write transaction, wired at the first (Writing)
-        self._writing = Writing(self)  # the block of every write transaction: one at a time, on the writer thread
         self._check_schema()
         # Whether `copies` may have rows (copies.Seen): asked of LMDB once, true
         # from a put on.
         with self.env.begin() as txn:
             self.copies_seen = txn.stat(self.dbs["copies"])["entries"] > 0
+            # The block of every write transaction, and its tables: wired once,
+            # here, and bound to each write transaction as it begins (Txn).
+            self._txn = Txn(self, txn)
 
     def _check_schema(self) -> None:
         """A new store gets this ppmq's schema; one an older ppmq wrote is
@@ -107,18 +109,17 @@ class Store:
             self.env.close()
             raise StoreError(f"cannot bring the store at {self.path} to schema {SCHEMA_VERSION}: {self.translate(exc)}") from None
 
-    def write(self) -> Writing:
+    def write(self) -> Txn:
         """One write transaction, `with store.write() as txn:`; committed when
-        the block ends without an exception (Writing). One block at a time, as
+        the block ends without an exception (Txn). One block at a time, as
         LMDB has one write transaction at a time."""
-        return self._writing
+        return self._txn
 
     def forget(self) -> None:
         """Writes were undone: what memory keeps of the rows goes with them."""
         self.flight_index.clear()
         self.ready_tails.clear()
-        if self._txn is not None:
-            self._txn.meta.forget_staged()
+        self._txn.meta.forget_staged()
         self.room.forget()
         self.times.forget()
 
@@ -169,52 +170,25 @@ class Store:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-class Writing:
-    """Store.write's block: begun on entry, committed on a clean exit, aborted otherwise.
-
-    LMDB's errors, from the block or from the commit, leave as StoreFullError
-    (no room: map full or disk full) or StoreError, so callers above the
-    store never see lmdb's exception types. A class rather than a
-    generator-based context manager: every step of the broker enters one."""
-
-    __slots__ = ("_store", "_txn")
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def __enter__(self) -> Txn:
-        store = self._store
-        self._txn = txn = store.env.begin(write=True)
-        if store._txn is None:
-            store._txn = Txn(store, txn)
-            return store._txn
-        return store._txn.begin(txn)
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        store, txn = self._store, self._txn
-        if exc is not None:
-            store.undo(txn, exc)
-            return
-        try:
-            txn.commit()
-        except lmdb.Error as error:
-            store.forget()
-            raise store.translate(error) from None
-
-
 class Txn:
     """The write transaction in progress: its tables (store/tables.py), the
     operations the broker composes into it, and what concerns the transaction
-    as a whole (a savepoint, the room left in the store).
+    as a whole (a savepoint, the room left in the store). Also the block of
+    every write transaction (Store.write): begun on entry, committed on a
+    clean exit, aborted otherwise.
 
     Each operation the broker calls is the method of the table that does it,
     assigned here as an attribute, so that a call costs what it would on the
-    table itself. A store wires its Txn once, at its first write transaction,
-    and binds it to each one after (begin): wiring eight tables and assigning
-    their operations at every step would cost the writer more than the rest
-    of a transaction's setting up. So a Txn kept past its block works on a
-    transaction that has ended, which LMDB refuses, until the store's next
-    one begins."""
+    table itself. A store wires its Txn once, when it opens, and binds it to
+    each write transaction as it begins (__enter__): wiring eight tables and
+    assigning their operations at every step would cost the writer more than
+    the rest of a transaction's setting up. So a Txn kept past its block works
+    on a transaction that has ended, which LMDB refuses, until the store's
+    next one begins.
+
+    LMDB's errors, from the block or from the commit, leave as StoreFullError
+    (no room: map full or disk full) or StoreError, so callers above the
+    store never see lmdb's exception types."""
 
     def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
@@ -228,7 +202,8 @@ class Txn:
         self.ready = ready = tables.ready
         self.flights = flights = tables.flights
         self.holders = holders = tables.holders
-        self.get_meta, self.put_meta, self.delete_meta, self.meta_items = meta.get, meta.put, meta.delete, meta.items
+        self.get_meta, self.delete_meta, self.meta_items = meta.get, meta.delete, meta.items
+        self.put_meta = partial(txn.put, db=meta.db)  # Meta's put, bound to each transaction (_bind): no Python call
         self.staged, self.put_staged = meta.staged, meta.put_staged
         self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
         self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
@@ -248,16 +223,38 @@ class Txn:
         self.due_deadlines, self.next_deadline_ns = flights.due, flights.next_deadline_ns
         self.get_holders, self.put_holders, self.put_new_holders = holders.get, holders.put, holders.put_new
         self.release_holders, self.pop_holders = holders.release, holders.pop
+        # refuse_when_full(now_ns): a publish, or a staged publish's next chunk,
+        # is refused (StoreFull, 507) while the store is full (store/room.py),
+        # counted by this transaction.
+        self.refuse_when_full = partial(store.room.refuse_when_full, self.used_bytes)
 
-    def begin(self, txn: lmdb.Transaction[bytes]) -> Txn:
+    def __enter__(self) -> Txn:
         """The same tables, over the store's next write transaction, without the
         watch the one before was given. What the tables keep in memory of the
         rows (the staging record among them) stays true across commits."""
-        self.txn = txn
-        for table in self.tables.every:  # Tables.bind's, without a call of its own: every step begins here
+        self.txn = txn = self.store.env.begin(write=True)
+        for table in self.tables.every:  # _bind's, without a call of its own: every step begins here
             table.txn = txn
+        self.put_meta = partial(txn.put, db=self.meta.db)
         self.flights.watching = None
         return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        store, txn = self.store, self.txn
+        if exc is not None:
+            store.undo(txn, exc)
+            return
+        try:
+            txn.commit()
+        except lmdb.Error as error:
+            store.forget()
+            raise store.translate(error) from None
+
+    def _bind(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Every table over txn from now on: a savepoint's nested transaction, and back."""
+        self.txn = txn
+        self.tables.bind(txn)
+        self.put_meta = partial(txn.put, db=self.meta.db)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -265,8 +262,7 @@ class Txn:
         watch = self.flights.watching
         outer, noted = self.txn, watch.mark() if watch is not None else 0
         inner = self.store.env.begin(write=True, parent=outer)
-        self.txn = inner
-        self.tables.bind(inner)
+        self._bind(inner)
         try:
             yield
         except BaseException as exc:
@@ -277,8 +273,7 @@ class Txn:
         else:
             inner.commit()
         finally:
-            self.txn = outer
-            self.tables.bind(outer)
+            self._bind(outer)
             self.meta.forget_staged()  # the block may have changed the staging record
 
     def next_timer_ns(self) -> int | None:
@@ -287,6 +282,8 @@ class Txn:
         memory (store/timers.py): a database is read only when its soonest entry
         went and the next one is not known."""
         times = self.store.times
+        if times.expiry == times.copy_expiry == times.deadline == times.due == NONE_DUE:  # no timer in use
+            return None
         soonest = min(times.expiry, times.copy_expiry, times.deadline, times.due)
         if soonest == UNREAD:
             self.next_expiry_ns(), self.next_copy_expiry_ns(), self.next_deadline_ns(), self.next_due_ns()
@@ -305,8 +302,3 @@ class Txn:
     def full(self) -> bool:
         """Whether the store has reached MaxStoreBytes: publishes are refused (store/room.py)."""
         return self.store.room.full(self.used_bytes)
-
-    def refuse_when_full(self) -> None:
-        """A publish, or a staged publish's next chunk, is refused (507) while the store is full."""
-        if self.store.room.full(self.used_bytes):
-            raise StoreFull(f"store full: MaxStoreBytes ({self.store.room.max_bytes}) reached")

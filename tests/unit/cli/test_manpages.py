@@ -51,6 +51,18 @@ def test_the_command_page_shows_take_with_its_options(pages) -> None:
     assert "\\fB\\-\\-no\\-ack\\fR\ndo not ack: the messages go back to the queue when the command exits" in page
 
 
+def test_the_command_page_shows_top_with_its_options_and_columns(pages) -> None:
+    page = pages["ppmq.1.gz"]
+    assert '.SS "ppmq top [\\-h] [\\-c CONFIG] [\\-s SOCKET] [\\-i DURATION] [\\-n N]"' in page
+    assert "a live view of every topic and subscriber" in page
+    assert "\\fB\\-n\\fR, \\fB\\-\\-count\\fR N\nprint N plain tables" in page
+    assert "OLDEST: the age of the oldest ready message" in page
+
+
+def test_the_command_page_names_the_completion_files(pages) -> None:
+    assert "/usr/share/bash\\-completion/completions/ppmq" in pages["ppmq.1.gz"]
+
+
 def test_the_config_page_documents_every_key_of_every_config_struct(pages) -> None:
     page = pages["ppmq.yaml.5.gz"]
     for _, prefix, struct in SECTIONS:
