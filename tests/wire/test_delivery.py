@@ -195,7 +195,8 @@ def test_a_subscriber_that_comes_late_gets_everything_and_one_that_leaves_keeps_
     with b.client() as c:
         c.publish("t", [{"Payload": 2}])
         assert second.wait_messages(1) and second.payloads() == [2]
-        assert b.sub_status("t", "s")["InFlight"] == 1  # 1 stays in flight until RECONNECT
+        # 1 stays in flight until RECONNECT, once second's ack of 2 is in
+        wait_for(lambda: b.sub_status("t", "s")["InFlight"] == 1, what="2 acked and 1 in flight")
         c.reconnect("s")
     second.wait_messages(2)
     assert second.payloads() == [2, 1]
