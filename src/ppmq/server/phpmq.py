@@ -30,17 +30,14 @@ from collections.abc import Callable
 import msgspec
 from msgspec import UNSET
 
-from ppmq.config import Config, TopicConfig
-from ppmq.core.access import Peer, Policy
+from ppmq.config import TopicConfig
+from ppmq.core.access import Peer
 from ppmq.core.ops import Guarded, Invalid, Op, Requeue
 from ppmq.errors import BadFrame, BadRequest, FrameTooLarge, Refused, TooLarge, UnknownQueue
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
-from ppmq.server.connection_limit import ConnectionLimit
-from ppmq.server.group_commit import GroupCommit
 from ppmq.server.phpmq_consume import Consumer, Wanted
 from ppmq.server.protocol_listener import ProtocolListener, read_within
-from ppmq.server.take_waits import TakeWaits
 
 log = logging.getLogger("ppmq.phpmq")
 
@@ -167,18 +164,7 @@ class PhpmqServer(ProtocolListener):
     LISTENER = LISTENER
     PROTOCOL = "PHPMQ"
     log = log
-
-    def __init__(
-        self,
-        path: str,
-        writer: GroupCommit,
-        takes: TakeWaits,
-        config: Config,
-        connections: ConnectionLimit,
-        policy: Policy | None = None,
-    ) -> None:
-        super().__init__(path, writer, takes, config, connections, policy)
-        self.unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
+    unknown_queue = 0  # frames naming a queue that does not exist, since the start (STATUS Listeners)
 
     async def serve(self, peer: Peer | None, reader: asyncio.StreamReader, out: asyncio.StreamWriter, where: str) -> None:
         assert peer is not None, "PhpmqSocket is a Unix socket"

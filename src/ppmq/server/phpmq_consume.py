@@ -25,15 +25,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from ppmq.core.pull import MAX_COUNT, MAX_WAIT_S
 from ppmq.protocol import messages as p
 from ppmq.protocol import phpmq as wire
-from ppmq.server.take_waits import TakeWaits
+from ppmq.server.take_waits import TakeWaits, longest_take
 
 log = logging.getLogger("ppmq.phpmq")
 
 NS = 1_000_000_000
-TAKE_ID = msgspec.Raw(b"0")  # TAKE needs an Id for its reply to carry messages; nobody else sees it
 
 
 class _Taken(msgspec.Struct, rename="pascal"):
@@ -131,14 +129,7 @@ class Consumer:
         """A TAKE of what there is room for, waiting for it as long as a TAKE
         may, unless a new 002 ends the wait first."""
         self._interrupt = asyncio.get_running_loop().create_future()
-        request = p.Request(
-            topic=wanted.queue,
-            subscriber=wanted.subscriber,
-            command="TAKE",
-            count=min(room, MAX_COUNT),
-            wait=MAX_WAIT_S,
-            id=TAKE_ID,
-        )
+        request = longest_take(wanted.queue, wanted.subscriber, room)
         return await self.takes.take(self.taker, request, self.check, self._interrupt)
 
     async def _dispatch(self, wanted: Wanted, messages: list[msgspec.Raw]) -> None:

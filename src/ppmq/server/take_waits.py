@@ -30,6 +30,7 @@ import msgspec
 
 from ppmq.core import staging
 from ppmq.core.ops import Abandoned, Op, Take, request_of
+from ppmq.core.pull import MAX_COUNT, MAX_WAIT_S
 from ppmq.core.taker_holdings import Key
 from ppmq.protocol import messages as p
 from ppmq.server.group_commit import GroupCommit
@@ -246,3 +247,13 @@ def _on_read(future: asyncio.Future[bool], read: asyncio.Future[bytes]) -> None:
 def _resolve(future: asyncio.Future[bool], result: bool) -> None:
     if not future.done():
         future.set_result(result)
+
+
+_TAKE_ID = msgspec.Raw(b"0")  # TAKE needs an Id for its reply to carry messages; nobody else sees it
+
+
+def longest_take(topic: str, subscriber: str, count: int) -> p.Request:
+    """The TAKE a connection of another protocol (PHPMQ, zbus) makes for its
+    client: up to `count` messages, as many as a TAKE may ask for, waiting as
+    long as a TAKE may."""
+    return p.Request(topic=topic, subscriber=subscriber, command="TAKE", count=min(count, MAX_COUNT), wait=MAX_WAIT_S, id=_TAKE_ID)

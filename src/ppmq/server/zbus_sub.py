@@ -22,13 +22,10 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from ppmq.core.pull import MAX_COUNT, MAX_WAIT_S
 from ppmq.protocol import messages as p
-from ppmq.server.take_waits import TakeWaits
+from ppmq.server.take_waits import TakeWaits, longest_take
 
 log = logging.getLogger("ppmq.zbus")
-
-TAKE_ID = msgspec.Raw(b"0")  # TAKE needs an Id for its reply to carry messages; nobody else sees it
 
 
 class Taken(msgspec.Struct, rename="pascal"):
@@ -110,12 +107,5 @@ class Subscription:
 
     async def _take(self, count: int) -> p.Reply:
         self._interrupt = asyncio.get_running_loop().create_future()
-        request = p.Request(
-            topic=self.mq,
-            subscriber=self.channel,
-            command="TAKE",
-            count=min(count, MAX_COUNT),
-            wait=MAX_WAIT_S,
-            id=TAKE_ID,
-        )
+        request = longest_take(self.mq, self.channel, count)
         return await self.takes.take(self.taker, request, self.check, self._interrupt)
