@@ -3,6 +3,7 @@
     .venv/bin/python tools/paced.py [--messages 10000] [--rate 1000] [--runs 3] [--brokers ppmq,streams,protocol]
     .venv/bin/python tools/paced.py --instructions [--brokers ppmq]    # needs valgrind
     .venv/bin/python tools/paced.py --calls                            # ppmq's calls a message
+    .venv/bin/python tools/paced.py --brokers ppmq,other --other 'other=CMD --dir {dir}'   # any broker beside it
 
 ppmq's paced workload (`ppmq bench -w latency-fast`) with the smallest clients that
 can drive it: a publisher sends a message a request on the server socket and waits
@@ -166,7 +167,12 @@ def publish(directory: Path, messages: int, rate: int) -> None:
     print(json.dumps({"cpu_s": time.process_time()}), flush=True)
 
 
+OTHERS: dict[str, str] = {}  # --other NAME=COMMAND: brokers run beside ppmq with the same clients
+
+
 def _broker_argv(broker: str, directory: Path) -> list[str]:
+    if broker in OTHERS:
+        return [part.replace("{dir}", str(directory)) for part in OTHERS[broker].split()]
     if broker != "ppmq":
         return [sys.executable, __file__, "--role", "serve", broker, "--dir", str(directory)]
     config = {
@@ -316,9 +322,15 @@ def main() -> None:
     ap.add_argument("--brokers", default="ppmq,streams,protocol", help="comma-separated: ppmq, streams, protocol")
     ap.add_argument("--instructions", action="store_true", help="count the broker's instructions a message under callgrind")
     ap.add_argument("--calls", action="store_true", help="count ppmq's function calls a message (Python and builtins)")
+    ap.add_argument(
+        "--other", action="append", default=[], metavar="NAME=COMMAND",
+        help="another broker to run with the same clients, named in --brokers: COMMAND (split on spaces, {dir} "
+        "replaced by the run's directory) listens on {dir}/s.sock and pushes to {dir}/s0.sock and {dir}/s1.sock",
+    )  # fmt: skip
     ap.add_argument("--role", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    OTHERS.update(other.split("=", 1) for other in args.other)
     if args.role:
         role, arg = args.role
         if role == "serve":

@@ -47,6 +47,10 @@ MAX_MESSAGES_PER_STEP = staging.CHUNK_MESSAGES  # requests beyond this many mess
 # Not those of a subscriber with messages ready, which its next batch waits for.
 # A publish whose subscribers' acks are on their way waits for them as long (gathering.py).
 ACK_GATHER_S = 0.002
+# uvloop's timers and loop.time() count whole milliseconds: a timer due in less
+# fires on the next turn of the loop, whose clock has not moved yet, so a wait
+# shorter than this would spin until the clock's next millisecond.
+LOOP_TICK_S = 0.001
 
 
 class Follower(Protocol):
@@ -325,19 +329,21 @@ class GroupCommit:
             self._gather_until = until = loop.time() + ACK_GATHER_S
         while not self._stopping and self._pending and company.may_wait:
             remaining = until - loop.time()
-            if remaining <= 0:
+            if remaining < LOOP_TICK_S / 2:  # the rest of a millisecond the loop's clock has not counted
                 company.ran_out()
                 return
             await self._sleep(remaining)
 
     def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
         """What run() awaits until something is submitted or a subscriber opens, or
-        the next timer (at most a second away); `_wake` ends it and lets go of
-        both. A bare future and a timer handle: this runs a few times for every
-        step, and wait_for would add a task each time."""
+        the next timer (at most a second away, at least the loop's tick, so
+        that a timer due within the tick is waited for rather than spun for);
+        `_wake` ends it and lets go of both. A bare future and a timer handle:
+        this runs a few times for every step, and wait_for would add a task
+        each time."""
         loop = self._loop
         self._waiter = waiter = loop.create_future()
-        self._timer = loop.call_later(1.0 if timeout_s > 1.0 else timeout_s if timeout_s > 0.0 else 0.0, self._wake)
+        self._timer = loop.call_later(1.0 if timeout_s > 1.0 else timeout_s if timeout_s > LOOP_TICK_S else LOOP_TICK_S, self._wake)
         return waiter
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:

@@ -457,3 +457,37 @@ def test_the_steps_take_what_is_queued_as_the_rule_says_whether_all_of_it_fits_o
         taken.append([op for op, _ in writer._take_batch()])
     # Then each step took what the rule says
     assert taken == _batches_by_the_rule(pending, 4, max_messages, chunk)
+
+
+def test_a_gathering_that_ends_within_the_loops_millisecond_is_not_waited_for_turn_by_turn(tmp_path, monkeypatch):
+    # Given uvloop, whose clock and timers count whole milliseconds, and one-way acks
+    # whose gathering ends a nanosecond after they begin, inside the loop's current millisecond
+    uvloop = pytest.importorskip("uvloop")
+    broker, store, acks = _acks_of_a_batch_in_flight(tmp_path, monkeypatch, gather_s=1e-9)
+    waits: list[float] = []
+
+    async def run() -> None:
+        writer = GroupCommit(broker, durable=False, on_step=lambda _: None)
+        sleep = writer._sleep
+
+        def counted(timeout_s: float) -> asyncio.Future[None]:
+            waits.append(timeout_s)
+            return sleep(timeout_s)
+
+        writer._sleep = counted  # type: ignore[method-assign]
+        task = asyncio.create_task(writer.run())
+        await _until(lambda: _waits(writer))
+        # When they are submitted, twenty times over
+        for _ in range(20):
+            before = len(waits)
+            writer.submit(acks)
+            await _until(lambda before=before: _waits(writer) and len(waits) > before)
+        writer.stop()
+        await task
+
+    uvloop.run(run())
+    # Then each gathering ends at once: no wait shorter than the loop's tick,
+    # which would fire at the next turn of a clock that has not moved, again and again
+    assert min(waits) >= writer_module.LOOP_TICK_S
+    assert len(waits) <= 1 + 20 * 2
+    store.close()
