@@ -10,7 +10,6 @@ whatever the current directory of whoever started the broker.
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import pwd
 import re
@@ -204,6 +203,8 @@ def _decode_problems(data: Any, tp: Any, where: str) -> Iterator[tuple[str, str]
         for key, value in data.items():
             field = fields.get(key)
             if field is None:
+                import difflib  # only a config with a mistake needs it, not the broker that loads a good one
+
                 guess = difflib.get_close_matches(str(key), fields, n=1)
                 yield where, f"unknown field `{key}`" + (f"; did you mean {guess[0]}?" if guess else "")
             else:

@@ -176,3 +176,14 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one() -> None
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer("ppmq.store.schema") == "store" and layer("ppmq.config") == BASE
     assert "store" not in MAY_IMPORT["protocol"]
+
+
+def test_the_command_line_loads_neither_zbus_parsers_nor_difflib_until_they_are_needed() -> None:
+    """What `ppmq serve` imports stays in every broker's memory: zbus's HTTP and
+    WebSocket parsers come with a zbus listener, difflib with a config mistake."""
+    import subprocess
+    import sys
+
+    probe = "import sys, ppmq.cli.main; print(' '.join(m for m in ('h11', 'wsproto', 'difflib') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=SRC.parent).stdout.split()
+    assert loaded == []

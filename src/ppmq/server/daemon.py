@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ppmq.config import Config, SubscriberConfig, load_config, split_host_port
 from ppmq.core.broker import Broker
@@ -32,9 +33,11 @@ from ppmq.server.parallel_push import ParallelLink
 from ppmq.server.phpmq import PhpmqServer
 from ppmq.server.push import SubscriberLink
 from ppmq.server.take_waits import TakeWaits
-from ppmq.server.zbus import ZbusServer, ZbusTcpServer
 from ppmq.store.store import Store
 from ppmq.systemd import Notifier
+
+if TYPE_CHECKING:
+    from ppmq.server.zbus import ZbusServer, ZbusTcpServer
 
 log = logging.getLogger("ppmq.daemon")
 
@@ -131,10 +134,15 @@ class Daemon:
             if config.phpmq_socket
             else None
         )
-        self.zbus = (
-            ZbusServer(config.zbus_socket, self.writer, self.takes, config, self.connections, self.policy) if config.zbus_socket else None
-        )
-        self.zbus_tcp = ZbusTcpServer("", self.writer, self.takes, config, self.connections, self.policy) if config.zbus_listen else None
+        self.zbus: ZbusServer | None = None
+        self.zbus_tcp: ZbusTcpServer | None = None
+        if config.zbus_socket or config.zbus_listen:  # its HTTP and WebSocket parsers are loaded only for a zbus listener
+            from ppmq.server.zbus import ZbusServer, ZbusTcpServer
+
+            if config.zbus_socket:
+                self.zbus = ZbusServer(config.zbus_socket, self.writer, self.takes, config, self.connections, self.policy)
+            if config.zbus_listen:
+                self.zbus_tcp = ZbusTcpServer("", self.writer, self.takes, config, self.connections, self.policy)
         self.links: dict[str, tuple[SubscriberLink | ParallelLink, asyncio.Task]] = {}
         self.last_error = ""
         self._metrics_error = ""  # the textfile's last write error, logged once
