@@ -97,6 +97,7 @@ class Broker:
             self._switch(txn, config)
             self.state.resume_sequences()
             self._requeue_unconfirmed(txn, now_ns)
+            self._queues.settle_all(txn)  # dead letters of what it gave up on, fresh for a Pull subscriber of theirs
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
         self._dispatcher.index_backlog()

@@ -142,3 +142,34 @@ def test_take_is_refused_for_a_request_without_a_taker_or_without_an_id(tmp_path
     assert [r.status for r in replies] == [400, 400]
     assert "ServerSocket" in replies[0].error and "Id" in replies[1].error
     store.close()
+
+
+def test_a_message_given_up_at_start_into_a_pull_subscribers_dead_letter_topic_is_ready_there(tmp_path):
+    # Given a message taken for the last time it may be (MaxAttempts 1), whose
+    # DeadLetter topic `dl` is taken from by the Pull subscriber `d`, and the broker gone
+    def open_broker() -> Broker:
+        config = Config(
+            server_socket="/nonexistent",
+            data_path=str(tmp_path),
+            sync=False,
+            subscribers=[SubscriberConfig(name="w", pull=True), SubscriberConfig(name="d", pull=True)],
+            topics=[
+                TopicConfig(name="t", subscribers=["w"], max_attempts=1, dead_letter="dl", ack_retry=3600.0),
+                TopicConfig(name="dl", subscribers=["d"]),
+            ],
+        )
+        return Broker(config, Store(str(tmp_path), sync=False, max_bytes=1 << 24), NOW)
+
+    broker = open_broker()
+    publish(broker, 1)
+    assert take(broker, 1, 1) == ["1"]
+    broker.store.close()
+    # When it opens the store again: the taker is gone, and the message is given up on
+    broker = open_broker()
+    # Then its copy waits in dl's queue for d, as counted, and a TAKE gets it
+    assert broker.state.subs["t"]["w"].dead_lettered == 1
+    assert broker.state.subs["dl"]["d"].ready == [1]
+    req = p.Request(topic="dl", subscriber="d", command="TAKE", count=10, id=msgspec.Raw(b"2"))
+    (reply,) = broker.step([Take(1, req)], set(), NOW).replies
+    assert reply.status == 200 and len(reply.body["Messages"]) == 1
+    broker.store.close()
