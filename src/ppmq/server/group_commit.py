@@ -251,7 +251,6 @@ class GroupCommit:
             loop.call_soon_threadsafe(self._early, deliveries)
 
         stepped = False  # the last round ran a step, whose end was the heartbeat
-        next_tick_ns = self.broker.next_tick_ns  # as the broker's last step says
         try:
             while True:
                 if not self._pending:
@@ -263,7 +262,7 @@ class GroupCommit:
                     now_ns = time.time_ns()
                     if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
-                        await self._sleep((next_tick_ns - now_ns) / 1e9)
+                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)  # as the step or wants_step left it
                         continue
                 else:
                     company = self._gathering
@@ -291,7 +290,6 @@ class GroupCommit:
                     self._busy_since = None
                 self._heartbeat = ended = time.monotonic()
                 stepped = True
-                next_tick_ns = step.next_tick_ns
                 if self._on_step is not None:
                     self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
