@@ -53,6 +53,7 @@ T = TypeVar("T")
 COMMANDS = ("RECONNECT", "CONNECT", "STATUS", "TAKE", "PEEK", "PURGE", "REDRIVE", "PAUSE", "RESUME", "PING")
 FIRST_RETRY_NS = NS // 10  # after a failed commit, steps without requests wait this long, doubling
 MAX_RETRY_NS = 5 * NS
+NO_TIMER_NS = 1 << 64  # _due_ns while no timer waits: later than any time a step is given
 
 
 class _Replay(Exception):
@@ -101,7 +102,11 @@ class Broker:
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
         self._dispatcher.index_backlog()
-        self.next_tick_ns = now_ns  # when a step is next due without requests (timers); read by the server between steps
+        self.next_tick_ns = now_ns  # when the server next asks wants_step without requests; read by it between steps
+        # When a step without requests next has work: a timer due (expiry, AckRetry,
+        # a delay), or a failed commit's retry. The timers are known exactly
+        # (store/timers.py), so a broker with none due runs no step of its own.
+        self._due_ns = now_ns
         # The push subscribers of a topic whose acks a publish to it is worth
         # waiting for (Dispatcher.awaiting_acks), asked by the server between steps.
         self.awaiting_acks: Callable[[str], list[str]] = self._dispatcher.awaiting_acks
@@ -169,11 +174,15 @@ class Broker:
     # --- the step ---------------------------------------------------------------------
 
     def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
-        """Whether a step with no requests would do anything now; `lanes` as for step."""
+        """Whether a step with no requests would do anything now; `lanes` as for step.
+        Asked at or past `next_tick_ns` with nothing due, it moves `next_tick_ns`
+        on to when it is next worth asking."""
         if now_ns < self._retry_at_ns:
             return False
-        if now_ns >= self.next_tick_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
+        if now_ns >= self._due_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
+        if now_ns >= self.next_tick_ns:  # the server's look with nothing due: its next one when a timer is due, or a TICK_NS on
+            self.next_tick_ns = min(self._due_ns, now_ns + TICK_NS)
         dispatcher, router = self._dispatcher, self._router
         if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
             return False
@@ -216,26 +225,32 @@ class Broker:
         ended: list[Answer] = []  # a staged publish the failed first try ended
         try:
             try:
-                replies, deliveries, next_tick, finished = self._transact(ops, open_subs, now_ns, early)
+                replies, deliveries, due, finished = self._transact(ops, open_subs, now_ns, early)
             except StoreFullError as exc:
                 ended = self._staging.rolled_back(_reply_error(exc))
                 cleared = self.store.clear_stale_readers()
                 if not cleared:
                     raise
                 _freed_readers(cleared)
-                replies, deliveries, next_tick, finished = self._transact(ops, open_subs, now_ns, early)
+                replies, deliveries, due, finished = self._transact(ops, open_subs, now_ns, early)
         except StoreError as exc:
             return self._failed(ops, len(carried), exc, now_ns, ended)
         if self._failures:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
+        self._due_ns = NO_TIMER_NS if due is None else due
+        # The server looks again when a timer is due, and at least once a TICK_NS:
+        # the timers go by the wall clock, its waits by the loop's.
+        next_tick = now_ns + TICK_NS
+        if due is not None and due < next_tick:
+            next_tick = due if due > now_ns else now_ns
         self.next_tick_ns = next_tick
         left = self._router.left_flight() if self._router.watch is not None else {}
         return Step(replies[len(carried) :] if carried else replies, deliveries, next_tick, self._events.take(), ended + finished, left)
 
     def _transact(
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool = False
-    ) -> tuple[list, list[Delivery], int, list[Answer]]:
+    ) -> tuple[list, list[Delivery], int | None, list[Answer]]:
         """The step's one transaction; if it fails, the broker is left exactly as
         it was before (counters, config, access rules), and the error raised.
 
@@ -260,17 +275,14 @@ class Broker:
                 replies = [apply(txn, op, now_ns) for op in ops]
                 staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
                 finished = self._staging.step(txn, lambda req: self._apply_guarded(txn, req, now_ns)) if staged else []
-                if now_ns >= self.next_tick_ns:
+                if now_ns >= self._due_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
                 if self._queues.fresh:  # what no batch took
                     self._queues.settle_all(txn)
                 self.state.commits += 1
                 held = self._ledger.end_step(txn)
-                # When a timer is next due (expiry, AckRetry, a delay), and at least once a TICK_NS.
-                due, next_tick = txn.next_timer_ns(), now_ns + TICK_NS
-                if due is not None and due < next_tick:
-                    next_tick = due if due > now_ns else now_ns
+                due = txn.next_timer_ns()  # when a timer is next due (expiry, AckRetry, a delay)
                 if early is not None and deliveries and not held:
                     early(deliveries)
                     sent = True
@@ -289,7 +301,7 @@ class Broker:
             self._takers.commit()
         if early is not None and deliveries and held:
             early(deliveries)
-        return replies, deliveries, next_tick, finished
+        return replies, deliveries, due, finished
 
     def _roll_back(self, sent: bool) -> None:
         """The step's transaction is aborted: the broker as the last commit left it;
@@ -329,7 +341,7 @@ class Broker:
         if self._failures == 1:
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
-        self._retry_at_ns = self.next_tick_ns = now_ns + delay_ns
+        self._retry_at_ns = self.next_tick_ns = self._due_ns = now_ns + delay_ns
         # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
         self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
         err = _reply_error(exc)

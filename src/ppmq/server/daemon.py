@@ -163,10 +163,9 @@ class Daemon:
         for sub in self.config.subscribers:
             if not sub.pull:  # a Pull subscriber is never pushed to
                 self._link(sub)
-        self._tasks = [
-            asyncio.create_task(self._reloads(), name="reloads"),
-            asyncio.create_task(self._report_status(), name="status"),
-        ]
+        self._tasks = [asyncio.create_task(self._reloads(), name="reloads")]
+        if self.notifier.enabled:  # STATUS= goes nowhere without systemd: not worked out every few seconds for nobody
+            self._tasks.append(asyncio.create_task(self._report_status(), name="status"))
         if self.config.metrics is not None:
             self._tasks.append(asyncio.create_task(self._write_metrics_every(self.config.metrics.interval), name="metrics"))
         if self.notifier.watchdog_interval_s:

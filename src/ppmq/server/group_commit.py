@@ -116,7 +116,13 @@ class GroupCommit:
         self._loop: asyncio.AbstractEventLoop
         self._stopping = False
         self._gather_until: float | None = None  # loop time the one-way acks pending wait for company until
-        self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait
+        self._timer: asyncio.TimerHandle | None = None  # ends run()'s wait for company
+        # Ends run()'s idle wait (_sleep), and is kept from one idle wait to the
+        # next until it fires, when it falls within the next one: at a paced rate
+        # the writer waits idle after every step, and a timer armed and cancelled
+        # for each wait cost more than a wake-up a second sooner than needed.
+        self._tick: asyncio.TimerHandle | None = None
+        self._tick_at = 0.0  # loop time _tick fires at
         self._heartbeat = time.monotonic()  # last time run() ended a step or went round idle
         self._busy_since: float | None = None  # a step is running on the thread since then
         self._stepped = Waiters()  # woken after each step
@@ -190,9 +196,7 @@ class GroupCommit:
         elif self._gather_until is None:  # acks begin to gather while the writer waits idle: its wait ends with them
             loop = self._loop
             self._gather_until = until = loop.time() + ACK_GATHER_S
-            timer = self._timer  # set with the waiter by _sleep
-            if timer is not None and timer.when() > until:
-                timer.cancel()
+            if self._tick_at > until:  # the idle wait's end (_sleep), which the gathering's comes before
                 self._timer = loop.call_at(until, self._wake)
 
     def open(self, subscriber: str, outlet: Outlet) -> None:
@@ -231,7 +235,8 @@ class GroupCommit:
     def _wake(self) -> None:
         """Let run() look again, if it waits; when it does not, it looks anyway
         before it next waits. A waiter is woken once: from then on it is no
-        longer the writer's (`_waiter` is None)."""
+        longer the writer's (`_waiter` is None). The timer of a wait for company
+        goes with it; an idle wait's stays for the next idle wait (_sleep)."""
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -251,7 +256,6 @@ class GroupCommit:
             loop.call_soon_threadsafe(self._early, deliveries)
 
         stepped = False  # the last round ran a step, whose end was the heartbeat
-        next_tick_ns = self.broker.next_tick_ns  # as the broker's last step says
         try:
             while True:
                 if not self._pending:
@@ -263,7 +267,7 @@ class GroupCommit:
                     now_ns = time.time_ns()
                     if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
-                        await self._sleep((next_tick_ns - now_ns) / 1e9)
+                        await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)  # as the step or wants_step left it
                         continue
                 else:
                     company = self._gathering
@@ -291,7 +295,6 @@ class GroupCommit:
                     self._busy_since = None
                 self._heartbeat = ended = time.monotonic()
                 stepped = True
-                next_tick_ns = step.next_tick_ns
                 if self._on_step is not None:
                     self._on_step(ended - started)
                 self._gathering.stale = True  # counted against the state before the step
@@ -314,7 +317,10 @@ class GroupCommit:
                     self._write_journal()
                 self._unjournaled = step.events
         finally:
-            self._wake()  # a wait cut short (run() cancelled) lets go of its timer
+            self._wake()  # a wait cut short (run() cancelled) lets go of its timers
+            if self._tick is not None:
+                self._tick.cancel()
+                self._tick = None
             if thread is not None:
                 thread.stop()
             self._write_journal()
@@ -336,15 +342,33 @@ class GroupCommit:
 
     def _sleep(self, timeout_s: float) -> asyncio.Future[None]:
         """What run() awaits until something is submitted or a subscriber opens, or
-        the next timer (at most a second away, at least the loop's tick, so
-        that a timer due within the tick is waited for rather than spun for);
-        `_wake` ends it and lets go of both. A bare future and a timer handle:
-        this runs a few times for every step, and wait_for would add a task
-        each time."""
+        timeout_s: the end of a wait for company, or with nothing to do the
+        next timer (at most a second away); at least the loop's tick, so that
+        an end due within the tick is waited for rather than spun for. A bare
+        future and a timer handle: this runs a few times for every step, and
+        wait_for would add a task each time. `_wake` ends it and lets go of the
+        timer of a wait for company; an idle wait's timer is kept for the next
+        idle wait when it fires no later (run() woken early looks again and
+        finds nothing to do, as after every wake-up)."""
         loop = self._loop
         self._waiter = waiter = loop.create_future()
-        self._timer = loop.call_later(1.0 if timeout_s > 1.0 else timeout_s if timeout_s > LOOP_TICK_S else LOOP_TICK_S, self._wake)
+        delay = 1.0 if timeout_s > 1.0 else timeout_s if timeout_s > LOOP_TICK_S else LOOP_TICK_S
+        if self._gather_until is not None:  # ops wait for company
+            self._timer = loop.call_later(delay, self._wake)
+            return waiter
+        at = loop.time() + delay
+        tick = self._tick
+        if tick is None or self._tick_at > at:
+            if tick is not None:
+                tick.cancel()
+            self._tick_at = at
+            self._tick = loop.call_at(at, self._ticked)
         return waiter
+
+    def _ticked(self) -> None:
+        """The idle wait's timer fired: the next idle wait arms another."""
+        self._tick = None
+        self._wake()
 
     def _take_batch(self) -> list[tuple[Op, ReplySink | None]]:
         """The next step's ops, in order of arrival, up to MAX_OPS_PER_STEP ops and

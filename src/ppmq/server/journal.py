@@ -16,6 +16,7 @@ import contextlib
 import gzip
 import logging
 import os
+import queue
 import shutil
 import socket
 import threading
@@ -53,10 +54,13 @@ class Journal:
         # a deque's append and popleft are single C calls, where a queue.Queue costs a
         # few microseconds of Python locking per step on each side.
         self._pending: deque[bytes] = deque()
-        self._wake = threading.Event()  # set when there is something to write, or to stop
-        # The putter set _wake since the journal thread last cleared it: a plain
-        # attribute, cleared by the thread after _wake and before it takes the
-        # lines, so that a put never finds it set while its lines would go untaken.
+        # One item a wake-up of the journal thread: there is something to write,
+        # or it is to stop. A SimpleQueue's put and get are single C calls, where
+        # a threading.Event's set, wait and clear run a Condition in Python.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        # The putter woke the thread since the thread last took the lines: a plain
+        # attribute, cleared by the thread before it takes them, so that a put
+        # never finds it set while its lines would go untaken.
         self._woken = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ppmq-journal", daemon=True)
@@ -85,24 +89,23 @@ class Journal:
         self._pending.append(self._lines.encode(events))
         if not self._woken:
             self._woken = True
-            self._wake.set()
+            self._wake.put(None)
 
     def close(self) -> None:
         """Write what is queued, close and gzip the current segment."""
         self._stopping = True
-        self._wake.set()
+        self._wake.put(None)
         self._thread.join()
 
     # --- the journal thread ---------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
+            self._wake.get()  # a wake-up left over from a round that took its lines already costs one empty round
             if not self._stopping:
                 time.sleep(GATHER_S)
             stopping = self._stopping
-            # Cleared before taking: a step put after this sets it again.
-            self._wake.clear()
+            # Cleared before taking: a step put after this wakes the thread again.
             self._woken = False
             # What is queued now, each step's lines taken off in one loop in C (the
             # putter may append meanwhile): the lines put later wait for the next round.

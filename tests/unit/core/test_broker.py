@@ -510,3 +510,26 @@ def test_batches_handed_out_before_a_commit_that_fails_are_delivered_again(tmp_p
     (again,) = broker.step([], {"s"}, NOW + 10 * NS).deliveries
     assert again.msgs == [1]
     store.close()
+
+
+def test_an_idle_broker_wants_a_step_only_when_a_timer_is_due(tmp_path):
+    # Given a broker whose subscriber holds a message in flight, and no timer waiting
+    broker, store = open_broker(tmp_path)
+    broker.step([publish(b"1")], {"s"}, NOW)
+    key = str(broker.state.topics["t"].seq)
+    # Then no step is wanted a tick later, nor a minute later; each look sets the next one a tick on
+    assert not broker.wants_step(set(), broker.next_tick_ns)
+    assert not broker.wants_step(set(), NOW + 60 * NS)
+    assert broker.next_tick_ns == NOW + 61 * NS
+    # When the message is nacked with a delay of 2.5 s
+    later = NOW + 61 * NS
+    broker.step([p.Request(topic="t", subscriber="s", nacks=[key], delay=2.5)], set(), later)
+    # Then the next look is when the delay ends, and only then is a step wanted, which gives the message back
+    due = later + 5 * NS // 2
+    assert broker.next_tick_ns == later + NS
+    assert not broker.wants_step(set(), later + 2 * NS)
+    assert broker.next_tick_ns == due
+    assert broker.wants_step(set(), due)
+    broker.step([], set(), due)
+    assert broker.state.subs["t"]["s"].ready == [1]
+    store.close()
