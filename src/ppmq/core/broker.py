@@ -360,8 +360,8 @@ class Broker:
                 raise _Replay from exc
             op = op.request
         events = self._events  # its batches are the request's (StepEvents)
-        events.numbered += 1
-        events.collecting, events.request = events.requests, events.numbered
+        events.numbered = events.request = events.numbered + 1
+        events.collecting = events.requests
         accepted, body = 0, None
         topics = self._topology.topics
         try:
@@ -395,7 +395,7 @@ class Broker:
             raise _Replay from exc
         finally:
             events.collecting, events.request = events.own, 0
-        return p.Reply(status=200, id=op.id, accepted=accepted, body=body)
+        return p.Reply(200, op.id, accepted, None, body)  # status, id, accepted, error, body: by position, built for less
 
     def _apply_guarded(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         """One op's effect and reply, a request in a savepoint: one that fails is

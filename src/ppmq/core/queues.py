@@ -355,11 +355,14 @@ class Queues:
         them in queue order, as far as a batch of `max_bytes` holds them (0: no
         bound), now in flight; the rest settle. None otherwise: the queue
         holds its fresh messages then, which its `pull` settles first."""
-        key = (topic, sub)
-        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
-        fresh = queue.fresh = self.fresh[key] if key in self.fresh else None  # noqa: SIM401 - a look-up without a call
-        if fresh is not None:
-            del self.fresh[key]
+        key, fresh_of, built = (topic, sub), self.fresh, self._built
+        queue = built[key] if topic in self._state.subs.seen and key in built else self._look_up(txn, key)
+        fresh: list[Taken] | None
+        if key in fresh_of:
+            fresh = queue.fresh = fresh_of[key]
+            del fresh_of[key]
+        else:
+            fresh = queue.fresh = None
         queue.keep_tail = True
         stats = queue.stats
         if not fresh or sum(stats.ready) != (n := len(fresh)):
@@ -370,7 +373,7 @@ class Queues:
             fresh = sorted(fresh, key=TAKEN_PRIO)
         if max_bytes:
             limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
-        taken = fresh[:limit]
+        taken = fresh if limit >= n else fresh[:limit]  # the list itself: nothing appends to it once out of the step's dict
         txn.put_flight(queue.t, queue.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
         if limit < n:
             _count_in_order(stats.ready, taken, -1)
