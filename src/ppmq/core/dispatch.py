@@ -20,7 +20,7 @@ from ppmq.core.settlement import Settlement
 from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger
-from ppmq.store.schema import TAKEN_FRAGMENT, TAKEN_M, Taken
+from ppmq.store.schema import TAKEN_FRAGMENT, Taken
 from ppmq.store.state import NS, State, SubStats
 from ppmq.store.store import Txn
 
@@ -192,11 +192,11 @@ class Dispatcher:
         its whole queue, else from the ready rows; expired ones met on the way
         are expired."""
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        queue, taken = self._queues.take_fresh(txn, topic.name, sub, limit, deadline, max_bytes)
+        queue, taken, ids = self._queues.take_fresh(txn, topic.name, sub, limit, deadline, max_bytes)
         pub_ns: Column
         attempts: Column
         if taken is not None:  # fresh: published in this very step, each on its first delivery
-            ids, fragments, pub_ns, attempts = [*map(TAKEN_M, taken)], [*map(TAKEN_FRAGMENT, taken)], now_ns, 1
+            fragments, pub_ns, attempts = [*map(TAKEN_FRAGMENT, taken)], now_ns, 1
             drained = not max_bytes and not ids[limit - 1 :]  # fewer than limit: all that was ready
         else:
             t, s = queue.t, queue.s
