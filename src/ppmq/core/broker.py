@@ -203,8 +203,9 @@ class Broker:
         any, tries once more before answering 507. `lanes`: what each lane of the open
         subscribers with Connections > 1 carries (core/laning.py)."""
         self._router.lanes = lanes or {}
-        carried, self._carried = self._carried, []
-        ops = carried + ops
+        carried = self._carried
+        if carried:  # mostly none: no list made
+            self._carried, ops = [], carried + ops
         # A reader killed inside a snapshot (a report, fsck) pins the pages it
         # could see until its slot is freed, so every commit would grow the file:
         # look for such slots at every step (a look at LMDB's reader table, well
