@@ -213,8 +213,9 @@ class Broker:
         any, tries once more before answering 507. `lanes`: what each lane of the open
         subscribers with Connections > 1 carries (core/laning.py)."""
         self._router.lanes = lanes or {}
-        carried, self._carried = self._carried, []
-        ops = carried + ops
+        carried = self._carried
+        if carried:  # mostly none: no list made
+            self._carried, ops = [], carried + ops
         # A reader killed inside a snapshot (a report, fsck) pins the pages it
         # could see until its slot is freed, so every commit would grow the file:
         # look for such slots at every step (a look at LMDB's reader table, well
@@ -373,8 +374,8 @@ class Broker:
                 raise _Replay from exc
             op = op.request
         events = self._events  # its batches are the request's (StepEvents)
-        events.numbered += 1
-        events.collecting, events.request = events.requests, events.numbered
+        events.numbered = events.request = events.numbered + 1
+        events.collecting = events.requests
         accepted, body = 0, None
         topics = self._topology.topics
         try:
@@ -408,7 +409,7 @@ class Broker:
             raise _Replay from exc
         finally:
             events.collecting, events.request = events.own, 0
-        return p.Reply(status=200, id=op.id, accepted=accepted, body=body)
+        return p.Reply(200, op.id, accepted, None, body)  # status, id, accepted, error, body: by position, built for less
 
     def _apply_guarded(self, txn: Txn, op: Op, now_ns: int) -> p.Reply | None:
         """One op's effect and reply, a request in a savepoint: one that fails is

@@ -7,7 +7,7 @@ filled per lane (core/laning.py).
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container
 
 from ppmq.config import TopicConfig
 from ppmq.core.events import Column, StepEvents
@@ -20,7 +20,7 @@ from ppmq.core.settlement import Settlement
 from ppmq.core.topology import Topology
 from ppmq.protocol import messages as p
 from ppmq.store.counters import Ledger
-from ppmq.store.schema import Taken
+from ppmq.store.schema import TAKEN_FRAGMENT, Taken
 from ppmq.store.state import NS, State, SubStats
 from ppmq.store.store import Txn
 
@@ -65,9 +65,9 @@ class Dispatcher:
         mixed = False  # found in more than one place: sorted at the end
         for name in touched:
             if name in topics:
-                topic, held = topics[name], subs.peek(name, {})
+                topic, place, held = topics[name], order[name], subs.peek(name, {})
                 mixed = mixed or bool(found)
-                found += [(sub, order[name], topic, held[sub]) for sub in by_name[name] if sub in open_subs and sub in held]
+                found += [(sub, place, topic, held[sub]) for sub in by_name[name] if sub in open_subs and sub in held]
         if self.backlog:
             for sub, names in self.backlog.items():
                 if sub in open_subs:
@@ -174,7 +174,7 @@ class Dispatcher:
                 if batch is None:
                     break
                 ids, fragments, drained = batch
-                delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), auto_ack=not topic.ack_required)
+                delivery = Delivery(sub, topic.name, ids, p.batch_frame(topic.name, sub, fragments), not topic.ack_required)  # auto_ack
                 out.append(delivery if lanes is None else router.to_lane(sub, delivery, lanes))
                 if drained or not any(stats.ready):  # the usual batch takes all that is ready
                     emptied[topic.name, sub] = True
@@ -192,10 +192,14 @@ class Dispatcher:
         its whole queue, else from the ready rows; expired ones met on the way
         are expired."""
         deadline = now_ns + int(topic.ack_retry * NS) if topic.ack_retry and topic.ack_required else 0
-        queue, taken = self._queues.take_fresh(txn, topic.name, sub, limit, deadline, max_bytes)
-        t, s = queue.t, queue.s
-        fresh = taken is not None  # published in this very step
-        if not fresh:
+        queue, taken, ids = self._queues.take_fresh(txn, topic.name, sub, limit, deadline, max_bytes)
+        pub_ns: Column
+        attempts: Column
+        if taken is not None:  # fresh: published in this very step, each on its first delivery
+            fragments, pub_ns, attempts = [*map(TAKEN_FRAGMENT, taken)], now_ns, 1
+            drained = not max_bytes and not ids[limit - 1 :]  # fewer than limit: all that was ready
+        else:
+            t, s = queue.t, queue.s
             own = txn.copy_expiries(t, s)  # copies a PHPMQ re-queue gave an expiry of their own (PROTOCOL §9)
             pulled = queue.pull(limit, deadline, now_ns if topic.expire else 0, own, max_bytes)
             for m in pulled.expired:
@@ -206,17 +210,13 @@ class Dispatcher:
             if not pulled.entries:
                 return None
             taken = pulled.entries if not own else [self._with_own_expiry(txn, t, entry, own) for entry in pulled.entries]
-        pub_ns: Column
-        attempts: Column
-        fragments: Sequence[bytes]
-        ids, _, _, attempts, pub_ns, fragments, _, _ = zip(*taken)  # type: ignore[misc]  # taken is a list here
-        if fresh:
-            pub_ns, attempts = now_ns, 1  # the same for every message: their columns are one value each
+            ms, _, _, attempts, pub_ns, frags, _, _ = zip(*taken)  # the columns, in C
+            ids, fragments, drained = list(ms), list(frags), False
         if self._events.journaled:
             self._events.deliver(topic.name, sub, ids, pub_ns, attempts, map(len, fragments))
         if self._topology.sub_configs[sub].metadata:
             fragments = p.with_metadata(fragments, attempts, pub_ns)
-        return list(ids), list(fragments), fresh and not max_bytes and not ids[limit - 1 :]
+        return ids, fragments, drained
 
     def _with_own_expiry(self, txn: Txn, t: int, entry: Taken, own: dict[int, int]) -> Taken:
         """A taken entry as its copy is delivered: with the copy's own Expires if it has one."""

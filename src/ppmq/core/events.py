@@ -51,7 +51,7 @@ COLUMNS = {
 }
 
 
-class Event(msgspec.Struct, rename="pascal", omit_defaults=True, kw_only=True, gc=False):
+class Event(msgspec.Struct, rename="pascal", omit_defaults=True, gc=False):
     """One batch of one kind; the columns of a kind are parallel arrays, one entry
     a message, except that a column of one entry where `ids` has more holds for
     every message: the journal's way of writing a column whose entries are all
@@ -174,9 +174,9 @@ class StepEvents:
         key = (self.request, PUBLISH, topic, None, None)
         batches = self.collecting
         if key not in batches:  # the usual case: built whole, with no empty lists to extend
-            batches[key] = Event(
-                event=PUBLISH, ts=self.now_ns, topic=topic, ids=list(ids), prio=list(prio), bytes=list(size), expires_ns=list(expires_ns),
-                replaced=[replaced] if type(replaced) is bool else list(replaced),
+            batches[key] = Event(  # by position, in the order of the fields: event, ts, topic, subscriber, reason, ids, pub_ns, attempts, bytes, prio, expires_ns, replaced
+                PUBLISH, self.now_ns, topic, None, None, list(ids), None, None, list(size), list(prio), list(expires_ns),
+                [replaced] if type(replaced) is bool else list(replaced),
             )  # fmt: skip
             return
         event = batches[key]
@@ -194,11 +194,12 @@ class StepEvents:
         key = (self.request, DELIVER, topic, sub, None)
         batches = self.collecting
         if key not in batches:
-            batches[key] = Event(
-                event=DELIVER, ts=self.now_ns, topic=topic, subscriber=sub, ids=list(ids), bytes=list(size),
+            batches[key] = Event(  # by position: event, ts, topic, subscriber, reason, ids, pub_ns, attempts, bytes
+                DELIVER, self.now_ns, topic, sub, None, list(ids),
                 # an int is one value for all; mypy does not narrow the rest to a sequence on type()
-                pub_ns=[pub_ns] if type(pub_ns) is int else list(pub_ns),  # type: ignore[arg-type]
-                attempts=[attempts] if type(attempts) is int else list(attempts),  # type: ignore[arg-type]
+                [pub_ns] if type(pub_ns) is int else list(pub_ns),  # type: ignore[arg-type]
+                [attempts] if type(attempts) is int else list(attempts),  # type: ignore[arg-type]
+                list(size),
             )  # fmt: skip
             return
         event = batches[key]
@@ -246,7 +247,7 @@ class StepEvents:
 
     def take(self) -> list[Event]:
         """The step's events; batches that found nothing to do are left out."""
-        events = [*(self.requests | self.own).values()]  # the requests' batches, then the step's own (keyed 0: no key is in both)
+        events = [*self.requests.values(), *self.own.values()]  # the requests' batches, then the step's own
         if self._loose:
             events = [e for e in events if e.ids or e.status or e.event in COLUMNLESS]
         self.requests, self.own, self._loose = {}, {}, False

@@ -283,8 +283,8 @@ class Queues:
 
     def start(self, open_subs: set[str]) -> None:
         """A step begins, in which `open_subs` can take batches; nothing is fresh yet."""
-        self.open, self.fresh = open_subs, {}
-        self.readers = open_subs | self._topology.pulled
+        self.open, self.fresh, pulled = open_subs, {}, self._topology.pulled
+        self.readers = open_subs | pulled if pulled else open_subs  # only read: no copy made without Pull subscribers
 
     def forget(self) -> None:
         """Drop the queues built so far: the config in force changed (a reload, or
@@ -349,29 +349,34 @@ class Queues:
 
     def take_fresh(
         self, txn: Txn, topic: str, sub: str, limit: int, deadline_ns: int, max_bytes: int = 0
-    ) -> tuple[Queue, list[Taken] | None]:
+    ) -> tuple[Queue, list[Taken] | None, list[int]]:
         """sub's queue on topic for a batch, and, when the fresh messages
         (published in this step) are its whole queue, the first `limit` of
         them in queue order, as far as a batch of `max_bytes` holds them (0: no
-        bound), now in flight; the rest settle. None otherwise: the queue
-        holds its fresh messages then, which its `pull` settles first."""
-        key = (topic, sub)
-        queue = self._built[key] if topic in self._state.subs.seen and key in self._built else self._look_up(txn, key)
-        fresh = queue.fresh = self.fresh[key] if key in self.fresh else None  # noqa: SIM401 - a look-up without a call
-        if fresh is not None:
-            del self.fresh[key]
+        bound), now in flight, with their ids (a list the flight index keeps,
+        and nothing changes); the rest settle. None and no ids otherwise: the
+        queue holds its fresh messages then, which its `pull` settles first."""
+        key, fresh_of, built = (topic, sub), self.fresh, self._built
+        queue = built[key] if topic in self._state.subs.seen and key in built else self._look_up(txn, key)
+        fresh: list[Taken] | None
+        if key in fresh_of:
+            fresh = queue.fresh = fresh_of[key]
+            del fresh_of[key]
+        else:
+            fresh = queue.fresh = None
         queue.keep_tail = True
         stats = queue.stats
         if not fresh or sum(stats.ready) != (n := len(fresh)):
-            return queue, None
+            return queue, None, []
         if n > 1:
             # Queue order is priority, then position: the list is in position order
             # already, so a stable sort by priority alone (integer keys, compared in C) gives it.
             fresh = sorted(fresh, key=TAKEN_PRIO)
         if max_bytes:
             limit = fitting(map(TAKEN_FRAGMENT, fresh[:limit]), max_bytes)
-        taken = fresh[:limit]
-        txn.put_flight(queue.t, queue.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, [*map(TAKEN_M, taken)])
+        taken = fresh if limit >= n else fresh[:limit]  # the list itself: nothing appends to it once out of the step's dict
+        ids = [*map(TAKEN_M, taken)]
+        txn.put_flight(queue.t, queue.s, [*map(TAKEN_FLIGHT, taken)], deadline_ns, ids)
         if limit < n:
             _count_in_order(stats.ready, taken, -1)
             queue.fresh, n = fresh[limit:], limit
@@ -381,7 +386,7 @@ class Queues:
             queue.fresh = None
         stats.inflight += n
         stats.delivered += n
-        return queue, taken
+        return queue, taken, ids
 
     def taking(self, txn: Txn, topic: str, sub: str) -> Queue:
         """sub's queue on topic for a batch: its fresh messages go with it."""

@@ -143,9 +143,9 @@ class Bodies:
             spans = body_row_spans(list(map(len, records)))
             rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
         put, db = self.txn.put, self.db
-        for key, row in rows:
-            if not put(key, row, db=db, append=True):
-                put(key, row, db=db)
+        for key, row in rows:  # by position (dupdata, overwrite, append, db): py-lmdb parses those for less than keywords
+            if not put(key, row, True, True, True, db):
+                put(key, row, True, True, False, db)
 
     def pop(self, t: int, ms: list[int], *, keys: bool) -> Popped:
         """Cut each of ms out of its row (a row left empty is deleted). Returns

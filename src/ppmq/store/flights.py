@@ -10,7 +10,7 @@ state machine's other parts read them through it, and fsck through store/reader.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import repeat
 
 import lmdb
@@ -139,11 +139,12 @@ class Flights:
         for key, raw in walk(self.txn, self.db, prefix, prefix):
             yield TSM.unpack(key)[2], U64.unpack_from(raw)[0], raw
 
-    def put(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: Iterable[int]) -> None:
+    def put(self, t: int, s: int, entries: list[bytes], deadline_ns: int, ms: list[int]) -> None:
         """A pushed batch into flight to s: entries (FLIGHT_ENTRY, packed) of the
         messages ms, with the AckRetry deadline `deadline_ns` (0: none). One row,
         and one deadline row, whatever the batch's size; put in key order
-        (store/rows.py), since a subscription's batches are numbered upward."""
+        (store/rows.py), since a subscription's batches are numbered upward.
+        The index keeps `ms` itself, a list the caller made for it."""
         try:  # _of's, without a call of its own: every push comes here
             flights = self.index.subs[t, s]
         except KeyError:
@@ -151,16 +152,15 @@ class Flights:
         f = flights.next_f
         flights.next_f = f + 1
         head = U64.pack(deadline_ns) if deadline_ns else NO_DEADLINE
-        key, row = TSM.pack(t, s, f), head + b"".join(entries)
-        if not self.txn.put(key, row, db=self.db, append=True):
-            self.txn.put(key, row, db=self.db)
-        ms = list(ms)
+        key, row, put = TSM.pack(t, s, f), head + b"".join(entries), self.txn.put
+        if not put(key, row, True, True, True, self.db):  # by position (dupdata, overwrite, append, db): parsed for less
+            put(key, row, True, True, False, self.db)
         flights.where |= zip(ms, repeat(key))
         flights.batches[key] = (ms, head)
         if self.watching is not None:
             self.watching.note(False, t, s, ms)
         if deadline_ns:
-            self.txn.put(DTSM.pack(deadline_ns, t, s, f), b"", db=self.deadlines_db)
+            put(DTSM.pack(deadline_ns, t, s, f), b"", True, True, False, self.deadlines_db)
             if deadline_ns < self.times.deadline:
                 self.times.deadline = deadline_ns
 

@@ -110,8 +110,8 @@ class Holders:
         for i in range(0, len(prios), GROUP_MESSAGES):
             group = prios[i : i + GROUP_MESSAGES]
             key, row = TM.pack(t, first + i), new_holders_row(subs, first + i, group)
-            if not put(key, row, db=db, append=True):
-                put(key, row, db=db)
+            if not put(key, row, True, True, True, db):  # by position (dupdata, overwrite, append, db): parsed for less
+                put(key, row, True, True, False, db)
 
     def release(self, t: int, s: int, ms: list[int]) -> list[int]:
         """Remove s from the holders of each of ms, and its copies' own
