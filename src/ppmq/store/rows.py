@@ -9,6 +9,11 @@ far (a publish's bodies and holders rows, a batch's inflight row) is put with
 `append=True` first, and the ordinary way when that is refused (its key is not
 the largest). MDB_APPEND fills pages to the brim where LMDB would otherwise
 split them in half, which halves the disk and page cache a backlog takes.
+
+The calls every ack makes pass LMDB's arguments by position
+(`get(key, None, db)`, `put(key, value, True, True, False, db)`,
+`delete(key, b"", db)`): py-lmdb parses keyword arguments at a cost close to
+the operation's own.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     while True:
         m = ms[i]
         key = TM.pack(t, m)
-        raw = txn.get(key, db=db)
+        raw = txn.get(key, None, db)
         if raw is not None and m == last:  # the last id left, in the row it begins
             j = None
         else:
@@ -105,9 +110,9 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
             j = None if m == last else bisect_left(ms, next_row(cur, t), i)
         new, gone = change(raw, ms[i:j])
         if new:
-            txn.put(key, new, db=db)
+            txn.put(key, new, True, True, False, db)
         else:
-            txn.delete(key, db=db)
+            txn.delete(key, b"", db)
         out += gone
         if j is None or ms[j - 1] == last:
             return out
