@@ -21,15 +21,19 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from operator import itemgetter
+from typing import Any
 
 import lmdb
 
 from ppmq.store.schema import TM
 
 END = 1 << 64  # above every message id: the bound of a topic's last group row
-# Changes a group row (raw) for the wanted ids in its range (ascending): the new
-# row, b"" when it empties, and the wanted ids that leave it or that it does not hold.
-Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
+# Changes a group row (raw) for the wanted ids in its range (ascending), given
+# what its caller gives it (a subscriber, a tally): the new row, b"" when it
+# empties, and the wanted ids that leave it or that it does not hold. The
+# caller's part is an argument rather than bound in a partial, which costs
+# more to make and to call than the change itself where a row holds one message.
+Change = Callable[[Any, bytes, list[int]], tuple[bytes, list[int]]]
 
 
 def floor_row(cur: lmdb.Cursor[bytes], key: bytes, prefix: int) -> bytes | None:
@@ -75,11 +79,11 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
             cur.putmulti(items[i:], append=True)
 
 
-def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
+def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change, given: Any) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending, each once) fall in,
-    with the ms in its range; return the ids it lets go, and those in no row's
-    range.
+    with `given` and the ms in its range; return the ids it lets go, and those
+    in no row's range.
 
     A row keyed by the id sought is read with a get, no cursor: the row of a
     publish's first message, which is every message's own row where a publish
@@ -108,7 +112,7 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
             key, raw = cur.item()
             # the last id left is in this row: no need to find where it ends
             j = None if m == last else bisect_left(ms, next_row(cur, t), i)
-        new, gone = change(raw, ms[i:j])
+        new, gone = change(given, raw, ms[i:j])
         if new:
             txn.put(key, new, True, True, False, db)
         else:
