@@ -242,9 +242,9 @@ def _cut(given: tuple[Popped, bool], raw: bytes, wanted: list[int]) -> tuple[byt
     columns = BODY_COLUMNS[n].unpack_from(raw, 2)
     ids, ends, base = columns[:n], columns[n:], 2 + 12 * n
     popped, keys = given
-    want = set(wanted)
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
-    if want >= set(ids):  # ids the row does not hold are none of its business
+    # ids the row does not hold are none of its business; sets only when wanted is not the row's ids themselves
+    if ids == (*wanted,) or set(wanted).issuperset(ids):
         starts = (base, *map(base.__add__, ends[:-1]))
         _, _, expiries, klens = zip(*map(head, repeat(raw), starts))
         popped.count += n
@@ -254,7 +254,7 @@ def _cut(given: tuple[Popped, bool], raw: bytes, wanted: list[int]) -> tuple[byt
         if keys:
             popped.keys += [raw[start + head_size : start + head_size + klen] for start, klen in zip(starts, klens)]
         return b"", []
-    kept_ids, kept = [], []
+    want, kept_ids, kept = set(wanted), [], []
     count = size = 0
     start = base
     for m, end in zip(ids, ends):
