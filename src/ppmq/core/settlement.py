@@ -66,7 +66,8 @@ class Settlement:
         else:
             msgs = [generated_id(keys[0])]
         name = topic.name
-        ids, n = self._queues.ack(txn, name, sub, msgs)
+        ids, queue = self._queues.ack(txn, name, sub, msgs)
+        n = len(ids)
         if not n:
             return 0
         topology = self._topology
@@ -74,8 +75,8 @@ class Settlement:
             self._takers.release((name, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(name, sub, reason, ids)
-        t = self._state.topic_ids[name]
-        done = txn.release_holders(t, self._state.sub_ids[sub], ids)  # release, written out: an ack is the usual way out
+        t = queue.t
+        done = txn.release_holders(t, queue.s, ids)  # release, written out: an ack is the usual way out
         if done:
             self._delete_messages(txn, name, t, done)
         return n
