@@ -66,8 +66,7 @@ class Settlement:
         else:
             msgs = [generated_id(keys[0])]
         name = topic.name
-        ids, queue = self._queues.ack(txn, name, sub, msgs)
-        n = len(ids)
+        ids, n, queue = self._queues.ack(txn, name, sub, msgs)
         if not n:
             return 0
         topology = self._topology
