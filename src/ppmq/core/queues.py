@@ -330,9 +330,9 @@ class Queues:
             else:  # or to one with older messages queued (at a Window of one batch, the usual too): none of it
                 txn.push_fresh(queue.t, queue.s, msgs, reads, start=False)
 
-    def ack(self, txn: Txn, topic: str, sub: str, ms: Sequence[int | None]) -> tuple[list[int], int]:
+    def ack(self, txn: Txn, topic: str, sub: str, ms: Sequence[int | None]) -> tuple[list[int], int, Queue]:
         """sub is done with ms on topic (None: a key that names no message);
-        returns those that were in flight, which leave its queue, and how many. Acks of
+        returns those that were in flight, which leave its queue, how many, and the queue. Acks of
         anything else are counted as ignored (PROTOCOL §3 Acks). The queue's
         one change made here rather than by its Queue: an ack is the usual
         way out, and this saves it the look-up's call."""
@@ -345,7 +345,7 @@ class Queues:
         stats.acked += n
         if acked != ms:  # some named nothing in flight (the usual ack names one that is)
             stats.ignored_acks += len(ms) - n
-        return acked, n
+        return acked, n, queue
 
     def take_fresh(
         self, txn: Txn, topic: str, sub: str, limit: int, deadline_ns: int, max_bytes: int = 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from functools import partial
 from itertools import accumulate, repeat
 
 import lmdb
@@ -155,7 +154,7 @@ class Bodies:
         last ack: each row is read and written once, and each header read
         where it lies, with no object made per message."""
         popped = Popped()
-        change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_cut, popped, keys))
+        change_rows(self.txn, self.db, t, sorted(set(ms)) if len(ms) > 1 else ms, _cut, (popped, keys))
         return popped
 
     def of(self, t: int) -> Iterator[tuple[int, Body]]:
@@ -234,17 +233,18 @@ def _split(raw: bytes) -> tuple[list[int], list[bytes]]:
     return list(ids), [raw[base + a : base + b] for a, b in zip(starts, ends)]
 
 
-def _cut(popped: Popped, keys: bool, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
-    """`raw` without the records of `wanted`, whose counts, sizes, expiries and
-    keys are added to `popped`; b"" when nothing is left. A row wholly wanted,
-    what the last ack of a whole publish is, has its heads read by columns,
-    with no step per message in Python."""
+def _cut(given: tuple[Popped, bool], raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+    """`raw` without the records of `wanted`; given (popped, keys), their
+    counts, sizes, expiries and, if `keys`, keys are added to `popped`. b""
+    when nothing is left. A row wholly wanted, what the last ack of a whole
+    publish is, has its heads read by columns, with no step per message in Python."""
     n = raw[0] << 8 | raw[1]  # body_columns', without a call of its own: every last ack comes here
     columns = BODY_COLUMNS[n].unpack_from(raw, 2)
     ids, ends, base = columns[:n], columns[n:], 2 + 12 * n
-    want = set(wanted)
+    popped, keys = given
     head, head_size = BODY_HEAD.unpack_from, BODY_HEAD.size
-    if want >= set(ids):  # ids the row does not hold are none of its business
+    # ids the row does not hold are none of its business; sets only when wanted is not the row's ids themselves
+    if ids == (*wanted,) or set(wanted).issuperset(ids):
         starts = (base, *map(base.__add__, ends[:-1]))
         _, _, expiries, klens = zip(*map(head, repeat(raw), starts))
         popped.count += n
@@ -254,7 +254,7 @@ def _cut(popped: Popped, keys: bool, raw: bytes, wanted: list[int]) -> tuple[byt
         if keys:
             popped.keys += [raw[start + head_size : start + head_size + klen] for start, klen in zip(starts, klens)]
         return b"", []
-    kept_ids, kept = [], []
+    want, kept_ids, kept = set(wanted), [], []
     count = size = 0
     start = base
     for m, end in zip(ids, ends):

@@ -191,7 +191,7 @@ class Flights:
             for m in ms:
                 del where[m]
             del batches[key]
-            self.txn.delete(key, db=self.db)
+            self.txn.delete(key, b"", self.db)
             if head != NO_DEADLINE:
                 self._drop_deadline(key, head)
             if self.watching is not None:
@@ -252,7 +252,7 @@ class Flights:
         (or its head: a deadline_ns not 0): its deadlines key is that
         deadline_ns, then `key`."""
         deadline_ns = U64.unpack_from(raw)[0]
-        self.txn.delete(raw[:HEAD] + key, db=self.deadlines_db)
+        self.txn.delete(raw[:HEAD] + key, b"", self.deadlines_db)
         if deadline_ns == self.times.deadline:
             self.times.deadline = UNREAD
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from functools import cache, partial
+from functools import cache
 from itertools import accumulate, chain, islice
 from struct import Struct
 
@@ -118,7 +118,7 @@ class Holders:
         expiries; return, ascending, those nobody holds any more (and any no
         row holds). The path of every ack: each row is read, decoded and
         written once, however many of ms it holds."""
-        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if ms[1:] else ms, partial(_release, U16_BYTES[s]))
+        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if len(ms) > 1 else ms, _release, U16_BYTES[s])
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
             self.copies.drop(t, ms, s)
         return done
@@ -126,20 +126,7 @@ class Holders:
     def pop(self, t: int, ms: list[int]) -> dict[int, Places]:
         """Remove ms from their rows; return the holders each had (none for one no row holds)."""
         popped: dict[int, Places] = {}
-
-        def take(raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
-            ids, counts, base = holders_columns(raw)
-            want, kept, kept_counts, entries = set(wanted), [], [], []
-            for m, n, start, end in zip(ids, counts, *_bounds(counts, base)):
-                if m in want:
-                    popped[m] = _decode(raw[start:end])
-                else:
-                    kept.append(m)
-                    kept_counts.append(n)
-                    entries.append(raw[start:end])
-            return _row(kept, kept_counts, b"".join(entries)), wanted
-
-        change_rows(self.txn, self.db, t, sorted(set(ms)), take)
+        change_rows(self.txn, self.db, t, sorted(set(ms)), _take, popped)
         return popped
 
 
@@ -160,6 +147,20 @@ def _encode(holders: Places) -> bytes:
 def _row(ids: Sequence[int], counts: Sequence[int], entries: bytes) -> bytes:
     """A holders row; b"" for one of no message, which is deleted."""
     return encode_holders_row(ids, counts, entries) if ids else b""
+
+
+def _take(popped: dict[int, Places], raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
+    """`raw` without the messages `wanted`, whose holders go into popped."""
+    ids, counts, base = holders_columns(raw)
+    want, kept, kept_counts, entries = set(wanted), [], [], []
+    for m, n, start, end in zip(ids, counts, *_bounds(counts, base)):
+        if m in want:
+            popped[m] = _decode(raw[start:end])
+        else:
+            kept.append(m)
+            kept_counts.append(n)
+            entries.append(raw[start:end])
+    return _row(kept, kept_counts, b"".join(entries)), wanted
 
 
 def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:

@@ -92,15 +92,16 @@ class Messages:
         """Delete each of ms with its index entries; return how many were stored
         and the bytes of their delivered JSON, which is all the counters need."""
         popped = self.bodies.pop(t, ms, keys=dedupe)
-        delete, expiry, pack, times = self.txn.delete, self.expiry_db, ETM.pack, self.times
-        for expires_ns, m in popped.expiries:
-            delete(pack(expires_ns, t, m), db=expiry)
-            if expires_ns == times.expiry:
-                times.expiry = UNREAD
+        if popped.expiries:  # the index entries of a message that has none cost nothing
+            delete, expiry, pack, times = self.txn.delete, self.expiry_db, ETM.pack, self.times
+            for expires_ns, m in popped.expiries:
+                delete(pack(expires_ns, t, m), b"", expiry)
+                if expires_ns == times.expiry:
+                    times.expiry = UNREAD
         if popped.keys:
-            prefix, dedupe_db = u32(t), self.dedupe_db
+            delete, prefix, dedupe_db = self.txn.delete, u32(t), self.dedupe_db
             for key in popped.keys:
-                delete(prefix + key, db=dedupe_db)
+                delete(prefix + key, b"", dedupe_db)
         if self.copies.seen.copies_seen:  # a deleted message's copies' own expiries go with it
             self.copies.drop(t, ms)
         return popped.count, popped.size

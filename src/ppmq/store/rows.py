@@ -9,6 +9,11 @@ far (a publish's bodies and holders rows, a batch's inflight row) is put with
 `append=True` first, and the ordinary way when that is refused (its key is not
 the largest). MDB_APPEND fills pages to the brim where LMDB would otherwise
 split them in half, which halves the disk and page cache a backlog takes.
+
+The calls every ack makes pass LMDB's arguments by position
+(`get(key, None, db)`, `put(key, value, True, True, False, db)`,
+`delete(key, b"", db)`): py-lmdb parses keyword arguments at a cost close to
+the operation's own.
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from operator import itemgetter
+from typing import Any
 
 import lmdb
 
 from ppmq.store.schema import TM
 
 END = 1 << 64  # above every message id: the bound of a topic's last group row
-# Changes a group row (raw) for the wanted ids in its range (ascending): the new
-# row, b"" when it empties, and the wanted ids that leave it or that it does not hold.
-Change = Callable[[bytes, list[int]], tuple[bytes, list[int]]]
+# Changes a group row (raw) for the wanted ids in its range (ascending), given
+# what its caller gives it (a subscriber, a tally): the new row, b"" when it
+# empties, and the wanted ids that leave it or that it does not hold. The
+# caller's part is an argument rather than bound in a partial, which costs
+# more to make and to call than the change itself where a row holds one message.
+Change = Callable[[Any, bytes, list[int]], tuple[bytes, list[int]]]
 
 
 def floor_row(cur: lmdb.Cursor[bytes], key: bytes, prefix: int) -> bytes | None:
@@ -70,11 +79,11 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
             cur.putmulti(items[i:], append=True)
 
 
-def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change) -> list[int]:
+def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change, given: Any) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending, each once) fall in,
-    with the ms in its range; return the ids it lets go, and those in no row's
-    range.
+    with `given` and the ms in its range; return the ids it lets go, and those
+    in no row's range.
 
     A row keyed by the id sought is read with a get, no cursor: the row of a
     publish's first message, which is every message's own row where a publish
@@ -87,7 +96,7 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     while True:
         m = ms[i]
         key = TM.pack(t, m)
-        raw = txn.get(key, db=db)
+        raw = txn.get(key, None, db)
         if raw is not None and m == last:  # the last id left, in the row it begins
             j = None
         else:
@@ -103,11 +112,11 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
             key, raw = cur.item()
             # the last id left is in this row: no need to find where it ends
             j = None if m == last else bisect_left(ms, next_row(cur, t), i)
-        new, gone = change(raw, ms[i:j])
+        new, gone = change(given, raw, ms[i:j])
         if new:
-            txn.put(key, new, db=db)
+            txn.put(key, new, True, True, False, db)
         else:
-            txn.delete(key, db=db)
+            txn.delete(key, b"", db)
         out += gone
         if j is None or ms[j - 1] == last:
             return out

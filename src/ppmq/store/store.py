@@ -203,7 +203,10 @@ class Txn:
         self.flights = flights = tables.flights
         self.holders = holders = tables.holders
         self.get_meta, self.delete_meta, self.meta_items = meta.get, meta.delete, meta.items
-        self.put_meta = partial(txn.put, db=meta.db)  # Meta's put, bound to each transaction (_bind): no Python call
+        # Meta's put, bound to each transaction (_bind): a cursor's, which takes the
+        # database from its cursor, where a partial passing db= would build a dict
+        # of keywords for py-lmdb to parse at every record the counters write.
+        self.put_meta = txn.cursor(meta.db).put
         self.staged, self.put_staged = meta.staged, meta.put_staged
         self.put_copy_expiry, self.copy_expiries_of, self.copy_expiries = copies.put, copies.of_message, copies.of_subscriber
         self.drop_copy_expiries, self.due_copy_expiries, self.next_copy_expiry_ns = copies.drop, copies.due, copies.next_ns
@@ -235,7 +238,7 @@ class Txn:
         self.txn = txn = self.store.env.begin(write=True)
         for table in self.tables.every:  # _bind's, without a call of its own: every step begins here
             table.txn = txn
-        self.put_meta = partial(txn.put, db=self.meta.db)
+        self.put_meta = txn.cursor(self.meta.db).put
         self.flights.watching = None
         return self
 
@@ -254,7 +257,7 @@ class Txn:
         """Every table over txn from now on: a savepoint's nested transaction, and back."""
         self.txn = txn
         self.tables.bind(txn)
-        self.put_meta = partial(txn.put, db=self.meta.db)
+        self.put_meta = txn.cursor(self.meta.db).put
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

@@ -39,3 +39,8 @@ def test_a_batch_of_good_keys_is_their_ids() -> None:
     assert generated_ids(["5", "", "7"]) == [5, None, 7]
     assert generated_ids(["5", "1,2"]) == [5, None]
     assert generated_ids([]) == []
+
+
+def test_a_key_names_an_id_only_in_its_canonical_spelling() -> None:
+    assert [generated_id(key) for key in ODD_KEYS] == [None] * (len(ODD_KEYS) - 1) + [ID_LIMIT - 1]
+    assert generated_id("17") == 17
