@@ -32,7 +32,7 @@ from ppmq.core.dispatch import Dispatcher
 from ppmq.core.events import StepEvents
 from ppmq.core.lanes import Lanes
 from ppmq.core.laning import LaneRouter
-from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
+from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Step, Take, Unwritten, Written, request_id
 from ppmq.core.publish import Publisher
 from ppmq.core.pull import ABANDONED, Pull
 from ppmq.core.queues import Queues
@@ -330,10 +330,10 @@ class Broker:
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
         self._retry_at_ns = self.next_tick_ns = now_ns + delay_ns
-        # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
-        self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
+        # Nobody resends an unwritten or a written batch, nor a gone taker: keep them for the next step.
+        self._carried = [op for op in ops if isinstance(op, (Unwritten, Written, Abandoned))]
         err = _reply_error(exc)
-        replies = [None if isinstance(op, (Returned, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
+        replies = [None if isinstance(op, (Unwritten, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
         return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
 
     # --- one op -----------------------------------------------------------------------
@@ -421,10 +421,10 @@ class Broker:
         if isinstance(op, Abandoned):
             self._pull.abandon(txn, op.taker, now_ns)
             return None
-        if isinstance(op, (Returned, Written)):
+        if isinstance(op, (Unwritten, Written)):
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
-            if isinstance(op, Returned):
+            if isinstance(op, Unwritten):
                 self._settlement.return_batch(txn, op)
             else:
                 self._settlement.ack(txn, self._topology.topics[op.topic], op.subscriber, None, op.msgs, "AutoAck")

@@ -18,7 +18,7 @@ import msgspec
 from ppmq.config import TopicConfig
 from ppmq.core import events as ev
 from ppmq.core.events import StepEvents
-from ppmq.core.ops import Requeue, Returned
+from ppmq.core.ops import Requeue, Unwritten
 from ppmq.core.publish import Publisher
 from ppmq.core.queues import Queue, Queues
 from ppmq.core.taker_holdings import TakerHoldings
@@ -293,7 +293,7 @@ class Settlement:
             return None
         return self._state.subs.get(topic, {}).get(sub)
 
-    def return_batch(self, txn: Txn, op: Returned) -> None:
+    def return_batch(self, txn: Txn, op: Unwritten) -> None:
         """A batch that never reached the subscriber: as if it had not been sent."""
         queue = self._queues.of(txn, op.topic, op.subscriber)
         event = self._events.batch(ev.RETURN, op.topic, op.subscriber) if self._events.journaled else None

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from ppmq.config import SubscriberConfig
 from ppmq.core.access import Peer, Policy
-from ppmq.core.ops import Delivery, Returned, Written
+from ppmq.core.ops import Delivery, Unwritten, Written
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.group_commit import Outlet
 from ppmq.server.requests import Requests, Writer
@@ -260,4 +260,4 @@ class SubscriberLink:
             self._give_back(self._batches.popleft())
 
     def _give_back(self, delivery: Delivery) -> None:
-        self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+        self.writer.submit(Unwritten(self.name, delivery.topic, delivery.msgs))

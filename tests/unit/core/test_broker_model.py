@@ -2,7 +2,7 @@
 
 Hypothesis drives the real Broker on a real LMDB store with random publishes
 (some with a bad message, some replacing a dedupe key, some waiting with a Delay
-or a NotBefore), deliveries to open subscribers, acks, RECONNECTs, returned
+or a NotBefore), deliveries to open subscribers, acks, RECONNECTs, unwritten
 batches, confirmed writes on an `AckRequired: false` topic, nacks (with and
 without a Delay), rejects and touches in one request with acks, PURGE, REDRIVE,
 PAUSE and RESUME, clock steps and restarts; topics have MaxMessages or MaxBytes
@@ -55,7 +55,7 @@ from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.lanes import LaneLoads
-from ppmq.core.ops import Abandoned, Returned, Take, Written
+from ppmq.core.ops import Abandoned, Take, Unwritten, Written
 from ppmq.protocol import messages as p
 from ppmq.store import ready as ready_rows
 from ppmq.store.fsck import check, read_snapshot
@@ -396,7 +396,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def a_write_fails(self, data) -> None:
         d, order = data.draw(st.sampled_from(self.written))
         self.unconfirmed = [u for u in self.unconfirmed if u[0] is not d]
-        self.step([Returned(d.subscriber, d.topic, d.msgs)])
+        self.step([Unwritten(d.subscriber, d.topic, d.msgs)])
         tm = self.model[d.topic]
         for ident in order:
             if ident in tm.inflight[d.subscriber]:
