@@ -96,7 +96,7 @@ class Broker:
             self._admin = Admin(state, topology, events, queues, publisher, settlement, now_ns)
             self._switch(txn, config)
             self.state.resume_sequences()
-            self._requeue_unconfirmed(txn, now_ns)
+            self._give_back_unconfirmed(txn, now_ns)
             self._queues.settle_all(txn)  # dead letters of what it gave up on, fresh for a Pull subscriber of theirs
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
@@ -425,7 +425,7 @@ class Broker:
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
             if isinstance(op, Unwritten):
-                self._settlement.return_batch(txn, op)
+                self._settlement.give_back_unwritten(txn, op)
             else:
                 self._settlement.ack(txn, self._topology.topics[op.topic], op.subscriber, None, op.msgs, "AutoAck")
             return None
@@ -445,11 +445,11 @@ class Broker:
         it is counted and journaled as any refused request."""
         if not guarded:
             try:
-                return self._events.of_request(self._settlement.requeue_at_end, txn, op, now_ns)
+                return self._events.of_request(self._settlement.give_back_to_end, txn, op, now_ns)
             except Exception as exc:
                 raise _Replay from exc
         try:
-            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.requeue_at_end(txn, op, now_ns)))
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.give_back_to_end(txn, op, now_ns)))
         except Exception as exc:  # a bug must cost one request, not the broker
             return self._apply_internal(txn, Invalid(_error_of(exc), UNSET), now_ns, True)
 
@@ -588,7 +588,7 @@ class Broker:
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
-    def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
+    def _give_back_unconfirmed(self, txn: Txn, now_ns: int) -> None:
         """Deliver again (at least once) what nothing will ever ack: on an
         `AckRequired: false` topic, what a previous run pushed without seeing the
         write finish; for a Pull subscriber, what the takers of that run, all
@@ -600,7 +600,7 @@ class Broker:
                     continue
                 s = self.state.sub_ids[name]
                 for flight in txn.inflight_of(t, s):
-                    self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
+                    self._settlement.give_back(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
 
 def _freed_readers(cleared: int) -> None:

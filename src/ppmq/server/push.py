@@ -213,7 +213,7 @@ class SubscriberLink:
         finally:
             self._out = None
             self.writer.close(self.name)
-            self._return_queued()
+            self._give_back_queued()
             acks.cancel()
 
     async def _next_batch(self) -> None:
@@ -252,7 +252,7 @@ class SubscriberLink:
         if delivery.auto_ack:
             self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
 
-    def _return_queued(self) -> None:
+    def _give_back_queued(self) -> None:
         if self._sending is not None:  # not written whole
             self._give_back(self._sending)
             self._sending = None

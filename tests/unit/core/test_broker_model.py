@@ -276,9 +276,9 @@ class BrokerMachine(RuleBasedStateMachine):
             due_ns = self.now + int(seconds * NS)
         return due_ns if due_ns > self.now else 0
 
-    def requeue(self, tm: TopicModel, s: str, ident: object, due_ns: int = 0) -> None:
-        """The model of Broker._give_back: back to its place, or given up on after MaxAttempts."""
-        self.dead_letter(tm, s, tm.requeue(s, ident, due_ns), "attempts")
+    def give_back(self, tm: TopicModel, s: str, ident: object, due_ns: int = 0) -> None:
+        """The model of Settlement.give_back: back to its place, or given up on after MaxAttempts."""
+        self.dead_letter(tm, s, tm.give_back(s, ident, due_ns), "attempts")
 
     def dead_letter(self, tm: TopicModel, s: str, given_up: Given | None, reason: str) -> None:
         """PROTOCOL §8: a copy of what s gave up on goes to DeadLetter with its
@@ -296,7 +296,7 @@ class BrokerMachine(RuleBasedStateMachine):
         for tm in self.model.values():
             tm.expire(self.now)
         for *_, topic, s, ident in sorted(e for tm in self.model.values() for e in tm.due(self.now)):
-            self.requeue(self.model[topic], s, ident)
+            self.give_back(self.model[topic], s, ident)
         for tm in self.model.values():
             tm.release_due(self.now)
 
@@ -387,7 +387,7 @@ class BrokerMachine(RuleBasedStateMachine):
             for tm in self.model.values():
                 if PULL_SUB in tm.config.subscribers:
                     for ident in tm.held_by_taker(PULL_SUB, taker):
-                        self.requeue(tm, PULL_SUB, ident)
+                        self.give_back(tm, PULL_SUB, ident)
 
         self.step([Abandoned(taker)], subs, apply)
 
@@ -449,7 +449,7 @@ class BrokerMachine(RuleBasedStateMachine):
         for tm in self.model.values():
             if sub in tm.config.subscribers and topic in (None, tm.config.name):
                 for ident in sorted(tm.inflight[sub], key=lambda i: tm.msgs[i].m):
-                    self.requeue(tm, sub, ident)
+                    self.give_back(tm, sub, ident)
         self.unconfirmed = [u for u in self.unconfirmed if u[0].subscriber != sub]
 
     @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 7]))
@@ -501,7 +501,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 self._each_in_flight(tm, sub, keys, action)
                 for keys, action in (
                     (acks, lambda i: tm.finish(sub, i)),
-                    (nacks, lambda i: self.requeue(tm, sub, i, due_ns)),
+                    (nacks, lambda i: self.give_back(tm, sub, i, due_ns)),
                     (rejects, lambda i: self.dead_letter(tm, sub, tm.give_up(sub, i), "rejected")),
                     (touch, lambda i: tm.touch(sub, i, self.now)),
                 )
@@ -662,7 +662,7 @@ class BrokerMachine(RuleBasedStateMachine):
             for s in tm.config.subscribers:
                 if not tm.config.ack_required or s in PULL:
                     for ident in sorted(tm.inflight[s], key=lambda i: tm.msgs[i].m):
-                        self.requeue(tm, s, ident)
+                        self.give_back(tm, s, ident)
         self.unconfirmed = []
 
     # --- invariants ---------------------------------------------------------------------
