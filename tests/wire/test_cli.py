@@ -365,7 +365,7 @@ def test_reconnect_redelivers_what_is_in_flight_to_the_subscriber(broker, broker
     assert r.returncode == 0, r.stderr
     where = "on topic 't'" if args else "on every topic it is on"
     assert r.stdout == f"requeued what was in flight to subscriber 's' {where}, to be delivered again\n"
-    # One transaction requeues every topic named, so when t's are back, u's would be too
+    # One transaction gives back what was in flight on every topic named, so when t's are back, u's would be too
     wait_for(lambda: broker.sub_status("t", "s")["Redelivered"] == 2, what="t redelivered")
     assert {topic: broker.sub_status(topic, "s")["Redelivered"] for topic in redelivered} == redelivered
     sub.wait_messages(5 + sum(redelivered.values()))

@@ -19,7 +19,7 @@ import pytest
 from ppmq.client.library import Client
 from ppmq.config import Config, SubscriberConfig, TopicConfig
 from ppmq.core.broker import Broker
-from ppmq.core.ops import Returned
+from ppmq.core.ops import Unwritten
 from ppmq.errors import ClientError
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import read_snapshot
@@ -189,7 +189,7 @@ def broker_on(disk: Path, batch_size: int) -> Iterator[Broker]:
         store.close()
 
 
-def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
+def test_an_unwritten_batch_in_a_step_whose_commit_fails_goes_back_to_ready_once_the_disk_has_room(small_disk):
     # The broker is driven directly: over the wire, a batch cannot be made to come
     # back at the very step whose commit hits the full disk.
     with broker_on(small_disk, batch_size=10) as broker:
@@ -198,7 +198,7 @@ def test_a_batch_returned_in_a_step_whose_commit_fails_goes_back_to_ready_once_t
         (batch,) = broker.step([], {"s"}, NOW).deliveries
         fill(small_disk)
         # When the batch comes back (its write failed) in a step whose commit fails
-        step = broker.step([Returned("s", "t", batch.msgs), publish([b'"' + b"x" * 100_000 + b'"'] * 40)], set(), NOW)
+        step = broker.step([Unwritten("s", "t", batch.msgs), publish([b'"' + b"x" * 100_000 + b'"'] * 40)], set(), NOW)
         assert step.replies[0] is None and step.replies[1].status == 507
         # Then, once the disk has room, the batch is ready again and pushed again
         (small_disk / "filler").unlink()

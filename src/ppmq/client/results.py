@@ -1,8 +1,8 @@
 """What the client library returns: each reply of the broker as a typed value.
 
 The Structs are spelt as the broker writes the replies (`rename="pascal"`), so
-`msgspec.json.encode(status)` or `msgspec.to_builtins(status)` gives back the
-reply's `Body` as the broker sent it. Times stay the RFC 3339 text the broker
+`msgspec.json.encode(status)` or `msgspec.to_builtins(status)` is the reply's
+`Body` as the broker sent it. Times stay the RFC 3339 text the broker
 wrote: it has nanoseconds, which a `datetime` would round away.
 """
 

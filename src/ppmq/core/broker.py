@@ -32,7 +32,7 @@ from ppmq.core.dispatch import Dispatcher
 from ppmq.core.events import StepEvents
 from ppmq.core.lanes import Lanes
 from ppmq.core.laning import LaneRouter
-from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Returned, Step, Take, Written, request_id
+from ppmq.core.ops import Abandoned, Delivery, Guarded, Invalid, Op, Reconfigure, Requeue, Step, Take, Unwritten, Written, request_id
 from ppmq.core.publish import Publisher
 from ppmq.core.pull import ABANDONED, Pull
 from ppmq.core.queues import Queues
@@ -97,7 +97,7 @@ class Broker:
             self._admin = Admin(state, topology, events, queues, publisher, settlement, now_ns)
             self._switch(txn, config)
             self.state.resume_sequences()
-            self._requeue_unconfirmed(txn, now_ns)
+            self._give_back_unconfirmed(txn, now_ns)
             self._queues.settle_all(txn)  # dead letters of what it gave up on, fresh for a Pull subscriber of theirs
             self._ledger.save(txn, everything=True)
         self._ledger.take_touched()
@@ -343,10 +343,10 @@ class Broker:
             log.error("commit failed: %s; retrying with backoff, and logging again once commits succeed", exc)
         delay_ns = min(MAX_RETRY_NS, FIRST_RETRY_NS << min(self._failures - 1, 16))
         self._retry_at_ns = self.next_tick_ns = self._due_ns = now_ns + delay_ns
-        # Nobody resends a returned or written batch, nor a gone taker: keep them for the next step.
-        self._carried = [op for op in ops if isinstance(op, (Returned, Written, Abandoned))]
+        # Nobody resends an unwritten or a written batch, nor a gone taker: keep them for the next step.
+        self._carried = [op for op in ops if isinstance(op, (Unwritten, Written, Abandoned))]
         err = _reply_error(exc)
-        replies = [None if isinstance(op, (Returned, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
+        replies = [None if isinstance(op, (Unwritten, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
         return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
 
     # --- one op -----------------------------------------------------------------------
@@ -434,11 +434,11 @@ class Broker:
         if isinstance(op, Abandoned):
             self._pull.abandon(txn, op.taker, now_ns)
             return None
-        if isinstance(op, (Returned, Written)):
+        if isinstance(op, (Unwritten, Written)):
             if op.subscriber not in self.state.subs.get(op.topic, {}):
                 return None  # the subscription was dropped by a reload meanwhile
-            if isinstance(op, Returned):
-                self._settlement.return_batch(txn, op)
+            if isinstance(op, Unwritten):
+                self._settlement.give_back_unwritten(txn, op)
             else:
                 self._settlement.ack(txn, self._topology.topics[op.topic], op.subscriber, None, op.msgs, "AutoAck")
             return None
@@ -458,11 +458,11 @@ class Broker:
         it is counted and journaled as any refused request."""
         if not guarded:
             try:
-                return self._events.of_request(self._settlement.requeue_at_end, txn, op, now_ns)
+                return self._events.of_request(self._settlement.give_back_to_end, txn, op, now_ns)
             except Exception as exc:
                 raise _Replay from exc
         try:
-            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.requeue_at_end(txn, op, now_ns)))
+            return self._events.of_request(lambda: self._undoable(txn, lambda: self._settlement.give_back_to_end(txn, op, now_ns)))
         except Exception as exc:  # a bug must cost one request, not the broker
             return self._apply_internal(txn, Invalid(_error_of(exc), UNSET), now_ns, True)
 
@@ -601,7 +601,7 @@ class Broker:
         del self.state.subs[topic][sub]
         log.warning("subscriber %s removed from topic %s: %d pending messages dropped for it", sub, topic, len(msgs))
 
-    def _requeue_unconfirmed(self, txn: Txn, now_ns: int) -> None:
+    def _give_back_unconfirmed(self, txn: Txn, now_ns: int) -> None:
         """Deliver again (at least once) what nothing will ever ack: on an
         `AckRequired: false` topic, what a previous run pushed without seeing the
         write finish; for a Pull subscriber, what the takers of that run, all
@@ -613,7 +613,7 @@ class Broker:
                     continue
                 s = self.state.sub_ids[name]
                 for flight in txn.inflight_of(t, s):
-                    self._settlement.requeue(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
+                    self._settlement.give_back(txn, t, s, flight.m, now_ns, ABANDONED if tc.ack_required else "Unconfirmed")
 
 
 def _freed_readers(cleared: int) -> None:

@@ -3,7 +3,7 @@
 A subscriber with `Connections: N` has N lanes, numbered 0..N-1, and at most one
 connection open in each. A lane keeps what its connections carried until the
 broker says it left flight (acked wherever the ack arrived, nacked, rejected,
-expired, redelivered after AckRetry, put back by RECONNECT), also across a
+expired, redelivered after AckRetry, given back by RECONNECT), also across a
 broken connection: the next connection in that lane starts with what is still
 in flight there, as the one connection of `Connections: 1` always does.
 

@@ -21,8 +21,9 @@ from ppmq.errors import RequestError
 from ppmq.protocol import messages as p
 
 
-class Returned(msgspec.Struct, frozen=True):
-    """A batch that could not be written to its subscriber: back to ready."""
+class Unwritten(msgspec.Struct, frozen=True):
+    """A batch not written whole to its subscriber (its write failed, or its
+    connection went first): given back, and not counted as delivered."""
 
     subscriber: str
     topic: str
@@ -90,7 +91,7 @@ class Requeue(msgspec.Struct, frozen=True):
     check: Callable[[], None]  # raises Forbidden: the connection's access check, run when applied
 
 
-Op: TypeAlias = p.Request | Guarded | Take | Abandoned | Returned | Written | Invalid | Reconfigure | Requeue
+Op: TypeAlias = p.Request | Guarded | Take | Abandoned | Unwritten | Written | Invalid | Reconfigure | Requeue
 
 
 class Delivery(msgspec.Struct, frozen=True):

@@ -268,7 +268,7 @@ class Publisher:
 
     def _replace(self, txn: Txn, topic: TopicConfig, t: int, m: int, msg: Prepared, now_ns: int) -> int:
         """PROTOCOL §3 Dedupe: the newest version wins, and each subscriber's queue
-        decides where it goes (Queue.requeue_version). Returns the size of the new
+        decides where it goes (Queue.place_version). Returns the size of the new
         version's JSON."""
         key, prio, expires_ns, _, due_ns, _ = msg
         assert key is not None  # only a message with a key replaces another
@@ -286,7 +286,7 @@ class Publisher:
         places = dict(holders)
         for name in topic.subscribers:
             queue = self._queues.of(txn, topic.name, name)
-            holders[queue.s] = queue.requeue_version(m, holders.get(queue.s), prio, next_pos, due_ns)
+            holders[queue.s] = queue.place_version(m, holders.get(queue.s), prio, next_pos, due_ns)
         if holders != places:  # a version that waits where the old one did changes no holder
             txn.put_holders(t, m, holders)
         fragment = _fragment(key, msg)

@@ -105,7 +105,7 @@ class Pull:
                 continue  # the subscription was dropped by a reload meanwhile
             t, s = self._state.topic_ids[topic], self._state.sub_ids[sub]
             for m in ms:
-                self._settlement.requeue(txn, t, s, m, now_ns, ABANDONED)
+                self._settlement.give_back(txn, t, s, m, now_ns, ABANDONED)
 
     def prune_takers(self, txn: Txn) -> None:
         """Before STATUS counts the takers: only messages still in flight are held."""

@@ -134,9 +134,10 @@ class Queue:
             self.stats.inflight -= 1
         return flight
 
-    def put_back(self, m: int, flight: Flight, attempts: int | None = None, due_ns: int = 0) -> None:
-        """A delivered message back at its original place (PROTOCOL §3 redelivery),
-        waiting there until `due_ns` if given (PROTOCOL §8 a nack's Delay)."""
+    def give_back(self, m: int, flight: Flight, attempts: int | None = None, due_ns: int = 0) -> None:
+        """A delivered message, out of flight, given back at its original place
+        (PROTOCOL §3 redelivery), waiting there until `due_ns` if given
+        (PROTOCOL §8 a nack's Delay)."""
         attempts = flight.attempts if attempts is None else attempts
         if due_ns:
             self._delay(Delayed(flight.prio, flight.pos, m, attempts, due_ns))
@@ -165,13 +166,13 @@ class Queue:
         self.stats.ignored_acks += len(ms) - len(found)
         return found
 
-    def give_back(self, m: int) -> bool:
-        """A batch that never reached the subscriber: m is ready again as if it
+    def give_back_unwritten(self, m: int) -> bool:
+        """m, of a batch not written whole to the subscriber: given back as if it
         had not been sent, and not counted as delivered."""
         flight = self.unflight(m)
         if flight is None:
             return False  # acked, expired or replaced meanwhile
-        self.put_back(m, flight, flight.attempts - 1)
+        self.give_back(m, flight, flight.attempts - 1)
         self.stats.delivered -= 1
         self.stats.redelivered -= flight.attempts > 1
         return True
@@ -193,7 +194,7 @@ class Queue:
         flight = self.unflight(m)
         return None if flight is None else (flight.attempts, True)
 
-    def requeue_version(
+    def place_version(
         self, m: int, place: tuple[int, int] | None, prio: int, new_pos: Callable[[], int], due_ns: int = 0
     ) -> tuple[int, int]:
         """PROTOCOL §3 Dedupe, for this subscriber: a new version of m with priority

@@ -1,7 +1,7 @@
 """How a message leaves a subscriber's flight (PROTOCOL §3 Acks, Connections,
-RECONNECT, Expiry): done with (acked, written, expired, dropped), or back to its
-place in the queue (returned, RECONNECT, AckRetry), or given up on (MaxAttempts,
-with a copy to the DeadLetter topic).
+RECONNECT, Expiry): done with (acked, written, expired, dropped), given back
+to its place in the queue (a nack, an unwritten batch, RECONNECT, AckRetry), or
+given up on (MaxAttempts, with a copy to the DeadLetter topic).
 
 Whatever finishes a message for one subscriber goes through `release`, so the last subscriber out
 deletes it, once, with its index entries and its topic's counters.
@@ -17,7 +17,7 @@ import msgspec
 from ppmq.config import TopicConfig
 from ppmq.core import events as ev
 from ppmq.core.events import StepEvents
-from ppmq.core.ops import Requeue, Returned
+from ppmq.core.ops import Requeue, Unwritten
 from ppmq.core.publish import Publisher
 from ppmq.core.queues import Queue, Queues
 from ppmq.core.taker_holdings import TakerHoldings
@@ -96,7 +96,7 @@ class Settlement:
         t, s, now_ns = self._state.topic_ids[topic.name], self._state.sub_ids[sub], self._events.now_ns
         journaled, nacked = self._events.journaled, 0
         for m in self.msgs_of(txn, topic, keys):
-            back = None if m is None else self._give_back(txn, t, s, m, now_ns, now_ns + delay_ns if delay_ns else 0)
+            back = None if m is None else self._give_back_unjournaled(txn, t, s, m, now_ns, now_ns + delay_ns if delay_ns else 0)
             if back is None:
                 self._state.subs[topic.name][sub].ignored_acks += 1
                 continue
@@ -158,38 +158,39 @@ class Settlement:
         # max(): a store written before this counter existed holds uncounted bytes
         stats.stored_bytes = stats.stored_bytes - size if stats.stored_bytes > size else 0
 
-    # --- RECONNECT, redelivery, returned batches ----------------------------------------
+    # --- RECONNECT, redelivery, unwritten batches ---------------------------------------
 
     def reconnect(self, txn: Txn, sub: str, topics: list[TopicConfig], now_ns: int) -> None:
         """PROTOCOL §3 RECONNECT: everything in flight to sub on topics goes back to its place."""
         for tc in topics:
             t, s = self._state.topic_ids[tc.name], self._state.sub_ids[sub]
             for flight in txn.inflight_of(t, s):
-                self.requeue(txn, t, s, flight.m, now_ns, "Reconnect")
+                self.give_back(txn, t, s, flight.m, now_ns, "Reconnect")
 
-    def requeue(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str, to_end: bool = False) -> tuple[Flight, bool] | None:
-        """Back to its place in the queue (or, `to_end`, to the end of its
-        priority), as if it had not been delivered yet; after MaxAttempts
-        deliveries, given up on (dead-lettered) instead. Returns what
-        `_give_back` does."""
+    def give_back(self, txn: Txn, t: int, s: int, m: int, now_ns: int, reason: str, to_end: bool = False) -> tuple[Flight, bool] | None:
+        """Given back to its place in the queue (or, `to_end`, to the end of its
+        priority), as if it had not been delivered yet, and journaled as a
+        requeue with `reason`; after MaxAttempts deliveries, given up on
+        (dead-lettered) instead. Returns what `_give_back_unjournaled` does."""
         stats = self._stats(t, s)
         if stats is None:  # a subscription no config names: nothing counts it
             flight = txn.pop_flight(t, s, m)
             if flight is not None:
                 txn.push_ready(t, s, flight.prio, flight.pos, m, flight.attempts)
             return None
-        back = self._give_back(txn, t, s, m, now_ns, to_end=to_end)
+        back = self._give_back_unjournaled(txn, t, s, m, now_ns, to_end=to_end)
         if back is not None and self._events.journaled:
             reason = "MaxAttempts" if back[1] else reason
             self._events.batch(ev.REQUEUE, self._topology.topic_by_id[t], self._topology.sub_by_id[s], reason).ids.append(m)
         return back
 
-    def _give_back(
+    def _give_back_unjournaled(
         self, txn: Txn, t: int, s: int, m: int, now_ns: int, due_ns: int = 0, to_end: bool = False
     ) -> tuple[Flight, bool] | None:
         """m leaves flight to s: back to its place (waiting there until `due_ns`
         if given; `to_end`: a new place at the end of its priority), or, after
-        its MaxAttempts-th delivery, given up on. Returns its flight and whether
+        its MaxAttempts-th delivery, given up on. No event: `give_back` and a
+        nack each journal it their own way. Returns its flight and whether
         it was given up on; None if it was not in flight."""
         stats = self._stats(t, s)
         assert stats is not None  # a subscription the config names: the callers checked
@@ -203,7 +204,7 @@ class Settlement:
             return flight, True
         if to_end:
             flight = self._moved_to_end(txn, t, s, flight)
-        queue.put_back(m, flight, due_ns=due_ns)
+        queue.give_back(m, flight, due_ns=due_ns)
         return flight, False
 
     def _moved_to_end(self, txn: Txn, t: int, s: int, flight: Flight) -> Flight:
@@ -217,10 +218,10 @@ class Settlement:
 
     # --- PHPMQ's re-queue (PROTOCOL §9) --------------------------------------------------------
 
-    def requeue_at_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
-        """The key, in flight to the subscriber, goes to the end of its priority
-        with the new TTL, as a delivery attempt (MaxAttempts may give it up
-        instead). The TTL is that subscriber's copy's alone: while another
+    def give_back_to_end(self, txn: Txn, op: Requeue, now_ns: int) -> p.Reply:
+        """The key, in flight to the subscriber, is given back to the end of its
+        priority with the new TTL, as a delivery attempt (MaxAttempts may give
+        it up instead). The TTL is that subscriber's copy's alone: while another
         subscriber holds the message, the copy gets an expiry of its own and
         the others keep theirs; held by it alone, the message is given the new
         expiry. Raises the RequestError that refuses it: the connection's
@@ -232,7 +233,7 @@ class Settlement:
         sub = self._topology.subscriber_of(op.subscriber, topic, "Requeue")
         [m] = self.msgs_of(txn, topic, [op.key])
         t, s = self._state.topic_ids[topic.name], self._state.sub_ids[sub]
-        back = None if m is None else self.requeue(txn, t, s, m, now_ns, "Requeue", to_end=True)
+        back = None if m is None else self.give_back(txn, t, s, m, now_ns, "Requeue", to_end=True)
         if m is None or back is None:
             self._state.subs[topic.name][sub].ignored_acks += 1
             return p.Reply(status=200, accepted=0)
@@ -291,12 +292,12 @@ class Settlement:
             return None
         return self._state.subs.get(topic, {}).get(sub)
 
-    def return_batch(self, txn: Txn, op: Returned) -> None:
-        """A batch that never reached the subscriber: as if it had not been sent."""
+    def give_back_unwritten(self, txn: Txn, op: Unwritten) -> None:
+        """A batch not written whole to the subscriber, given back as if it had not been sent."""
         queue = self._queues.of(txn, op.topic, op.subscriber)
         event = self._events.batch(ev.RETURN, op.topic, op.subscriber) if self._events.journaled else None
         for m in op.msgs:
-            if queue.give_back(m) and event is not None:
+            if queue.give_back_unwritten(m) and event is not None:
                 event.ids.append(m)
 
     # --- timers: expiry and AckRetry ----------------------------------------------------------
@@ -314,7 +315,7 @@ class Settlement:
                 self.expire_copy(txn, topic, t, s, m)
             txn.drop_copy_expiries(t, [m], s)  # also of a topic or subscription no config names
         for t, s, m in txn.due_deadlines(now_ns, PER_TICK):
-            self.requeue(txn, t, s, m, now_ns, "AckRetry")
+            self.give_back(txn, t, s, m, now_ns, "AckRetry")
         for t, s, prio, pos in txn.due_delayed(now_ns, PER_TICK):
             stats = self._stats(t, s)
             if stats is None:  # a subscription no config names: nothing would ever take it

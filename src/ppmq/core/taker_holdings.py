@@ -4,7 +4,7 @@ A Pull subscriber's workers TAKE its messages over many connections at once;
 when one goes away, what it took and did not ack goes back to ready at once.
 That needs to know who took what, and only for as long as the takers live: a
 broker restart leaves no taker, so every taken message is ready again at open
-(`Broker._requeue_unconfirmed`). It is therefore kept in memory, never stored.
+(`Broker._give_back_unconfirmed`). It is therefore kept in memory, never stored.
 
 Changes are logged until the step commits, so that a request or a step that is
 undone (its transaction rolled back) undoes them too: `mark`, `undo`, `commit`.

@@ -185,7 +185,7 @@ class ReplyChannel:
         self.peer = peer
         self.outstanding = 0
         self.outstanding_bytes = 0  # frame bytes of the requests waiting for their commit
-        # The frame bytes of each of them, for its reply to give back: the newest
+        # The frame bytes of each of them, for its reply to take off again: the newest
         # one's, and the older ones' oldest first, which stay empty while a
         # client waits for each reply before its next request.
         self._newest_bytes = 0

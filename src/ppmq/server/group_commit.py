@@ -32,7 +32,7 @@ from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.events import Event
 from ppmq.core.lanes import Lanes
-from ppmq.core.ops import Delivery, Guarded, Op, Returned, request_of
+from ppmq.core.ops import Delivery, Guarded, Op, Unwritten, request_of
 from ppmq.core.staging import Answer
 from ppmq.protocol import messages as p
 from ppmq.server.gathering import Gathering
@@ -439,7 +439,7 @@ class GroupCommit:
             else:
                 outlet = outlets[sub] = None
             if outlet is None:  # the connection went away while the step ran
-                self.submit(Returned(sub, delivery.topic, delivery.msgs))
+                self.submit(Unwritten(sub, delivery.topic, delivery.msgs))
             elif outlet.push(delivery):
                 opened[sub] = outlet
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ppmq.config import SubscriberConfig
 from ppmq.core.lanes import LaneLoads, Lanes
-from ppmq.core.ops import Delivery, Op, Returned
+from ppmq.core.ops import Delivery, Op, Unwritten
 from ppmq.server.group_commit import GroupCommit, Outlet, ReplySink
 from ppmq.server.push import SubscriberLink
 
@@ -72,7 +72,7 @@ class ParallelLink:
         True while some lane may take another batch at once."""
         lane = delivery.lane
         if not self.links[lane].serving:
-            self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+            self.writer.submit(Unwritten(self.name, delivery.topic, delivery.msgs))
         else:
             self.loads.carry(lane, delivery.topic, delivery.msgs)
             self._open[lane] = self.links[lane].push(delivery)

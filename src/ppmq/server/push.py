@@ -29,7 +29,7 @@ from typing import Protocol
 
 from ppmq.config import SubscriberConfig
 from ppmq.core.access import Peer, Policy
-from ppmq.core.ops import Delivery, Returned, Written
+from ppmq.core.ops import Delivery, Unwritten, Written
 from ppmq.server.connection import Connection, ReplyChannel
 from ppmq.server.group_commit import Outlet
 from ppmq.server.requests import Requests, Writer
@@ -213,7 +213,7 @@ class SubscriberLink:
         finally:
             self._out = None
             self.writer.close(self.name)
-            self._return_queued()
+            self._give_back_queued()
             acks.cancel()
 
     async def _next_batch(self) -> None:
@@ -252,7 +252,7 @@ class SubscriberLink:
         if delivery.auto_ack:
             self.writer.submit(Written(self.name, delivery.topic, delivery.msgs))
 
-    def _return_queued(self) -> None:
+    def _give_back_queued(self) -> None:
         if self._sending is not None:  # not written whole
             self._give_back(self._sending)
             self._sending = None
@@ -260,4 +260,4 @@ class SubscriberLink:
             self._give_back(self._batches.popleft())
 
     def _give_back(self, delivery: Delivery) -> None:
-        self.writer.submit(Returned(self.name, delivery.topic, delivery.msgs))
+        self.writer.submit(Unwritten(self.name, delivery.topic, delivery.msgs))

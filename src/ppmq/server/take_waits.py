@@ -5,7 +5,7 @@ with what can be taken now, possibly nothing. One that got nothing and may wait
 (`Wait` > 0) waits here, on the event loop: a future and a timer, no step. While
 any TAKE waits, this follows the writer's steps (`GroupCommit.follow`): after
 every step the waiting TAKEs of each subscription are looked at, and as many as the messages now takeable can serve are sent again,
-oldest first (a step that published to the topic, acked, nacked or requeued is
+oldest first (a step that published to the topic, acked, nacked or gave back is
 what makes messages takeable). One that again finds nothing, because a
 competing worker was faster, waits again until its Wait runs out. A step that
 publishes to the topic does not wait for that: the waiting TAKEs its messages

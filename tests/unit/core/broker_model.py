@@ -309,7 +309,7 @@ class TopicModel:
         """The ident of the message in flight to s under `key`, if any."""
         return next((ident for ident in self.inflight[s] if self.msgs[ident].key == key), None)
 
-    def requeue(self, s: str, ident: object, due_ns: int = 0) -> Given | None:
+    def give_back(self, s: str, ident: object, due_ns: int = 0) -> Given | None:
         """Back to its place (delayed until due_ns, if given); after MaxAttempts
         deliveries, given up: returns the message and its deliveries."""
         prio, pos, _, attempts = self.inflight[s].pop(ident)

@@ -17,7 +17,7 @@ import yaml
 from ppmq.config import Config, SubscriberConfig, TopicConfig, load_config
 from ppmq.core import broker as broker_module
 from ppmq.core.broker import Broker
-from ppmq.core.ops import Guarded, Reconfigure, Returned
+from ppmq.core.ops import Guarded, Reconfigure, Unwritten
 from ppmq.errors import StoreError
 from ppmq.protocol import messages as p
 from ppmq.store.fsck import check, read_snapshot
@@ -335,7 +335,7 @@ def test_a_map_that_fills_outside_any_request_answers_every_request_of_the_step_
     # Given a batch in flight, and a map with no page left
     broker, store, msgs = in_flight_on_a_full_map(tmp_path)
     # When the batch comes back (which needs pages, outside any request) in the step of a STATUS
-    step = broker.step([Returned("s", "t", msgs), STATUS], set(), NOW)
+    step = broker.step([Unwritten("s", "t", msgs), STATUS], set(), NOW)
     # Then the STATUS is answered 507, and nothing of the step happened
     assert step.replies[1].status == 507 and "full" in step.replies[1].error
     assert broker.state.subs["t"]["s"].inflight == 1000
@@ -367,7 +367,7 @@ def test_a_reload_whose_commit_fails_is_answered_and_leaves_the_old_config_whole
 def test_a_full_map_backs_off_instead_of_retrying_every_moment(tmp_path, caplog):
     # Given a batch that comes back while the map has no page left
     broker, store, msgs = in_flight_on_a_full_map(tmp_path)
-    broker.step([Returned("s", "t", msgs)], set(), NOW)
+    broker.step([Unwritten("s", "t", msgs)], set(), NOW)
     # When time passes without requests
     # Then no step is wanted before the backoff, which grows with every failure, and one failure is logged
     assert not broker.wants_step(set(), NOW + NS // 20)

@@ -2,7 +2,7 @@
 
 Hypothesis drives the real Broker on a real LMDB store with random publishes
 (some with a bad message, some replacing a dedupe key, some waiting with a Delay
-or a NotBefore), deliveries to open subscribers, acks, RECONNECTs, returned
+or a NotBefore), deliveries to open subscribers, acks, RECONNECTs, unwritten
 batches, confirmed writes on an `AckRequired: false` topic, nacks (with and
 without a Delay), rejects and touches in one request with acks, PURGE, REDRIVE,
 PAUSE and RESUME, clock steps and restarts; topics have MaxMessages or MaxBytes
@@ -55,7 +55,7 @@ from ppmq.config import Config, JournalConfig, SubscriberConfig
 from ppmq.core import staging
 from ppmq.core.broker import Broker
 from ppmq.core.lanes import LaneLoads
-from ppmq.core.ops import Abandoned, Returned, Take, Written
+from ppmq.core.ops import Abandoned, Take, Unwritten, Written
 from ppmq.protocol import messages as p
 from ppmq.store import ready as ready_rows
 from ppmq.store.fsck import check, read_snapshot
@@ -276,9 +276,9 @@ class BrokerMachine(RuleBasedStateMachine):
             due_ns = self.now + int(seconds * NS)
         return due_ns if due_ns > self.now else 0
 
-    def requeue(self, tm: TopicModel, s: str, ident: object, due_ns: int = 0) -> None:
-        """The model of Broker._give_back: back to its place, or given up on after MaxAttempts."""
-        self.dead_letter(tm, s, tm.requeue(s, ident, due_ns), "attempts")
+    def give_back(self, tm: TopicModel, s: str, ident: object, due_ns: int = 0) -> None:
+        """The model of Settlement.give_back: back to its place, or given up on after MaxAttempts."""
+        self.dead_letter(tm, s, tm.give_back(s, ident, due_ns), "attempts")
 
     def dead_letter(self, tm: TopicModel, s: str, given_up: Given | None, reason: str) -> None:
         """PROTOCOL §8: a copy of what s gave up on goes to DeadLetter with its
@@ -296,7 +296,7 @@ class BrokerMachine(RuleBasedStateMachine):
         for tm in self.model.values():
             tm.expire(self.now)
         for *_, topic, s, ident in sorted(e for tm in self.model.values() for e in tm.due(self.now)):
-            self.requeue(self.model[topic], s, ident)
+            self.give_back(self.model[topic], s, ident)
         for tm in self.model.values():
             tm.release_due(self.now)
 
@@ -387,7 +387,7 @@ class BrokerMachine(RuleBasedStateMachine):
             for tm in self.model.values():
                 if PULL_SUB in tm.config.subscribers:
                     for ident in tm.held_by_taker(PULL_SUB, taker):
-                        self.requeue(tm, PULL_SUB, ident)
+                        self.give_back(tm, PULL_SUB, ident)
 
         self.step([Abandoned(taker)], subs, apply)
 
@@ -396,7 +396,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def a_write_fails(self, data) -> None:
         d, order = data.draw(st.sampled_from(self.written))
         self.unconfirmed = [u for u in self.unconfirmed if u[0] is not d]
-        self.step([Returned(d.subscriber, d.topic, d.msgs)])
+        self.step([Unwritten(d.subscriber, d.topic, d.msgs)])
         tm = self.model[d.topic]
         for ident in order:
             if ident in tm.inflight[d.subscriber]:
@@ -449,7 +449,7 @@ class BrokerMachine(RuleBasedStateMachine):
         for tm in self.model.values():
             if sub in tm.config.subscribers and topic in (None, tm.config.name):
                 for ident in sorted(tm.inflight[sub], key=lambda i: tm.msgs[i].m):
-                    self.requeue(tm, sub, ident)
+                    self.give_back(tm, sub, ident)
         self.unconfirmed = [u for u in self.unconfirmed if u[0].subscriber != sub]
 
     @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 7]))
@@ -501,7 +501,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 self._each_in_flight(tm, sub, keys, action)
                 for keys, action in (
                     (acks, lambda i: tm.finish(sub, i)),
-                    (nacks, lambda i: self.requeue(tm, sub, i, due_ns)),
+                    (nacks, lambda i: self.give_back(tm, sub, i, due_ns)),
                     (rejects, lambda i: self.dead_letter(tm, sub, tm.give_up(sub, i), "rejected")),
                     (touch, lambda i: tm.touch(sub, i, self.now)),
                 )
@@ -662,7 +662,7 @@ class BrokerMachine(RuleBasedStateMachine):
             for s in tm.config.subscribers:
                 if not tm.config.ack_required or s in PULL:
                     for ident in sorted(tm.inflight[s], key=lambda i: tm.msgs[i].m):
-                        self.requeue(tm, s, ident)
+                        self.give_back(tm, s, ident)
         self.unconfirmed = []
 
     # --- invariants ---------------------------------------------------------------------

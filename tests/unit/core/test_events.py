@@ -38,7 +38,7 @@ def test_events_carry_the_step_time_and_each_message_once(tmp_path):
     assert [e.ids for e in publishes] == [[1, 2, 3], [4, 5, 6]]
     assert {e.ts for e in step.events} == {NOW}
     assert (deliver.ids, deliver.pub_ns, deliver.attempts) == ([1, 2, 3, 4, 5, 6], [NOW], [1])
-    # When nobody acks within AckRetry, they are requeued and pushed again
+    # When nobody acks within AckRetry, they are given back and pushed again
     later = NOW + 6 * NS
     step = broker.step([], {"s"}, later)
     kinds = {e.event: e for e in step.events}

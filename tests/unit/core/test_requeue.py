@@ -107,13 +107,13 @@ def test_a_requeue_that_fails_on_a_bug_after_it_wrote_is_answered_500_and_logged
     broker, store = open_broker(tmp_path)
     broker.step([publish(b"1")], set(), NOW)
     (key,) = delivered_keys(broker.step([], {"s"}, NOW))
-    requeue = broker._settlement.requeue
+    give_back = broker._settlement.give_back
 
-    def requeue_then_fail(*args, **kwargs):
-        requeue(*args, **kwargs)
+    def give_back_then_fail(*args, **kwargs):
+        give_back(*args, **kwargs)
         raise RuntimeError("a bug after the writes")
 
-    monkeypatch.setattr(broker._settlement, "requeue", requeue_then_fail)
+    monkeypatch.setattr(broker._settlement, "give_back", give_back_then_fail)
     # When PHPMQ re-queues it
     with caplog.at_level(logging.ERROR, logger="ppmq.broker"):
         step = broker.step([Requeue("t", "s", key, 60, allowed)], set(), NOW)
