@@ -247,7 +247,7 @@ class Broker:
             next_tick = due if due > now_ns else now_ns
         self.next_tick_ns = next_tick
         left = self._router.left_flight() if self._router.watch is not None else {}
-        return Step(replies[len(carried) :] if carried else replies, deliveries, next_tick, self._events.take(), ended + finished, left)
+        return Step(replies[len(carried) :] if carried else replies, deliveries, self._events.take(), ended + finished, left)
 
     def _transact(
         self, ops: list[Op], open_subs: set[str], now_ns: int, early: Callable[[list[Delivery]], None] | None, guarded: bool = False
@@ -347,7 +347,7 @@ class Broker:
         self._carried = [op for op in ops if isinstance(op, (Unwritten, Written, Abandoned))]
         err = _reply_error(exc)
         replies = [None if isinstance(op, (Unwritten, Written, Abandoned)) else p.error_reply(err, request_id(op)) for op in ops]
-        return Step(replies[carried:], [], self._retry_at_ns, finished=ended + self._staging.rolled_back(err))
+        return Step(replies[carried:], [], finished=ended + self._staging.rolled_back(err))
 
     # --- one op -----------------------------------------------------------------------
 

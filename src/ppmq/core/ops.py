@@ -112,7 +112,6 @@ class Step(msgspec.Struct, frozen=True):
     # (core/staging.py), whose reply comes in `finished` of the step that ends it.
     replies: list[p.Reply | None]
     deliveries: list[Delivery]
-    next_tick_ns: int
     events: list[Event] = []  # for the journal; empty unless the config keeps one
     finished: list[Answer] = []  # staged publishes of earlier steps, answered now
     # Subscriber -> topic -> messages that left flight, for subscribers with
