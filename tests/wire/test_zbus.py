@@ -62,18 +62,24 @@ def ask(conn: websocket.WebSocket, headers: dict, body=None) -> dict:
     return json.loads(conn.recv())
 
 
-def raw(b: BrokerProcess, data: bytes) -> bytes:
-    """Send bytes on a connection of their own; all the broker answers until it closes."""
+def raw(b: BrokerProcess, data: bytes, end: bool = False) -> bytes:
+    """Send bytes on a connection of their own (`end`: then close the write
+    side, as a client that has said all it will); all the broker answers until it closes."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(WAIT_S)
         s.connect(b.config["ZbusSocket"])
         try:
             s.sendall(data)
-        except BrokenPipeError:  # the broker answered and closed before it read everything: its answer is still there
+            if end:
+                s.shutdown(socket.SHUT_WR)
+        except OSError:  # the broker answered and closed before it read everything: its answer is still there
             pass
         got = b""
-        while chunk := s.recv(65536):
-            got += chunk
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except ConnectionResetError:  # it closed with bytes of ours unread
+            pass
         return got
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import WAIT_S, BrokerProcess, make_config, wait_for
 from tests.wire.test_systemd_broker import _can_connect
+from tests.wire.test_zbus import raw
 
 EXAMPLES = int(os.environ.get("PPMQ_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -106,23 +107,6 @@ def http_bytes() -> st.SearchStrategy[bytes]:
     return st.one_of(st.sampled_from(HTTP_REQUESTS).flatmap(mutated), st.binary(max_size=300))
 
 
-def exchange(b: BrokerProcess, data: bytes) -> None:
-    """Send `data`, close the write side, and read until the broker closes."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(WAIT_S)
-        s.connect(b.config["ZbusSocket"])
-        try:
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the broker closed first: what it read was enough to refuse
-        try:
-            while s.recv(65536):
-                pass
-        except ConnectionResetError:
-            pass
-
-
 def healthy(b: BrokerProcess) -> None:
     assert b.alive()
     with socket.socket(socket.AF_UNIX) as s:
@@ -136,12 +120,12 @@ def healthy(b: BrokerProcess) -> None:
 @FUZZ
 @given(data=http_bytes())
 def test_http_requests_good_bad_or_random_end_with_the_connection_closed(broker, data):
-    exchange(broker, data)
+    raw(broker, data, end=True)
     healthy(broker)
 
 
 @FUZZ
 @given(frames=st.lists(ws_bytes(), min_size=1, max_size=4))
 def test_websocket_frames_good_bad_or_random_end_with_the_connection_closed(broker, frames):
-    exchange(broker, HANDSHAKE + b"".join(frames))
+    raw(broker, HANDSHAKE + b"".join(frames), end=True)
     healthy(broker)

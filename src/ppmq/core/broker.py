@@ -181,8 +181,8 @@ class Broker:
             return False
         if now_ns >= self._due_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
             return True
-        if now_ns >= self.next_tick_ns:  # the server's look with nothing due: its next one when a timer is due, or a TICK_NS on
-            self.next_tick_ns = min(self._due_ns, now_ns + TICK_NS)
+        if now_ns >= self.next_tick_ns:  # the server's look with nothing due
+            self._look_again(now_ns)
         dispatcher, router = self._dispatcher, self._router
         if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
             return False
@@ -190,6 +190,13 @@ class Broker:
             if dispatcher.space(sub, topic, stats, router.lanes_of(sub, lanes) if lanes else None) > 0:
                 return True
         return False
+
+    def _look_again(self, now_ns: int) -> None:
+        """When the server next asks wants_step without requests: when a timer is
+        due (at once if one is due already), and at least once a TICK_NS, as the
+        timers go by the wall clock and its waits by the loop's."""
+        due = self._due_ns
+        self.next_tick_ns = now_ns + TICK_NS if due >= now_ns + TICK_NS else due if due > now_ns else now_ns
 
     def step(
         self,
@@ -240,12 +247,7 @@ class Broker:
             log.warning("commits succeed again after %d failed", self._failures)
             self._failures = 0
         self._due_ns = NO_TIMER_NS if due is None else due
-        # The server looks again when a timer is due, and at least once a TICK_NS:
-        # the timers go by the wall clock, its waits by the loop's.
-        next_tick = now_ns + TICK_NS
-        if due is not None and due < next_tick:
-            next_tick = due if due > now_ns else now_ns
-        self.next_tick_ns = next_tick
+        self._look_again(now_ns)
         left = self._router.left_flight() if self._router.watch is not None else {}
         return Step(replies[len(carried) :] if carried else replies, deliveries, self._events.take(), ended + finished, left)
 
