@@ -65,9 +65,9 @@ def test_a_nack_with_a_delay_waits_and_keeps_its_place_across_a_restart(broker_f
         c.publish("t", [{"Payload": "slow"}])
     [key] = keys_of(sub, 1)
     # When it is nacked with a delay of 2 s, and the broker is killed and started again
+    nacked_at = time.monotonic()  # before the request: the broker's nack is no earlier
     request(b, Topic="t", Subscriber="s", Nacks=[key], Delay=2)
     assert b.sub_status("t", "s")["Delayed"] == 1
-    nacked_at = time.monotonic()
     b.kill()
     b.start()
     # Then it is delivered again once due, not before
