@@ -30,7 +30,6 @@ from ppmq.store.state import State, SubStats, TopicStats
 from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
-_KEY, _ENTRY = itemgetter(0), itemgetter(1)  # of _store_new's rows
 
 
 # The journal's columns of messages just stored, in the order of its `publish` record:
@@ -177,7 +176,8 @@ class Publisher:
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        rows: list[tuple[bytes, Taken]] = []  # (key, the queues' entry) of each message
+        keys: list[bytes] = []  # each message's
+        new: list[Taken] = []  # each message's entry in the queues, one shared by every queue
         first = stats.seq + 1
         plain, expiring, expires_bytes = p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
@@ -193,9 +193,8 @@ class Publisher:
             else:
                 key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
                 fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
-            flight = b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns)
-            rows.append((key, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one entry shared by every queue
-        keys, new = [*map(_KEY, rows)], [*map(_ENTRY, rows)]  # the columns, in C
+            keys.append(key)
+            new.append((m, prio, m, 1, now_ns, fragment, b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns), expires_ns))
         fragments = [*map(TAKEN_FRAGMENT, new)]
         sizes = [*map(len, fragments)]
         size = sum(sizes)
