@@ -67,7 +67,9 @@ class Dispatcher:
             if name in topics:
                 topic, place, held = topics[name], order[name], subs.peek(name, {})
                 mixed = mixed or bool(found)
-                found += [(sub, place, topic, held[sub]) for sub in by_name[name] if sub in open_subs and sub in held]
+                for sub in by_name[name]:
+                    if sub in open_subs and sub in held:
+                        found.append((sub, place, topic, held[sub]))
         if self.backlog:
             for sub, names in self.backlog.items():
                 if sub in open_subs:

@@ -347,8 +347,10 @@ def new_holders_row(subs: Sequence[int], first: int, prios: Sequence[int]) -> by
     publish of one, as at a paced rate) is packed without columns."""
     n, held = len(prios), len(subs)
     if n == 1:
-        prio = prios[0]
-        return ONE_HOLDERS_HEAD.pack(1, first, held) + b"".join([HOLDER.pack(s, prio, first) for s in subs])
+        prio, row = prios[0], ONE_HOLDERS_HEAD.pack(1, first, held)
+        for s in subs:
+            row += HOLDER.pack(s, prio, first)
+        return row
     ids = range(first, first + n)
     columns: list[Iterable[int]] = []
     for s in subs:
