@@ -176,8 +176,13 @@ class Publisher:
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        keys: list[bytes] = []  # each message's
-        new: list[Taken] = []  # each message's entry in the queues, one shared by every queue
+        # The batch's columns, gathered as its messages are made: each one's key,
+        # priority, expiry and due time, and its entry in the queues (one shared by every queue).
+        keys: list[bytes] = []
+        prios: list[int] = []
+        expiries: list[int] = []
+        dues: list[int] = []
+        new: list[Taken] = []
         first = stats.seq + 1
         plain, expiring, expires_bytes = p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
@@ -185,7 +190,10 @@ class Publisher:
         # a backlog nobody reads now.
         readers = self._queues.readers
         flight_entry = FLIGHT_ENTRY.pack if not readers.isdisjoint(subs) else None
-        for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
+        for m, (key, prio, expires_ns, payload, due_ns, origin) in enumerate(batch, first):  # Prepared, unpacked in C
+            prios.append(prio)
+            expiries.append(expires_ns)
+            dues.append(due_ns)
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
             elif key is None and origin is None:  # one with a TTL, or a MaxAge
@@ -204,13 +212,12 @@ class Publisher:
                 return None
             self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
         stats.stored_bytes += size
-        _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
         stats.seq = first + count - 1
         stats.stored += count
         txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
-        due = None if dues == (0,) * count else dues  # none waits (PROTOCOL §8 Delay): a comparison in C
+        due = dues if any(dues) else None  # None: none waits (PROTOCOL §8 Delay)
         self._queues.add_new(txn, topic.name, subs, new, may_stay_fresh, due)
         sub_ids = self._topology.sub_ids_of[topic.name] if subs is topic.subscribers else [self._state.sub_ids[name] for name in subs]
         txn.put_new_holders(t, sub_ids, first, prios)
