@@ -67,7 +67,9 @@ class Dispatcher:
             if name in topics:
                 topic, place, held = topics[name], order[name], subs.peek(name, {})
                 mixed = mixed or bool(found)
-                found += [(sub, place, topic, held[sub]) for sub in by_name[name] if sub in open_subs and sub in held]
+                for sub in by_name[name]:
+                    if sub in open_subs and sub in held:
+                        found.append((sub, place, topic, held[sub]))
         if self.backlog:
             for sub, names in self.backlog.items():
                 if sub in open_subs:
@@ -197,7 +199,7 @@ class Dispatcher:
         attempts: Column
         if taken is not None:  # fresh: published in this very step, each on its first delivery
             fragments, pub_ns, attempts = [*map(TAKEN_FRAGMENT, taken)], now_ns, 1
-            drained = not max_bytes and not ids[limit - 1 :]  # fewer than limit: all that was ready
+            drained = not max_bytes and len(ids) < limit  # fewer than limit: all that was ready
         else:
             t, s = queue.t, queue.s
             own = txn.copy_expiries(t, s)  # copies a PHPMQ re-queue gave an expiry of their own (PROTOCOL §9)

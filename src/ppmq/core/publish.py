@@ -30,7 +30,6 @@ from ppmq.store.state import State, SubStats, TopicStats
 from ppmq.store.store import Txn
 
 _PRIO = itemgetter(1)  # of a Prepared, read in C
-_KEY, _ENTRY = itemgetter(0), itemgetter(1)  # of _store_new's rows
 
 
 # The journal's columns of messages just stored, in the order of its `publish` record:
@@ -177,7 +176,13 @@ class Publisher:
         whole batch; return the journal's columns of them. A limited topic that
         has no room for all of them: None, with nothing written; with
         `make_room`, a batch of one makes room by its OverflowPolicy instead."""
-        rows: list[tuple[bytes, Taken]] = []  # (key, the queues' entry) of each message
+        # The batch's columns, gathered as its messages are made: each one's key,
+        # priority, expiry and due time, and its entry in the queues (one shared by every queue).
+        keys: list[bytes] = []
+        prios: list[int] = []
+        expiries: list[int] = []
+        dues: list[int] = []
+        new: list[Taken] = []
         first = stats.seq + 1
         plain, expiring, expires_bytes = p.GENERATED_FRAGMENT, p.GENERATED_EXPIRING_FRAGMENT, p.expires_bytes
         # Only a subscriber that reads now keeps them fresh, to be taken in this
@@ -185,7 +190,10 @@ class Publisher:
         # a backlog nobody reads now.
         readers = self._queues.readers
         flight_entry = FLIGHT_ENTRY.pack if not readers.isdisjoint(subs) else None
-        for m, (key, prio, expires_ns, payload, _, origin) in enumerate(batch, first):  # Prepared, unpacked in C
+        for m, (key, prio, expires_ns, payload, due_ns, origin) in enumerate(batch, first):  # Prepared, unpacked in C
+            prios.append(prio)
+            expiries.append(expires_ns)
+            dues.append(due_ns)
             if key is None and not expires_ns and origin is None:  # the common message, in one step
                 key, fragment = b"%d" % m, plain % (m, payload, prio)
             elif key is None and origin is None:  # one with a TTL, or a MaxAge
@@ -193,9 +201,8 @@ class Publisher:
             else:
                 key = b"%d" % m if key is None else key  # generated keys: the message id, unique per topic, never reused
                 fragment = p.message_fragment(key, payload, prio, expires_ns, origin)
-            flight = b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns)
-            rows.append((key, (m, prio, m, 1, now_ns, fragment, flight, expires_ns)))  # one entry shared by every queue
-        keys, new = [*map(_KEY, rows)], [*map(_ENTRY, rows)]  # the columns, in C
+            keys.append(key)
+            new.append((m, prio, m, 1, now_ns, fragment, b"" if flight_entry is None else flight_entry(m, prio, m, 1, now_ns), expires_ns))
         fragments = [*map(TAKEN_FRAGMENT, new)]
         sizes = [*map(len, fragments)]
         size = sum(sizes)
@@ -205,13 +212,12 @@ class Publisher:
                 return None
             self._make_room(txn, topic, t, size)  # may drop older ones, or refuse before anything is written
         stats.stored_bytes += size
-        _, prios, expiries, _, dues, _ = zip(*batch)  # the batch's columns, in C
         stats.seq = first + count - 1
         stats.stored += count
         txn.put_messages(t, first, prios, now_ns, expiries, keys, fragments, dedupe=topic.dedupe, expire=topic.expire)
         # One expired already is expired by the batch that meets it in the queue.
         may_stay_fresh = [not 0 < expires_ns <= now_ns for expires_ns in expiries] if topic.expire else None
-        due = None if dues == (0,) * count else dues  # none waits (PROTOCOL §8 Delay): a comparison in C
+        due = dues if any(dues) else None  # None: none waits (PROTOCOL §8 Delay)
         self._queues.add_new(txn, topic.name, subs, new, may_stay_fresh, due)
         sub_ids = self._topology.sub_ids_of[topic.name] if subs is topic.subscribers else [self._state.sub_ids[name] for name in subs]
         txn.put_new_holders(t, sub_ids, first, prios)

@@ -359,12 +359,7 @@ class Queues:
         queue holds its fresh messages then, which its `pull` settles first."""
         key, fresh_of, built = (topic, sub), self.fresh, self._built
         queue = built[key] if topic in self._state.subs.seen and key in built else self._look_up(txn, key)
-        fresh: list[Taken] | None
-        if key in fresh_of:
-            fresh = queue.fresh = fresh_of[key]
-            del fresh_of[key]
-        else:
-            fresh = queue.fresh = None
+        fresh = queue.fresh = fresh_of.pop(key, None)
         queue.keep_tail = True
         stats = queue.stats
         if not fresh or sum(stats.ready) != (n := len(fresh)):

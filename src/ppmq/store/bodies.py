@@ -129,18 +129,24 @@ class Bodies:
         ...: ids new from the topic's sequence, so above every stored one (a
         publish). They start rows of their own, GROUP_MESSAGES a row at most,
         each put in key order (store/rows.py); a message put anywhere else
-        is put's."""
-        ends = [*accumulate(map(len, records))]  # where each record ends, in a row of them all
-        n = len(ends)
+        is put's. A publish of one (as at a paced rate) is a row of one,
+        whatever its size, with no columns to compute."""
+        n = len(records)
         if not n:
             return
-        self.room.wrote(ends[-1], n)
-        if n <= GROUP_MESSAGES and ends[-1] < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
-            # encode_body_row's, with the ends at hand: a row at every publish
-            rows = [(TM.pack(t, first), BODY_ROW_HEAD[n].pack(n, *range(first, first + n), *ends) + b"".join(records))]
+        if n == 1:  # a row of one, with no columns to compute
+            size = len(records[0])
+            rows = [(TM.pack(t, first), BODY_ROW_HEAD[1].pack(1, first, size) + records[0])]
         else:
-            spans = body_row_spans(list(map(len, records)))
-            rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
+            ends = [*accumulate(map(len, records))]  # where each record ends, in a row of them all
+            size = ends[-1]
+            if n <= GROUP_MESSAGES and size < BODY_ROW_BYTES:  # most publishes: one row, cut nowhere
+                # encode_body_row's, with the ends at hand: a row at every publish
+                rows = [(TM.pack(t, first), BODY_ROW_HEAD[n].pack(n, *range(first, first + n), *ends) + b"".join(records))]
+            else:
+                spans = body_row_spans(list(map(len, records)))
+                rows = [(TM.pack(t, first + a), encode_body_row(range(first + a, first + b), records[a:b])) for a, b in spans]
+        self.room.wrote(size, n)
         put, db = self.txn.put, self.db
         for key, row in rows:  # by position (dupdata, overwrite, append, db): py-lmdb parses those for less than keywords
             if not put(key, row, True, True, True, db):

@@ -272,7 +272,11 @@ def body_records(
 ) -> list[bytes]:
     """Messages published together as their bodies rows hold them, each what
     decode_body reads back: from the publish's columns, packed and joined in
-    C, with no Body made."""
+    C, with no Body made. One message (a publish of one, as at a paced rate)
+    is packed without columns."""
+    if len(keys) == 1:
+        key = keys[0]
+        return [BODY_HEAD.pack(prios[0], publish_ns, expiries[0], len(key)) + key + fragments[0]]
     heads = map(BODY_HEAD.pack, prios, repeat(publish_ns), expiries, map(len, keys))
     return list(map(b"".join, zip(heads, keys, fragments)))
 
@@ -339,8 +343,14 @@ def replace_body_record(raw: bytes, ends: Sequence[int], base: int, i: int, reco
 def new_holders_row(subs: Sequence[int], first: int, prios: Sequence[int]) -> bytes:
     """The holders row of new messages first, first + 1, ... of priorities
     prios, each held by every one of subs at its id as position: its head and
-    its entries packed in one call, from columns."""
+    its entries packed in one call, from columns. A row of one message (a
+    publish of one, as at a paced rate) is packed without columns."""
     n, held = len(prios), len(subs)
+    if n == 1:
+        prio, row = prios[0], ONE_HOLDERS_HEAD.pack(1, first, held)
+        for s in subs:
+            row += HOLDER.pack(s, prio, first)
+        return row
     ids = range(first, first + n)
     columns: list[Iterable[int]] = []
     for s in subs:

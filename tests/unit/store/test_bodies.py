@@ -9,7 +9,17 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppmq.store.schema import BODY_ROW_BYTES, GROUP_MESSAGES, TM, Body, body_columns, encode_body
+from ppmq.store.schema import (
+    BODY_ROW_BYTES,
+    GROUP_MESSAGES,
+    TM,
+    Body,
+    body_columns,
+    body_records,
+    decode_body,
+    encode_body,
+    encode_body_row,
+)
 from ppmq.store.store import Store, Txn
 from tests.unit.conftest import writing
 
@@ -191,3 +201,18 @@ def test_any_sequence_of_operations_keeps_what_a_dict_would_and_rows_that_tile_t
                     assert key <= ids[0] and ids[-1] < upper and len(ids) <= GROUP_MESSAGES
         finally:
             store.close()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 255), st.integers(0, 2**63), st.binary(max_size=8), st.binary(max_size=300)), min_size=1, max_size=4)
+)
+def test_records_and_a_row_of_one_message_are_what_the_columns_of_several_make(messages):
+    bodies = [Body(prio, 123, expires_ns, key, fragment) for prio, expires_ns, key, fragment in messages]
+    prios, publish_ns, expiries, keys, fragments = zip(*bodies)
+    records = body_records(prios, 123, expiries, keys, fragments)
+    assert records == [body_records((b.priority,), 123, (b.expires_ns,), (b.key,), (b.fragment,))[0] for b in bodies]
+    assert [decode_body(record) for record in records] == bodies
+    with tempfile.TemporaryDirectory() as d, writing(d) as txn:
+        txn.put_records(T, 5, records[:1])
+        assert rows(txn) == [(5, [5])]
+        assert txn.txn.get(TM.pack(T, 5), db=txn.store.dbs["bodies"]) == encode_body_row([5], records[:1])

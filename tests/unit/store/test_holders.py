@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppmq.store import holders as holder_rows
-from ppmq.store.schema import GROUP_MESSAGES, TM, holders_columns
+from ppmq.store.schema import GROUP_MESSAGES, HOLDER, TM, encode_holders_row, holders_columns, new_holders_row
 from ppmq.store.store import Store, Txn
 
 T = 7  # a topic id
@@ -224,3 +224,12 @@ def test_a_message_published_alone_is_let_go_of_by_each_holder_in_turn(txn):
     # And when A, its last holder, lets go of it, it is done and its row goes
     assert txn.release_holders(T, A, [m]) == [m]
     assert rows(txn) == []
+
+
+@given(
+    st.lists(st.integers(0, 65535), max_size=5, unique=True), st.integers(1, 2**40), st.lists(st.integers(0, 255), min_size=1, max_size=3)
+)
+def test_a_row_of_new_messages_is_the_row_its_columns_encode_whether_one_or_more(subs, first, prios):
+    ids = range(first, first + len(prios))
+    entries = b"".join(HOLDER.pack(s, prio, m) for prio, m in zip(prios, ids) for s in subs)
+    assert new_holders_row(subs, first, prios) == encode_holders_row(ids, [len(subs)] * len(prios), entries)
