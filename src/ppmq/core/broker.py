@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from typing import TypeVar
 
 from msgspec import UNSET
@@ -275,9 +276,11 @@ class Broker:
                 if self._topology.laned:
                     self._router.watch_flights(txn)
                 apply = self._apply_guarded if guarded else self._apply
-                replies = [apply(txn, op, now_ns) for op in ops]
+                replies = []
+                for op in ops:
+                    replies.append(apply(txn, op, now_ns))
                 staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
-                finished = self._staging.step(txn, lambda req: self._apply_guarded(txn, req, now_ns)) if staged else []
+                finished = self._staging.step(txn, partial(self._apply_guarded, txn, now_ns=now_ns)) if staged else []
                 if now_ns >= self._due_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)
