@@ -251,10 +251,6 @@ class GroupCommit:
     async def run(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         thread = _StepThread(loop) if self._durable else None
-
-        def early(deliveries: list[Delivery]) -> None:  # on the step thread
-            loop.call_soon_threadsafe(self._early, deliveries)
-
         stepped = False  # the last round ran a step, whose end was the heartbeat
         try:
             while True:
@@ -288,7 +284,7 @@ class GroupCommit:
                 started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:
-                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early, lanes)
+                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), self._early_from_thread, lanes)
                     else:
                         step = self.broker.step(ops, open_subs, time.time_ns(), self._dispatch, lanes)
                 finally:
@@ -398,9 +394,7 @@ class GroupCommit:
                 if len(req.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
                     waiting.add(sink)
         self._pending = kept
-        self._pending_messages = sum(
-            len(req.messages) for op, _ in kept if (req := request_of(op)) is not None and req.messages is not None
-        )
+        self._pending_messages = sum(len(req.messages) for req in map(request_of, map(_op_of, kept)) if req is not None and req.messages)
         return batch
 
     def _answer_later(self, finished: list[Answer]) -> None:
@@ -417,6 +411,10 @@ class GroupCommit:
         self._dispatch(deliveries)
         if self._unjournaled:
             self._write_journal()
+
+    def _early_from_thread(self, deliveries: list[Delivery]) -> None:
+        """`_early`, called by the step thread: run on the event loop."""
+        self._loop.call_soon_threadsafe(self._early, deliveries)
 
     def _write_journal(self) -> None:
         if self._unjournaled:
