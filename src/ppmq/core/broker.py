@@ -174,10 +174,11 @@ class Broker:
 
     # --- the step ---------------------------------------------------------------------
 
-    def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
+    def wants_step(self, open_subs: Collection[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
         """Whether a step with no requests would do anything now; `lanes` as for step.
         Asked at or past `next_tick_ns` with nothing due, it moves `next_tick_ns`
-        on to when it is next worth asking."""
+        on to when it is next worth asking. `open_subs` is made a set only when
+        some subscriber has messages ready: the server passes its own view."""
         if now_ns < self._retry_at_ns:
             return False
         if now_ns >= self._due_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
@@ -187,7 +188,7 @@ class Broker:
         dispatcher, router = self._dispatcher, self._router
         if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
             return False
-        for sub, _, topic, stats in dispatcher.pending(open_subs):
+        for sub, _, topic, stats in dispatcher.pending(set(open_subs)):
             if dispatcher.space(sub, topic, stats, router.lanes_of(sub, lanes) if lanes else None) > 0:
                 return True
         return False

@@ -209,7 +209,7 @@ class GroupCommit:
         open subscriber once it is done anyway.
         """
         self._open[subscriber] = outlet
-        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes() if self._laned else None):
+        if self._waiter is not None and self.broker.wants_step((subscriber,), time.time_ns(), self._lanes() if self._laned else None):
             self._wake()
 
     def close(self, subscriber: str) -> None:
@@ -261,7 +261,7 @@ class GroupCommit:
                     if self._stopping and not self.broker.staging:  # a large publish is finished first
                         return
                     now_ns = time.time_ns()
-                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
+                    if not self.broker.wants_step(self._open.keys(), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
                         await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)  # as the step or wants_step left it
                         continue
