@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from typing import TypeVar
 
 from msgspec import UNSET
@@ -173,10 +174,11 @@ class Broker:
 
     # --- the step ---------------------------------------------------------------------
 
-    def wants_step(self, open_subs: set[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
+    def wants_step(self, open_subs: Collection[str], now_ns: int, lanes: dict[str, Lanes] | None = None) -> bool:
         """Whether a step with no requests would do anything now; `lanes` as for step.
         Asked at or past `next_tick_ns` with nothing due, it moves `next_tick_ns`
-        on to when it is next worth asking."""
+        on to when it is next worth asking. `open_subs` is made a set only when
+        some subscriber has messages ready: the server passes its own view."""
         if now_ns < self._retry_at_ns:
             return False
         if now_ns >= self._due_ns or self._staging.busy:  # a large publish goes on (or its rows go), one chunk a step
@@ -186,7 +188,7 @@ class Broker:
         dispatcher, router = self._dispatcher, self._router
         if not dispatcher.backlog and not self._ledger.touched:  # between steps: nobody has messages ready
             return False
-        for sub, _, topic, stats in dispatcher.pending(open_subs):
+        for sub, _, topic, stats in dispatcher.pending(set(open_subs)):
             if dispatcher.space(sub, topic, stats, router.lanes_of(sub, lanes) if lanes else None) > 0:
                 return True
         return False
@@ -275,9 +277,11 @@ class Broker:
                 if self._topology.laned:
                     self._router.watch_flights(txn)
                 apply = self._apply_guarded if guarded else self._apply
-                replies = [apply(txn, op, now_ns) for op in ops]
+                replies = []
+                for op in ops:
+                    replies.append(apply(txn, op, now_ns))
                 staged = self._staging.busy  # a large publish goes on, or an ended one's rows go (core/staging.py)
-                finished = self._staging.step(txn, lambda req: self._apply_guarded(txn, req, now_ns)) if staged else []
+                finished = self._staging.step(txn, partial(self._apply_guarded, txn, now_ns=now_ns)) if staged else []
                 if now_ns >= self._due_ns:
                     self._settlement.tick(txn, now_ns)
                 deliveries = self._dispatcher.fill(txn, open_subs, now_ns)

@@ -120,7 +120,7 @@ class Gathering:
         if not awaiting:
             self.may_wait = False
             return False
-        awaited = [s for s in awaiting if s not in self._acking and s not in self._late]
+        awaited = set(awaiting).difference(self._acking, self._late)
         self._awaited.update(awaited)
         self.may_wait = bool(awaited)
         return self.may_wait

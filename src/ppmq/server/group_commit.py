@@ -209,7 +209,7 @@ class GroupCommit:
         open subscriber once it is done anyway.
         """
         self._open[subscriber] = outlet
-        if self._waiter is not None and self.broker.wants_step({subscriber}, time.time_ns(), self._lanes() if self._laned else None):
+        if self._waiter is not None and self.broker.wants_step((subscriber,), time.time_ns(), self._lanes() if self._laned else None):
             self._wake()
 
     def close(self, subscriber: str) -> None:
@@ -251,10 +251,6 @@ class GroupCommit:
     async def run(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         thread = _StepThread(loop) if self._durable else None
-
-        def early(deliveries: list[Delivery]) -> None:  # on the step thread
-            loop.call_soon_threadsafe(self._early, deliveries)
-
         stepped = False  # the last round ran a step, whose end was the heartbeat
         try:
             while True:
@@ -265,7 +261,7 @@ class GroupCommit:
                     if self._stopping and not self.broker.staging:  # a large publish is finished first
                         return
                     now_ns = time.time_ns()
-                    if not self.broker.wants_step(set(self._open), now_ns, self._lanes() if self._laned else None):
+                    if not self.broker.wants_step(self._open.keys(), now_ns, self._lanes() if self._laned else None):
                         self._write_journal()
                         await self._sleep((self.broker.next_tick_ns - now_ns) / 1e9)  # as the step or wants_step left it
                         continue
@@ -288,7 +284,7 @@ class GroupCommit:
                 started = self._busy_since = time.monotonic()
                 try:
                     if thread is not None:
-                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), early, lanes)
+                        step = await thread.call(self.broker.step, ops, open_subs, time.time_ns(), self._early_from_thread, lanes)
                     else:
                         step = self.broker.step(ops, open_subs, time.time_ns(), self._dispatch, lanes)
                 finally:
@@ -398,9 +394,7 @@ class GroupCommit:
                 if len(req.messages) > staging.CHUNK_MESSAGES:  # may be staged: what follows it waits
                     waiting.add(sink)
         self._pending = kept
-        self._pending_messages = sum(
-            len(req.messages) for op, _ in kept if (req := request_of(op)) is not None and req.messages is not None
-        )
+        self._pending_messages = sum(len(req.messages) for req in map(request_of, map(_op_of, kept)) if req is not None and req.messages)
         return batch
 
     def _answer_later(self, finished: list[Answer]) -> None:
@@ -417,6 +411,10 @@ class GroupCommit:
         self._dispatch(deliveries)
         if self._unjournaled:
             self._write_journal()
+
+    def _early_from_thread(self, deliveries: list[Delivery]) -> None:
+        """`_early`, called by the step thread: run on the event loop."""
+        self._loop.call_soon_threadsafe(self._early, deliveries)
 
     def _write_journal(self) -> None:
         if self._unjournaled:

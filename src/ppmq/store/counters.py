@@ -64,7 +64,7 @@ class Ledger:
         self.state = state
         state.topics = Tracked(state.topics, self)
         state.subs = Tracked(state.subs, self)
-        self._stepping = False  # touches are noted only inside a step
+        self.stepping = False  # touches are noted only inside a step
         self.levels: list[dict[tuple[int, str], Any]] = []  # per open request level: (dict id, key) -> image
         self._heads: list[tuple] = []  # per open request level: the head's values
         self.touched: set[str] = set()  # topics touched since take_touched
@@ -73,13 +73,13 @@ class Ledger:
     # --- the step -----------------------------------------------------------------
     def step(self) -> None:
         """A step starts: from now on, what it touches is noted."""
-        self._stepping = True
+        self.stepping = True
         dict.clear(self.state.topics)  # _forget_seen's, without a call of its own: every step starts here
         dict.clear(self.state.subs)
 
     def stepped(self) -> set[str]:
         """The step committed: the topics it touched, taken as take_touched does."""
-        self._stepping = False
+        self.stepping = False
         touched, self.touched = self.touched, set()
         return touched
 
@@ -88,7 +88,7 @@ class Ledger:
         holds, read through `committed` (a meta record's bytes, or None). A step
         keeps no copies of its own: every touched topic's record was written by
         the last commit, and failures are rare."""
-        self._stepping = False
+        self.stepping = False
         self.levels.clear()
         self._heads.clear()
         state = self.state
@@ -133,7 +133,7 @@ class Ledger:
     def touch(self, tracked: Tracked, key: str) -> None:
         """Note `key` of `tracked` as touched, imaged at every open request level
         that has no image of it yet; outside a step, note nothing."""
-        if not self._stepping:
+        if not self.stepping:
             return
         self.touched.add(key)
         image = None

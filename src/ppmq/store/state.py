@@ -83,6 +83,7 @@ class SubStats(msgspec.Struct):
 class Noting(Protocol):
     """What a Tracked dict tells of its lookups and changes (store/counters.py's Ledger)."""
 
+    stepping: bool  # a step is running: lookups and changes are noted only then
     touched: set[str]  # the topics noted in the current step
     levels: list  # the open request levels, each imaging what it touches
 
@@ -115,8 +116,10 @@ class Tracked(dict[str, _V]):
     def __missing__(self, key: str) -> _V:
         value = self.rows[key]
         ledger = self.ledger
-        if ledger.levels or key not in ledger.touched:  # else noted already, and no level to image it at
+        if ledger.levels:
             ledger.touch(self, key)
+        elif ledger.stepping:  # no level to image it at: noted only
+            ledger.touched.add(key)
         dict.__setitem__(self, key, value)
         return value
 
