@@ -79,7 +79,9 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
             cur.putmulti(items[i:], append=True)
 
 
-def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change, given: Any) -> list[int]:
+def change_rows(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change, given: Any, raw: bytes | None = b""
+) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending, each once) fall in,
     with `given` and the ms in its range; return the ids it lets go, and those
@@ -88,7 +90,9 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     A row keyed by the id sought is read with a get, no cursor: the row of a
     publish's first message, which is every message's own row where a publish
     carries one; a cursor is opened only to find a row below the id, or where
-    a row ends when ids are left after it."""
+    a row ends when ids are left after it. `raw` is what that get gave for
+    ms[0] where the caller made it already (None: no row has its key); b"",
+    which no row is, where it did not."""
     out: list[int] = []
     if not ms:
         return out
@@ -96,7 +100,8 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     while True:
         m = ms[i]
         key = TM.pack(t, m)
-        raw = txn.get(key, None, db)
+        if i or raw == b"":
+            raw = txn.get(key, None, db)
         if raw is not None and m == last:  # the last id left, in the row it begins
             j = None
         else:

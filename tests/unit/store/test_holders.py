@@ -224,3 +224,17 @@ def test_a_message_published_alone_is_let_go_of_by_each_holder_in_turn(txn):
     # And when A, its last holder, lets go of it, it is done and its row goes
     assert txn.release_holders(T, A, [m]) == [m]
     assert rows(txn) == []
+
+
+def test_a_release_of_a_message_whose_row_holds_another_alone_changes_only_that_message(txn):
+    # Given a publish of 3 and 4, whose row is keyed by 3, and 3 done with
+    publish(txn, 3, 4)
+    assert txn.release_holders(T, A, [3]) == [] and txn.release_holders(T, B, [3]) == [3]
+    assert rows(txn) == [(3, [4])]
+    # When A lets go of 3 again, nothing changes: nobody holds it
+    assert txn.release_holders(T, A, [3]) == [3]
+    assert rows(txn) == [(3, [4])] and txn.get_holders(T, 4) == {A: (1, 4), B: (1, 4)}
+    # And when A, then B let go of 4, the row goes with it
+    assert txn.release_holders(T, A, [4]) == []
+    assert txn.release_holders(T, B, [4]) == [4]
+    assert rows(txn) == []
