@@ -131,9 +131,12 @@ class Holders:
                 row = _release_one(sub, raw, count)
                 if row:
                     self.txn.put(key, row, True, True, False, db)
-                elif row is not None:  # its last holder: the row goes
+                    done = []
+                elif row is None:  # s does not hold it: nothing changes
+                    done = []
+                else:  # its last holder: the row goes
                     self.txn.delete(key, b"", db)
-                done = [] if row or row is None else ms
+                    done = ms
             else:
                 done = change_rows(self.txn, db, t, ms, _release, sub, raw)
         else:
