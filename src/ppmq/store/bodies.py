@@ -174,7 +174,7 @@ class Bodies:
                     [raw[ONE : ONE + klen]] if keys else [],
                 )
             popped = Popped()
-            change_rows(self.txn, db, t, ms, _cut, (popped, keys), raw)
+            change_rows(self.txn, db, t, ms, _cut, (popped, keys), (key, raw))
             return popped
         popped = Popped()
         change_rows(self.txn, self.db, t, sorted(set(ms)), _cut, (popped, keys))

@@ -122,6 +122,7 @@ class Holders:
         its own, as every message of a publish of one is, is let go of here,
         read by its head alone rather than by the rows' general change."""
         sub = U16_BYTES[s]
+        done: list[int]  # those of ms nobody holds any more
         if len(ms) == 1:
             key, db = TM.pack(t, ms[0]), self.db
             raw = self.txn.get(key, None, db)
@@ -138,7 +139,7 @@ class Holders:
                     self.txn.delete(key, b"", db)
                     done = ms
             else:
-                done = change_rows(self.txn, db, t, ms, _release, sub, raw)
+                done = change_rows(self.txn, db, t, ms, _release, sub, (key, raw))
         else:
             done = change_rows(self.txn, self.db, t, sorted(set(ms)), _release, sub)
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
