@@ -219,7 +219,7 @@ class StepEvents:
         if key in batches:
             batches[key].ids += ids
         else:
-            batches[key] = Event(event=ACK, ts=self.now_ns, topic=topic, subscriber=sub, reason=reason, ids=list(ids))
+            batches[key] = Event(ACK, self.now_ns, topic, sub, reason, [*ids])  # by position: event, ts, topic, subscriber, reason, ids
 
     def reject(self, topic: str | None, status: int, error: str | None, count: int) -> None:
         """A request answered with an error: after the requests before it."""

@@ -59,18 +59,13 @@ class Settlement:
         """sub is done with the messages `keys` name (PROTOCOL §3 Acks), or, without
         keys, with `msgs` (a written batch, Reason AutoAck); how many were in
         flight. The usual ack names one message by its generated key."""
-        if keys is None:
-            pass
-        elif len(keys) != 1 or topic.dedupe:
-            msgs = self.msgs_of(txn, topic, keys)
-        else:
-            msgs = [generated_id(keys[0])]
+        if keys is not None:
+            msgs = [generated_id(keys[0])] if len(keys) == 1 and not topic.dedupe else self.msgs_of(txn, topic, keys)
         name = topic.name
         ids, n, queue = self._queues.ack(txn, name, sub, msgs)
         if not n:
             return 0
-        topology = self._topology
-        if sub in topology.pulled or sub not in topology.sub_configs:  # only a Pull subscriber's messages have takers
+        if sub not in self._topology.pushed:  # only a Pull subscriber's messages have takers (or one no config names)
             self._takers.release((name, sub), ids)  # whichever connection acks (PROTOCOL §9)
         if self._events.journaled:
             self._events.ack(name, sub, reason, ids)

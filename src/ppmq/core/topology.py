@@ -30,6 +30,7 @@ class Topology:
         self.topic_by_id: dict[int, str] = {}
         self.sub_by_id: dict[int, str] = {}
         self.pulled: frozenset[str] = frozenset()  # the Pull subscribers (PROTOCOL §9)
+        self.pushed: frozenset[str] = frozenset()  # the others: no message of theirs has a taker
         self.sub_ids_of: dict[str, list[int]] = {}  # topic -> the store ids of its subscribers, in config order
         self.subs_by_name: dict[str, list[str]] = {}  # topic -> its subscribers by name: the order they are filled in
         self.rules: Rules  # the access rules of config, set by install
@@ -48,6 +49,7 @@ class Topology:
         self.topic_by_id = {i: n for n, i in state.topic_ids.items()}
         self.sub_by_id = {i: n for n, i in state.sub_ids.items()}
         self.pulled = frozenset(s.name for s in config.subscribers if s.pull)
+        self.pushed = frozenset(s.name for s in config.subscribers if not s.pull)
         self.sub_ids_of = {t.name: [state.sub_ids[name] for name in t.subscribers] for t in config.topics}
         self.subs_by_name = {t.name: sorted(t.subscribers) for t in config.topics}
         self.rules = Rules(config)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import accumulate, repeat
+from struct import Struct
 
 import lmdb
 import msgspec
@@ -42,6 +43,10 @@ from ppmq.store.schema import (
 )
 
 Found = tuple[bytes, int, int]  # a row, and where one message's record begins and ends in it
+# The head of a row of one message: n, its id and where its record ends, then
+# the record's head (BODY_HEAD); ONE bytes, after which come its key and its JSON.
+ONE_RECORD = Struct(">HQI" + BODY_HEAD.format.lstrip(">"))
+ONE = ONE_RECORD.size
 
 
 class Popped(msgspec.Struct):
@@ -158,9 +163,27 @@ class Bodies:
         (expires_ns, m) where they expire, and their dedupe keys if `keys`:
         what the counters and the indexes need (store/messages.py). The path of every
         last ack: each row is read and written once, and each header read
-        where it lies, with no object made per message."""
+        where it lies, with no object made per message. One message in a row
+        of its own, as every message of a publish of one is, goes with its
+        row, read by its head alone rather than by the rows' general change."""
+        if len(ms) == 1:
+            key, db = TM.pack(t, ms[0]), self.db
+            raw = self.txn.get(key, None, db)
+            if raw is not None:
+                n, m, _, _, _, expires_ns, klen = ONE_RECORD.unpack_from(raw)
+            if raw is not None and n == 1 and m == ms[0]:
+                self.txn.delete(key, b"", db)
+                return Popped(
+                    1,
+                    len(raw) - ONE - klen,
+                    [(expires_ns, m)] if expires_ns else [],
+                    [raw[ONE : ONE + klen]] if keys else [],
+                )
+            popped = Popped()
+            change_rows(self.txn, db, t, ms, _cut, (popped, keys), (key, raw))
+            return popped
         popped = Popped()
-        change_rows(self.txn, self.db, t, sorted(set(ms)) if len(ms) > 1 else ms, _cut, (popped, keys))
+        change_rows(self.txn, self.db, t, sorted(set(ms)), _cut, (popped, keys))
         return popped
 
     def of(self, t: int) -> Iterator[tuple[int, Body]]:

@@ -33,6 +33,7 @@ from ppmq.store.schema import (
 )
 
 SIZE = HOLDER.size  # bytes of one (S, prio, pos) entry
+ONE = ONE_HOLDERS_HEAD.size  # where the entries of a row of one message begin
 
 Places = dict[int, tuple[int, int]]  # a message's holders: S -> (prio, pos), its place in S's queue
 
@@ -117,8 +118,30 @@ class Holders:
         """Remove s from the holders of each of ms, and its copies' own
         expiries; return, ascending, those nobody holds any more (and any no
         row holds). The path of every ack: each row is read, decoded and
-        written once, however many of ms it holds."""
-        done = change_rows(self.txn, self.db, t, sorted(set(ms)) if len(ms) > 1 else ms, _release, U16_BYTES[s])
+        written once, however many of ms it holds. One message in a row of
+        its own, as every message of a publish of one is, is let go of here,
+        read by its head alone rather than by the rows' general change."""
+        sub = U16_BYTES[s]
+        done: list[int]  # those of ms nobody holds any more
+        if len(ms) == 1:
+            key, db = TM.pack(t, ms[0]), self.db
+            raw = self.txn.get(key, None, db)
+            if raw is not None:
+                n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
+            if raw is not None and n == 1 and m == ms[0]:
+                row = _release_one(sub, raw, count)
+                if row:
+                    self.txn.put(key, row, True, True, False, db)
+                    done = []
+                elif row is None:  # s does not hold it: nothing changes
+                    done = []
+                else:  # its last holder: the row goes
+                    self.txn.delete(key, b"", db)
+                    done = ms
+            else:
+                done = change_rows(self.txn, db, t, ms, _release, sub, (key, raw))
+        else:
+            done = change_rows(self.txn, self.db, t, sorted(set(ms)), _release, sub)
         if self.copies.seen.copies_seen:  # a copy's own expiry goes with its hold: none without copies
             self.copies.drop(t, ms, s)
         return done
@@ -165,19 +188,12 @@ def _take(popped: dict[int, Places], raw: bytes, wanted: list[int]) -> tuple[byt
 
 def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int]]:
     """`raw` with subscriber `sub` (2 bytes) removed from each of `wanted`; and
-    those of wanted that nobody holds any more, or that the row does not hold.
-    A row of one message (a publish of one, as at a paced rate) is read and
-    written without its columns."""
+    those of wanted that nobody holds any more, or that the row does not hold."""
     n, m, count = ONE_HOLDERS_HEAD.unpack_from(raw)
     if n == 1 and wanted == [m]:
-        base = ONE_HOLDERS_HEAD.size
-        place = raw.find(sub, base)
-        if place >= 0 and (place - base) % SIZE:  # two bytes of another entry's fields: look on
-            place = _place(raw, sub, place + 1, len(raw), base)
-        if place >= 0:
-            if count == 1:  # its last holder: the row goes
-                return b"", wanted
-            return raw[: base - 2] + U16_BYTES[count - 1] + raw[base:place] + raw[place + SIZE :], []  # n and m as they were
+        row = _release_one(sub, raw, count)
+        if row is not None:
+            return row, [] if row else wanted
     ids, counts, base = holders_columns(raw)
     run = _release_run(raw, sub, wanted, ids, counts, base)
     if run is not None:
@@ -197,6 +213,20 @@ def _release(sub: bytes, raw: bytes, wanted: list[int]) -> tuple[bytes, list[int
     if missing:
         done = sorted(done + list(missing))
     return _row(kept, kept_counts, b"".join(entries)), done
+
+
+def _release_one(sub: bytes, raw: bytes, count: int) -> bytes | None:
+    """`raw`, a row of one message that `count` subscribers hold, without
+    subscriber sub's entry, read and written without its columns: b"" when
+    sub was its last holder (the row goes), None when sub is not one."""
+    place = raw.find(sub, ONE)
+    if place >= 0 and (place - ONE) % SIZE:  # two bytes of another entry's fields: look on
+        place = _place(raw, sub, place + 1, len(raw), ONE)
+    if place < 0:
+        return None
+    if count == 1:
+        return b""
+    return raw[: ONE - 2] + U16_BYTES[count - 1] + raw[ONE:place] + raw[place + SIZE :]  # n and m as they were
 
 
 def _release_run(

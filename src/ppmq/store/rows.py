@@ -79,7 +79,15 @@ def put_all_in_order(txn: lmdb.Transaction[bytes], items: list[tuple[bytes, byte
             cur.putmulti(items[i:], append=True)
 
 
-def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: list[int], change: Change, given: Any) -> list[int]:
+def change_rows(
+    txn: lmdb.Transaction[bytes],
+    db: lmdb._Database,
+    t: int,
+    ms: list[int],
+    change: Change,
+    given: Any,
+    read: tuple[bytes, bytes | None] | None = None,
+) -> list[int]:
     """Apply `change` to each group row of t in db (a database whose rows tile
     a topic's ids: holders, bodies) that ms (ascending, each once) fall in,
     with `given` and the ms in its range; return the ids it lets go, and those
@@ -88,15 +96,20 @@ def change_rows(txn: lmdb.Transaction[bytes], db: lmdb._Database, t: int, ms: li
     A row keyed by the id sought is read with a get, no cursor: the row of a
     publish's first message, which is every message's own row where a publish
     carries one; a cursor is opened only to find a row below the id, or where
-    a row ends when ids are left after it."""
+    a row ends when ids are left after it. `read` is the key of ms[0] and
+    what its get gave (None: no row has that key), where the caller made
+    that get already."""
     out: list[int] = []
     if not ms:
         return out
     last, i, cur = ms[-1], 0, None
     while True:
         m = ms[i]
-        key = TM.pack(t, m)
-        raw = txn.get(key, None, db)
+        if read is None:
+            key = TM.pack(t, m)
+            raw = txn.get(key, None, db)
+        else:
+            (key, raw), read = read, None
         if raw is not None and m == last:  # the last id left, in the row it begins
             j = None
         else:

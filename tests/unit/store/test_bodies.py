@@ -83,6 +83,36 @@ def test_a_row_popped_whole_gives_the_counts_expiries_and_keys_of_all_it_held(tx
     assert popped.expiries == [(50, 9), (50, 11)] and popped.keys == [b"k8", b"k9", b"k10", b"k11"]
 
 
+def test_a_message_published_alone_goes_with_its_row_and_gives_its_size_expiry_and_key(txn):
+    # Given three publishes of one message each, the second expiring
+    for m in (5, 6, 7):
+        txn.put_records(T, m, [encode_body(body(m, size=m, expires_ns=50 if m == 6 else 0))])
+    # When the second and the third are popped, one at a time
+    popped = txn.pop_bodies(T, [6], keys=True)
+    assert (popped.count, popped.size, popped.expiries, popped.keys) == (1, len(body(6, size=6).fragment), [(50, 6)], [b"k6"])
+    popped = txn.pop_bodies(T, [7], keys=False)
+    assert (popped.count, popped.size, popped.expiries, popped.keys) == (1, len(body(7, size=7).fragment), [], [])
+    # Then their rows are gone, and a message popped again, or never stored, counts nothing
+    assert rows(txn) == [(5, [5])]
+    assert txn.pop_bodies(T, [7], keys=True).count == 0 and txn.pop_bodies(T, [8], keys=True).count == 0
+    assert rows(txn) == [(5, [5])]
+
+
+def test_a_message_popped_alone_from_a_row_it_shares_leaves_the_others_there(txn):
+    # Given a publish of 3..5, whose row is keyed by 3
+    publish(txn, 3, 5)
+    # When 3, then 4 are popped one at a time, the row keeps its key and the others
+    assert txn.pop_bodies(T, [3], keys=True).keys == [b"k3"]
+    assert rows(txn) == [(3, [4, 5])]
+    assert txn.pop_bodies(T, [4], keys=True).keys == [b"k4"]
+    assert rows(txn) == [(3, [5])]
+    # Then 3, no longer stored, counts nothing, though its key names the row that holds 5 alone
+    assert txn.pop_bodies(T, [3], keys=True).count == 0 and rows(txn) == [(3, [5])]
+    # And the row goes with 5
+    assert txn.pop_bodies(T, [5], keys=True).keys == [b"k5"]
+    assert rows(txn) == []
+
+
 def test_a_new_version_takes_the_old_ones_place_in_its_row(txn):
     publish(txn, 1, 5)
     assert txn.put_body(T, 3, body(3, size=500)) == body(3)

@@ -233,3 +233,17 @@ def test_a_row_of_new_messages_is_the_row_its_columns_encode_whether_one_or_more
     ids = range(first, first + len(prios))
     entries = b"".join(HOLDER.pack(s, prio, m) for prio, m in zip(prios, ids) for s in subs)
     assert new_holders_row(subs, first, prios) == encode_holders_row(ids, [len(subs)] * len(prios), entries)
+
+
+def test_a_release_of_a_message_whose_row_holds_another_alone_changes_only_that_message(txn):
+    # Given a publish of 3 and 4, whose row is keyed by 3, and 3 done with
+    publish(txn, 3, 4)
+    assert txn.release_holders(T, A, [3]) == [] and txn.release_holders(T, B, [3]) == [3]
+    assert rows(txn) == [(3, [4])]
+    # When A lets go of 3 again, nothing changes: nobody holds it
+    assert txn.release_holders(T, A, [3]) == [3]
+    assert rows(txn) == [(3, [4])] and txn.get_holders(T, 4) == {A: (1, 4), B: (1, 4)}
+    # And when A, then B let go of 4, the row goes with it
+    assert txn.release_holders(T, A, [4]) == []
+    assert txn.release_holders(T, B, [4]) == [4]
+    assert rows(txn) == []
