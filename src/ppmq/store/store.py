@@ -178,13 +178,15 @@ class Txn:
     clean exit, aborted otherwise.
 
     Each operation the broker calls is the method of the table that does it,
-    assigned here as an attribute, so that a call costs what it would on the
-    table itself. A store wires its Txn once, when it opens, and binds it to
-    each write transaction as it begins (__enter__): wiring eight tables and
-    assigning their operations at every step would cost the writer more than
-    the rest of a transaction's setting up. So a Txn kept past its block works
-    on a transaction that has ended, which LMDB refuses, until the store's
-    next one begins.
+    assigned here as an attribute, so that the broker names the operation
+    rather than the table. Such a call costs a little more than one made on
+    the table itself: the interpreter does not specialise a call of a bound
+    method kept on an instance. A store wires its Txn once, when it opens, and
+    binds it to each write transaction as it begins (__enter__): wiring eight
+    tables and assigning their operations at every step would cost the writer
+    more than the rest of a transaction's setting up. So a Txn kept past its
+    block works on a transaction that has ended, which LMDB refuses, until the
+    store's next one begins.
 
     LMDB's errors, from the block or from the commit, leave as StoreFullError
     (no room: map full or disk full) or StoreError, so callers above the
